@@ -1,0 +1,28 @@
+//! The `hermes.collector.v1` wire contract: the shim streams [`v1::EventBatch`]es
+//! to the collector's [`v1::event_ingest_server::EventIngest`] service and
+//! receives [`v1::Ack`]s. See `docs/PROTOCOL.md`.
+
+/// Generated from `proto/hermes/collector/v1/ingest.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod v1 {
+    tonic::include_proto!("hermes.collector.v1");
+}
+
+/// The hook names of hermes-agent 0.19.0's observer contract.
+pub mod hooks {
+    pub const ON_SESSION_START: &str = "on_session_start";
+    pub const ON_SESSION_END: &str = "on_session_end";
+    pub const ON_SESSION_FINALIZE: &str = "on_session_finalize";
+    pub const ON_SESSION_RESET: &str = "on_session_reset";
+    pub const PRE_LLM_CALL: &str = "pre_llm_call";
+    pub const POST_LLM_CALL: &str = "post_llm_call";
+    pub const PRE_API_REQUEST: &str = "pre_api_request";
+    pub const POST_API_REQUEST: &str = "post_api_request";
+    pub const API_REQUEST_ERROR: &str = "api_request_error";
+    pub const PRE_TOOL_CALL: &str = "pre_tool_call";
+    pub const POST_TOOL_CALL: &str = "post_tool_call";
+    pub const SUBAGENT_START: &str = "subagent_start";
+    pub const SUBAGENT_STOP: &str = "subagent_stop";
+    pub const PRE_APPROVAL_REQUEST: &str = "pre_approval_request";
+    pub const POST_APPROVAL_RESPONSE: &str = "post_approval_response";
+}
