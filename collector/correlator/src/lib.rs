@@ -1,1 +1,1362 @@
-//! placeholder
+//! The correlator: a pure state machine that turns Hermes hook events into
+//! the nested spans of `docs/TRACE_MODEL.md`.
+//!
+//! It owns the open turns, API attempts, tool calls, subagents and approvals,
+//! keyed by Hermes' correlation ids. It does no I/O and reads no clock: the
+//! driver passes every event with its shim's identity to [`Correlator::ingest`],
+//! calls [`Correlator::expire`] on a timer with the current wall-clock time,
+//! and [`Correlator::flush_all`] at shutdown. Each call appends the spans it
+//! finished to `out`.
+//!
+//! Invariants:
+//! * Every emitted span has a parent that is, or will be, emitted too: an
+//!   event for an unknown turn opens (synthesizes) that turn, and a turn is
+//!   always closed eventually (its end event, `on_session_finalize`/`reset`,
+//!   its TTL, the open-turn limit, or `flush_all`).
+//! * Ids are deterministic functions of the event ids ([`ids`]), so a
+//!   redelivered event yields the same span ids.
+//! * State is bounded: `max_open_turns` open turns; everything else hangs off
+//!   a turn or expires with `state_ttl`. Evictions are counted in [`Stats`]
+//!   and flushed as spans with `hermes.incomplete=true`, never dropped.
+
+mod attrs;
+pub mod dedup;
+pub mod ids;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use hermes_proto::hooks;
+use hermes_proto::v1::{self, event::Body};
+use opentelemetry_proto::tonic::common::v1::{InstrumentationScope, KeyValue, any_value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{
+    ResourceSpans, ScopeSpans, Span, Status, span, status,
+};
+
+pub use attrs::Attrs;
+use ids::{SpanId, SpanKey, TraceId, span_id, trace_id};
+
+const NANOS_PER_MILLI: u64 = 1_000_000;
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+/// Name of the instrumentation scope of every span.
+pub const SCOPE_NAME: &str = "hermes-collector";
+
+/// Limits and timers of the correlator.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Most turns open at once; opening one more closes the oldest as incomplete.
+    pub max_open_turns: usize,
+    /// A turn, subagent or pending record with no event for this long is
+    /// closed as incomplete (turns) or forgotten (links, pending records).
+    pub state_ttl_nanos: u64,
+    /// After `post_llm_call`, how long to wait for the turn's
+    /// `on_session_end` (which carries `completed`/`interrupted`) before
+    /// closing the turn without it.
+    pub turn_end_grace_nanos: u64,
+    /// Version reported as `telemetry.sdk.version`.
+    pub sdk_version: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            max_open_turns: 10_000,
+            state_ttl_nanos: 3600 * NANOS_PER_SEC,
+            turn_end_grace_nanos: 2 * NANOS_PER_SEC,
+            sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+}
+
+/// A finished span with the resource (agent process) it belongs to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishedSpan {
+    pub resource: Arc<Resource>,
+    pub span: Span,
+}
+
+/// Counters of what the correlator did; all monotonic.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Stats {
+    pub events: u64,
+    pub spans: u64,
+    /// Turns closed because `max_open_turns` was reached.
+    pub turns_evicted: u64,
+    /// Turns, subagents or pending records closed by `state_ttl_nanos`.
+    pub expired: u64,
+    /// Events of hooks this version does not model (kept as turn events when
+    /// their turn is known).
+    pub unknown_hooks: u64,
+}
+
+/// Identity of one agent process, as the spans' resource.
+struct ResourceEntry {
+    resource: Arc<Resource>,
+}
+
+struct OpenAttempt {
+    start: u64,
+    model: String,
+    provider: String,
+    base_url: String,
+    api_call_count: u64,
+    max_tokens: Option<u64>,
+}
+
+struct OpenTool {
+    start: u64,
+    name: String,
+}
+
+struct OpenApproval {
+    start: u64,
+    surface: String,
+    command: String,
+}
+
+/// An open turn: the root of a trace, or a subagent's turn inside its
+/// parent's trace.
+struct Turn {
+    trace_id: TraceId,
+    span_id: SpanId,
+    parent: Option<SpanId>,
+    resource: Arc<Resource>,
+    turn_id: String,
+    task_id: String,
+    session_id: String,
+    /// The top-level session (differs from `session_id` for subagents).
+    root_session_id: String,
+    platform: String,
+    agent_name: String,
+    model: String,
+    start: u64,
+    /// `pre_llm_call` seen (else the turn was synthesized from a later event).
+    started: bool,
+    /// Capture time of `post_llm_call`.
+    end: Option<u64>,
+    /// Latest end of any child span: the turn never ends before it.
+    max_child_end: u64,
+    last_seen: u64,
+    clock_adjusted: bool,
+    completed: Option<bool>,
+    interrupted: Option<bool>,
+    end_reason: String,
+    api_attempts: u64,
+    tool_calls: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    events: Vec<span::Event>,
+    attempts: HashMap<(String, u32), OpenAttempt>,
+    /// End of the latest closed attempt per api_request_id (start of the next
+    /// attempt when its `pre_api_request` is missing).
+    last_attempt_end: HashMap<String, u64>,
+    tools: HashMap<String, OpenTool>,
+    approvals: HashMap<(String, String), OpenApproval>,
+}
+
+/// What a subagent's turns hang from.
+#[derive(Clone)]
+struct SubagentLink {
+    trace_id: TraceId,
+    span_id: SpanId,
+    root_session_id: String,
+    role: String,
+    last_seen: u64,
+}
+
+struct OpenSubagent {
+    parent: SpanId,
+    resource: Arc<Resource>,
+    common: Attrs,
+    start: u64,
+    child_subagent_id: String,
+    goal: String,
+}
+
+struct PendingSessionStart {
+    at: u64,
+    model: String,
+    platform: String,
+}
+
+/// The correlation state machine. See the module docs.
+pub struct Correlator {
+    config: Config,
+    resources: HashMap<String, ResourceEntry>,
+    turns: HashMap<String, Turn>,
+    links: HashMap<String, SubagentLink>,
+    subagents: HashMap<String, OpenSubagent>,
+    pending_starts: HashMap<String, PendingSessionStart>,
+    stats: Stats,
+}
+
+impl Correlator {
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            resources: HashMap::new(),
+            turns: HashMap::new(),
+            links: HashMap::new(),
+            subagents: HashMap::new(),
+            pending_starts: HashMap::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Number of turns currently open.
+    pub fn open_turns(&self) -> usize {
+        self.turns.len()
+    }
+
+    /// Feeds one event of the shim `shim`; finished spans are appended to `out`.
+    pub fn ingest(&mut self, shim: &v1::ShimInfo, event: &v1::Event, out: &mut Vec<FinishedSpan>) {
+        self.stats.events += 1;
+        let before = out.len();
+        let resource = self.resource(shim, &event.schema_version);
+        let ids = event.ids.clone().unwrap_or_default();
+        let t = event.time_unix_nano;
+        let platform = match event.body.as_ref() {
+            Some(Body::Session(b)) => b.platform.as_str(),
+            Some(Body::Turn(b)) => b.platform.as_str(),
+            Some(Body::Api(b)) => b.platform.as_str(),
+            _ => "",
+        };
+        match (event.hook.as_str(), event.body.as_ref()) {
+            (hooks::ON_SESSION_START, body) => {
+                let (model, platform) = match body {
+                    Some(Body::Session(s)) => (s.model.clone(), s.platform.clone()),
+                    _ => Default::default(),
+                };
+                self.session_start(&ids.session_id, t, model, platform);
+            }
+            (hooks::PRE_LLM_CALL, body) => {
+                let turn = self.turn_with(&ids, &resource, t, platform, out);
+                if let Some(turn) = turn {
+                    if !turn.started {
+                        // pre_llm_call is the turn's real start, whatever
+                        // events arrived before it.
+                        turn.started = true;
+                        turn.start = t;
+                    }
+                    if let Some(Body::Turn(b)) = body {
+                        if !b.model.is_empty() {
+                            turn.model = b.model.clone();
+                        }
+                    }
+                }
+                self.attach_session_start(&ids.session_id);
+            }
+            (hooks::POST_LLM_CALL, _) => {
+                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                    turn.end = Some(turn.end.map_or(t, |e| e.max(t)));
+                }
+            }
+            (hooks::ON_SESSION_END, body) => {
+                if ids.turn_id.is_empty() {
+                    // Shutdown variant: no turn id; closes the session.
+                    self.close_session(&ids.session_id, &shim.instance_id, t, out);
+                } else if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                    if let Some(Body::Turn(b)) = body {
+                        turn.completed = b.completed;
+                        turn.interrupted = b.interrupted;
+                        turn.end_reason = b.reason.clone();
+                    }
+                    let end = turn.end.unwrap_or(t);
+                    if let Some(turn) = self.turns.remove(&ids.turn_id) {
+                        self.emit_turn(turn, end, false, out);
+                    }
+                }
+            }
+            (hooks::ON_SESSION_FINALIZE | hooks::ON_SESSION_RESET, _) => {
+                self.close_session(&ids.session_id, &shim.instance_id, t, out);
+            }
+            (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => {
+                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                    let start = if api.attempt <= 1 && api.started_at_unix_nano > 0 {
+                        api.started_at_unix_nano
+                    } else {
+                        t
+                    };
+                    turn.attempts.insert(
+                        (ids.api_request_id.clone(), api.attempt.max(1)),
+                        OpenAttempt {
+                            start,
+                            model: api.model.clone(),
+                            provider: api.provider.clone(),
+                            base_url: api.base_url.clone(),
+                            api_call_count: api.api_call_count,
+                            max_tokens: api.max_tokens,
+                        },
+                    );
+                }
+            }
+            (hooks::POST_API_REQUEST | hooks::API_REQUEST_ERROR, Some(Body::Api(api))) => {
+                let failed = event.hook == hooks::API_REQUEST_ERROR;
+                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                    let span = close_attempt(turn, &ids.api_request_id, api, failed, t);
+                    out.push(span);
+                }
+            }
+            (hooks::PRE_TOOL_CALL, body) => {
+                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                    let name = match body {
+                        Some(Body::Tool(b)) => b.tool_name.clone(),
+                        _ => String::new(),
+                    };
+                    turn.tools
+                        .insert(ids.tool_call_id.clone(), OpenTool { start: t, name });
+                }
+            }
+            (hooks::POST_TOOL_CALL, body) => {
+                let tool = match body {
+                    Some(Body::Tool(b)) => b.clone(),
+                    _ => v1::ToolCall::default(),
+                };
+                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                    let open = turn.tools.remove(&ids.tool_call_id);
+                    let span = close_tool(turn, &ids.tool_call_id, open, &tool, t);
+                    out.push(span);
+                }
+            }
+            (hooks::SUBAGENT_START, body) => {
+                let sub = match body {
+                    Some(Body::Subagent(s)) => s.clone(),
+                    _ => v1::Subagent::default(),
+                };
+                self.subagent_start(&ids, &sub, &resource, t, out);
+            }
+            (hooks::SUBAGENT_STOP, body) => {
+                let sub = match body {
+                    Some(Body::Subagent(s)) => s.clone(),
+                    _ => v1::Subagent::default(),
+                };
+                self.subagent_stop(&ids, &sub, t, out);
+            }
+            (hooks::PRE_APPROVAL_REQUEST, body) => {
+                let appr = match body {
+                    Some(Body::Approval(a)) => a.clone(),
+                    _ => v1::Approval::default(),
+                };
+                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                    turn.approvals.insert(
+                        (ids.tool_call_id.clone(), appr.pattern_key.clone()),
+                        OpenApproval {
+                            start: t,
+                            surface: appr.surface,
+                            command: appr.command,
+                        },
+                    );
+                }
+            }
+            (hooks::POST_APPROVAL_RESPONSE, body) => {
+                let appr = match body {
+                    Some(Body::Approval(a)) => a.clone(),
+                    _ => v1::Approval::default(),
+                };
+                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                    let span = close_approval(turn, &ids, &appr, t, false);
+                    out.push(span);
+                }
+            }
+            (hook, body) => {
+                self.stats.unknown_hooks += 1;
+                if let Some(turn) = self.turns.get_mut(&ids.turn_id) {
+                    let mut attrs = Attrs::default();
+                    if let Some(Body::Other(other)) = body {
+                        let mut keys: Vec<_> = other.fields.keys().collect();
+                        keys.sort();
+                        for k in keys {
+                            if let Some(v) = other.fields.get(k).and_then(|s| s.value.clone()) {
+                                attrs.0.push(scalar_kv(k, v));
+                            }
+                        }
+                    }
+                    turn.last_seen = turn.last_seen.max(t);
+                    turn.events.push(span::Event {
+                        time_unix_nano: t,
+                        name: format!("hermes.hook.{hook}"),
+                        attributes: attrs.0,
+                        dropped_attributes_count: 0,
+                    });
+                }
+            }
+        }
+        self.stats.spans += (out.len() - before) as u64;
+    }
+
+    /// Closes what has outlived its timers at wall-clock time `now`.
+    pub fn expire(&mut self, now: u64, out: &mut Vec<FinishedSpan>) {
+        let before = out.len();
+        let ttl = self.config.state_ttl_nanos;
+        let grace = self.config.turn_end_grace_nanos;
+        let mut ended: Vec<(String, bool)> = self
+            .turns
+            .iter()
+            .filter_map(|(id, turn)| match turn.end {
+                Some(end) if now.saturating_sub(end) >= grace => Some((id.clone(), false)),
+                _ if now.saturating_sub(turn.last_seen) >= ttl => Some((id.clone(), true)),
+                _ => None,
+            })
+            .collect();
+        ended.sort();
+        for (id, incomplete) in ended {
+            if let Some(turn) = self.turns.remove(&id) {
+                if incomplete {
+                    self.stats.expired += 1;
+                }
+                let end = turn.end.unwrap_or(turn.last_seen);
+                self.emit_turn(turn, end, incomplete, out);
+            }
+        }
+        let mut stale: Vec<String> = self
+            .subagents
+            .iter()
+            .filter(|(_, s)| now.saturating_sub(s.start) >= ttl)
+            .map(|(k, _)| k.clone())
+            .collect();
+        stale.sort();
+        for child in stale {
+            self.stats.expired += 1;
+            self.subagent_stop_at(&child, &v1::Subagent::default(), now, true, out);
+        }
+        self.links
+            .retain(|_, l| now.saturating_sub(l.last_seen) < ttl);
+        self.pending_starts
+            .retain(|_, p| now.saturating_sub(p.at) < ttl);
+        self.resources
+            .retain(|_, r| Arc::strong_count(&r.resource) > 1);
+        self.stats.spans += (out.len() - before) as u64;
+    }
+
+    /// Closes everything still open (shutdown), as incomplete.
+    pub fn flush_all(&mut self, out: &mut Vec<FinishedSpan>) {
+        let before = out.len();
+        let mut ids: Vec<String> = self.turns.keys().cloned().collect();
+        ids.sort();
+        for id in ids {
+            if let Some(turn) = self.turns.remove(&id) {
+                let end = turn.end.unwrap_or(turn.last_seen);
+                let incomplete = turn.end.is_none();
+                self.emit_turn(turn, end, incomplete, out);
+            }
+        }
+        let mut subs: Vec<String> = self.subagents.keys().cloned().collect();
+        subs.sort();
+        for child in subs {
+            let end = self.subagents.get(&child).map_or(0, |s| s.start);
+            self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
+        }
+        self.stats.spans += (out.len() - before) as u64;
+    }
+
+    fn resource(&mut self, shim: &v1::ShimInfo, schema_version: &str) -> Arc<Resource> {
+        if let Some(entry) = self.resources.get(&shim.instance_id) {
+            return entry.resource.clone();
+        }
+        let mut a = Attrs::with_capacity(9);
+        a.str(
+            "service.name",
+            if shim.service_name.is_empty() {
+                "hermes-agent"
+            } else {
+                &shim.service_name
+            },
+        )
+        .str("service.instance.id", &shim.instance_id)
+        .str("host.name", &shim.host_name)
+        .int("process.pid", i64::from(shim.pid))
+        .str("telemetry.sdk.name", SCOPE_NAME)
+        .str("telemetry.sdk.language", "rust")
+        .str("telemetry.sdk.version", &self.config.sdk_version)
+        .str("hermes.telemetry_schema_version", schema_version)
+        .str("hermes.shim.version", &shim.shim_version)
+        .str("hermes.capture", &shim.capture);
+        let resource = Arc::new(Resource {
+            attributes: a.0,
+            dropped_attributes_count: 0,
+            entity_refs: vec![],
+        });
+        self.resources.insert(
+            shim.instance_id.clone(),
+            ResourceEntry {
+                resource: resource.clone(),
+            },
+        );
+        resource
+    }
+
+    /// The open turn of `ids.turn_id`, opened (synthesized) if unknown.
+    /// `None` when the event carries no turn id.
+    fn turn(
+        &mut self,
+        ids: &v1::Ids,
+        resource: &Arc<Resource>,
+        t: u64,
+        out: &mut Vec<FinishedSpan>,
+    ) -> Option<&mut Turn> {
+        self.turn_with(ids, resource, t, "", out)
+    }
+
+    /// As [`Self::turn`], also recording the platform the event names.
+    fn turn_with(
+        &mut self,
+        ids: &v1::Ids,
+        resource: &Arc<Resource>,
+        t: u64,
+        platform: &str,
+        out: &mut Vec<FinishedSpan>,
+    ) -> Option<&mut Turn> {
+        if ids.turn_id.is_empty() {
+            return None;
+        }
+        if !self.turns.contains_key(&ids.turn_id) {
+            if self.turns.len() >= self.config.max_open_turns {
+                self.evict_oldest_turn(out);
+            }
+            let turn = self.new_turn(ids, resource, t);
+            self.turns.insert(ids.turn_id.clone(), turn);
+        }
+        let turn = self.turns.get_mut(&ids.turn_id)?;
+        turn.last_seen = turn.last_seen.max(t);
+        if turn.platform.is_empty() && !platform.is_empty() {
+            turn.platform = platform.to_owned();
+        }
+        if turn.task_id.is_empty() && !ids.task_id.is_empty() {
+            turn.task_id = ids.task_id.clone();
+        }
+        if t < turn.start && !turn.started {
+            turn.start = t;
+        }
+        Some(turn)
+    }
+
+    fn new_turn(&mut self, ids: &v1::Ids, resource: &Arc<Resource>, t: u64) -> Turn {
+        let link = self.links.get_mut(&ids.session_id).map(|l| {
+            l.last_seen = l.last_seen.max(t);
+            l.clone()
+        });
+        let (trace, parent, root_session, agent_name) = match &link {
+            Some(l) => (
+                l.trace_id,
+                Some(l.span_id),
+                l.root_session_id.clone(),
+                l.role.clone(),
+            ),
+            None => (
+                trace_id(&ids.turn_id),
+                None,
+                ids.session_id.clone(),
+                "hermes".to_owned(),
+            ),
+        };
+        Turn {
+            trace_id: trace,
+            span_id: span_id(SpanKey::Turn {
+                turn_id: &ids.turn_id,
+            }),
+            parent,
+            resource: resource.clone(),
+            turn_id: ids.turn_id.clone(),
+            task_id: ids.task_id.clone(),
+            session_id: ids.session_id.clone(),
+            root_session_id: root_session,
+            platform: String::new(),
+            agent_name,
+            model: String::new(),
+            start: t,
+            started: false,
+            end: None,
+            max_child_end: 0,
+            last_seen: t,
+            clock_adjusted: false,
+            completed: None,
+            interrupted: None,
+            end_reason: String::new(),
+            api_attempts: 0,
+            tool_calls: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            events: Vec::new(),
+            attempts: HashMap::new(),
+            last_attempt_end: HashMap::new(),
+            tools: HashMap::new(),
+            approvals: HashMap::new(),
+        }
+    }
+
+    fn evict_oldest_turn(&mut self, out: &mut Vec<FinishedSpan>) {
+        let oldest = self
+            .turns
+            .iter()
+            .min_by(|a, b| (a.1.last_seen, a.0).cmp(&(b.1.last_seen, b.0)))
+            .map(|(id, _)| id.clone());
+        if let Some(turn) = oldest.and_then(|id| self.turns.remove(&id)) {
+            self.stats.turns_evicted += 1;
+            let end = turn.end.unwrap_or(turn.last_seen);
+            self.emit_turn(turn, end, true, out);
+        }
+    }
+
+    fn session_start(&mut self, session_id: &str, t: u64, model: String, platform: String) {
+        if session_id.is_empty() {
+            return;
+        }
+        self.pending_starts.insert(
+            session_id.to_owned(),
+            PendingSessionStart {
+                at: t,
+                model,
+                platform,
+            },
+        );
+        self.attach_session_start(session_id);
+    }
+
+    /// Attaches a pending `on_session_start` as an event on the session's
+    /// earliest open turn.
+    fn attach_session_start(&mut self, session_id: &str) {
+        if !self.pending_starts.contains_key(session_id) {
+            return;
+        }
+        let first = self
+            .turns
+            .iter_mut()
+            .filter(|(_, t)| t.session_id == session_id)
+            .min_by(|a, b| (a.1.start, a.0).cmp(&(b.1.start, b.0)))
+            .map(|(_, t)| t);
+        if let Some(turn) = first {
+            if let Some(p) = self.pending_starts.remove(session_id) {
+                let mut a = Attrs::default();
+                a.str("gen_ai.request.model", &p.model)
+                    .str("hermes.platform", &p.platform);
+                turn.events.push(span::Event {
+                    time_unix_nano: p.at,
+                    name: "hermes.session.start".to_owned(),
+                    attributes: a.0,
+                    dropped_attributes_count: 0,
+                });
+                turn.start = turn.start.min(p.at);
+            }
+        }
+    }
+
+    /// `on_session_finalize`/`reset` (or the shutdown `on_session_end`): closes
+    /// every open turn of the session (of the shim instance when the session
+    /// id is absent).
+    fn close_session(
+        &mut self,
+        session_id: &str,
+        instance_id: &str,
+        t: u64,
+        out: &mut Vec<FinishedSpan>,
+    ) {
+        let mut ids: Vec<String> = self
+            .turns
+            .iter()
+            .filter(|(_, turn)| {
+                if session_id.is_empty() {
+                    resource_instance(&turn.resource) == Some(instance_id)
+                } else {
+                    turn.session_id == session_id
+                }
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        for id in ids {
+            if let Some(turn) = self.turns.remove(&id) {
+                let incomplete = turn.end.is_none();
+                let end = turn.end.unwrap_or(t);
+                self.emit_turn(turn, end, incomplete, out);
+            }
+        }
+    }
+
+    fn subagent_start(
+        &mut self,
+        ids: &v1::Ids,
+        sub: &v1::Subagent,
+        resource: &Arc<Resource>,
+        t: u64,
+        out: &mut Vec<FinishedSpan>,
+    ) {
+        let parent_ids = v1::Ids {
+            session_id: ids.parent_session_id.clone(),
+            turn_id: ids.parent_turn_id.clone(),
+            ..Default::default()
+        };
+        let Some(parent_turn) = self.turn(&parent_ids, resource, t, out) else {
+            return;
+        };
+        let delegates: Vec<&String> = parent_turn
+            .tools
+            .iter()
+            .filter(|(_, tool)| tool.name == "delegate_task")
+            .map(|(id, _)| id)
+            .collect();
+        let parent = match delegates.as_slice() {
+            [only] => span_id(SpanKey::Tool {
+                turn_id: &ids.parent_turn_id,
+                tool_call_id: only,
+            }),
+            _ => parent_turn.span_id,
+        };
+        let trace = parent_turn.trace_id;
+        let root_session = parent_turn.root_session_id.clone();
+        let platform = parent_turn.platform.clone();
+        let role = if sub.child_role.is_empty() {
+            "subagent".to_owned()
+        } else {
+            sub.child_role.clone()
+        };
+        let mut common = Attrs::with_capacity(6);
+        common
+            .str("session.id", &root_session)
+            .str("gen_ai.conversation.id", &root_session)
+            .str("hermes.turn_id", &ids.parent_turn_id)
+            .str("gen_ai.agent.name", &role)
+            .str("hermes.platform", &platform)
+            .str("hermes.session_id", &ids.parent_session_id);
+        let span = span_id(SpanKey::Subagent {
+            child_session_id: &ids.child_session_id,
+        });
+        self.links.insert(
+            ids.child_session_id.clone(),
+            SubagentLink {
+                trace_id: trace,
+                span_id: span,
+                root_session_id: root_session,
+                role,
+                last_seen: t,
+            },
+        );
+        self.subagents.insert(
+            ids.child_session_id.clone(),
+            OpenSubagent {
+                parent,
+                resource: resource.clone(),
+                common,
+                start: t,
+                child_subagent_id: ids.child_subagent_id.clone(),
+                goal: sub.child_goal.clone(),
+            },
+        );
+    }
+
+    fn subagent_stop(
+        &mut self,
+        ids: &v1::Ids,
+        sub: &v1::Subagent,
+        t: u64,
+        out: &mut Vec<FinishedSpan>,
+    ) {
+        if !self.subagents.contains_key(&ids.child_session_id) {
+            // Missing start: build the span from the stop event and its duration.
+            let start = t.saturating_sub(sub.duration_ms.unwrap_or(0) * NANOS_PER_MILLI);
+            let resource = self.resources.values().next().map(|r| r.resource.clone());
+            if let Some(resource) = resource {
+                let mut start_ids = ids.clone();
+                start_ids.child_subagent_id.clear();
+                self.subagent_start(&start_ids, sub, &resource, start, out);
+            }
+        }
+        self.subagent_stop_at(&ids.child_session_id, sub, t, false, out);
+    }
+
+    fn subagent_stop_at(
+        &mut self,
+        child: &str,
+        sub: &v1::Subagent,
+        t: u64,
+        incomplete: bool,
+        out: &mut Vec<FinishedSpan>,
+    ) {
+        let Some(open) = self.subagents.remove(child) else {
+            return;
+        };
+        let Some(link) = self.links.get(child).cloned() else {
+            return;
+        };
+        let mut a = open.common.clone();
+        a.str("gen_ai.operation.name", "invoke_agent")
+            .str("gen_ai.agent.id", &open.child_subagent_id)
+            .str("hermes.child_session_id", child)
+            .str("hermes.subagent.status", &sub.child_status)
+            .str(
+                "hermes.subagent.goal",
+                if open.goal.is_empty() {
+                    &sub.child_goal
+                } else {
+                    &open.goal
+                },
+            )
+            .str("hermes.subagent.summary", &sub.child_summary)
+            .opt_uint("hermes.subagent.duration_ms", sub.duration_ms);
+        if incomplete {
+            a.bool("hermes.incomplete", true);
+        }
+        let failed = matches!(sub.child_status.as_str(), "error" | "failed");
+        out.push(FinishedSpan {
+            resource: open.resource,
+            span: Span {
+                trace_id: link.trace_id.to_vec(),
+                span_id: link.span_id.to_vec(),
+                parent_span_id: open.parent.to_vec(),
+                name: format!("invoke_agent {}", link.role),
+                kind: span::SpanKind::Internal as i32,
+                start_time_unix_nano: open.start,
+                end_time_unix_nano: t.max(open.start),
+                attributes: a.0,
+                status: failed.then(|| error_status(&sub.child_status)),
+                ..Default::default()
+            },
+        });
+    }
+
+    fn emit_turn(
+        &mut self,
+        mut turn: Turn,
+        end: u64,
+        incomplete: bool,
+        out: &mut Vec<FinishedSpan>,
+    ) {
+        let mut end = end.max(turn.start);
+        // Close children that never got their end event.
+        let mut attempts: Vec<_> = turn.attempts.drain().collect();
+        attempts.sort_by(|a, b| a.0.cmp(&b.0));
+        for ((api_request_id, attempt), open) in attempts {
+            let span = incomplete_attempt(&turn, &api_request_id, attempt, open, end);
+            out.push(span);
+        }
+        let mut tools: Vec<_> = turn.tools.drain().collect();
+        tools.sort_by(|a, b| a.0.cmp(&b.0));
+        for (tool_call_id, open) in tools {
+            let mut span = close_tool(
+                &mut turn,
+                &tool_call_id,
+                Some(open),
+                &v1::ToolCall::default(),
+                end,
+            );
+            mark_incomplete(&mut span.span);
+            out.push(span);
+        }
+        let mut approvals: Vec<_> = turn.approvals.keys().cloned().collect();
+        approvals.sort();
+        for (tool_call_id, pattern_key) in approvals {
+            let ids = v1::Ids {
+                tool_call_id,
+                ..Default::default()
+            };
+            let appr = v1::Approval {
+                pattern_key,
+                ..Default::default()
+            };
+            let span = close_approval(&mut turn, &ids, &appr, end, true);
+            out.push(span);
+        }
+        if turn.max_child_end > end {
+            end = turn.max_child_end;
+            turn.clock_adjusted = true;
+        }
+        let mut a = turn.common();
+        a.str("gen_ai.operation.name", "invoke_agent")
+            .str("gen_ai.request.model", &turn.model)
+            .opt_bool("hermes.turn.completed", turn.completed)
+            .opt_bool("hermes.turn.interrupted", turn.interrupted)
+            .str("hermes.turn.end_reason", &turn.end_reason)
+            .uint("hermes.turn.api_attempts", turn.api_attempts)
+            .uint("hermes.turn.tool_calls", turn.tool_calls)
+            .uint("hermes.turn.usage.input_tokens", turn.input_tokens)
+            .uint("hermes.turn.usage.output_tokens", turn.output_tokens);
+        if incomplete || !turn.started {
+            a.bool("hermes.incomplete", true);
+        }
+        if turn.clock_adjusted {
+            a.bool("hermes.clock_adjusted", true);
+        }
+        let status = (turn.completed == Some(false) && turn.interrupted != Some(true))
+            .then(|| error_status("turn did not complete"));
+        turn.events
+            .sort_by(|x, y| (x.time_unix_nano, &x.name).cmp(&(y.time_unix_nano, &y.name)));
+        out.push(FinishedSpan {
+            resource: turn.resource,
+            span: Span {
+                trace_id: turn.trace_id.to_vec(),
+                span_id: turn.span_id.to_vec(),
+                parent_span_id: turn.parent.map(|p| p.to_vec()).unwrap_or_default(),
+                name: format!("invoke_agent {}", turn.agent_name),
+                kind: span::SpanKind::Internal as i32,
+                start_time_unix_nano: turn.start,
+                end_time_unix_nano: end,
+                attributes: a.0,
+                events: turn.events,
+                status,
+                ..Default::default()
+            },
+        });
+    }
+}
+
+impl Turn {
+    /// Attributes every span of this turn carries.
+    fn common(&self) -> Attrs {
+        let mut a = Attrs::with_capacity(16);
+        a.str("session.id", &self.root_session_id)
+            .str("gen_ai.conversation.id", &self.root_session_id)
+            .str("hermes.turn_id", &self.turn_id)
+            .str("hermes.task_id", &self.task_id)
+            .str("hermes.platform", &self.platform)
+            .str("gen_ai.agent.name", &self.agent_name);
+        if self.session_id != self.root_session_id {
+            a.str("hermes.session_id", &self.session_id);
+        }
+        a
+    }
+}
+
+/// A child span of `turn`, clamped into the turn's start.
+fn child_span(
+    turn: &mut Turn,
+    span_id: SpanId,
+    parent: SpanId,
+    name: String,
+    kind: span::SpanKind,
+    start: u64,
+    end: u64,
+    attrs: Attrs,
+) -> FinishedSpan {
+    let mut attrs = attrs;
+    let mut start = start;
+    let mut end = end.max(start);
+    if start < turn.start && !turn.started {
+        // A synthesized turn grows to contain its children.
+        turn.start = start;
+    } else if start < turn.start {
+        start = turn.start;
+        end = end.max(start);
+        attrs.bool("hermes.clock_adjusted", true);
+    }
+    turn.max_child_end = turn.max_child_end.max(end);
+    FinishedSpan {
+        resource: turn.resource.clone(),
+        span: Span {
+            trace_id: turn.trace_id.to_vec(),
+            span_id: span_id.to_vec(),
+            parent_span_id: parent.to_vec(),
+            name,
+            kind: kind as i32,
+            start_time_unix_nano: start,
+            end_time_unix_nano: end,
+            attributes: attrs.0,
+            ..Default::default()
+        },
+    }
+}
+
+fn close_attempt(
+    turn: &mut Turn,
+    api_request_id: &str,
+    api: &v1::ApiCall,
+    failed: bool,
+    t: u64,
+) -> FinishedSpan {
+    let attempt = api.attempt.max(1);
+    let open = turn.attempts.remove(&(api_request_id.to_owned(), attempt));
+    let end = if api.ended_at_unix_nano > 0 {
+        api.ended_at_unix_nano
+    } else {
+        t
+    };
+    let start = match &open {
+        Some(o) => o.start,
+        None if attempt <= 1 && api.started_at_unix_nano > 0 => api.started_at_unix_nano,
+        None => turn
+            .last_attempt_end
+            .get(api_request_id)
+            .copied()
+            .unwrap_or(if api.started_at_unix_nano > 0 {
+                api.started_at_unix_nano
+            } else {
+                end
+            }),
+    };
+    turn.last_attempt_end.insert(api_request_id.to_owned(), end);
+    turn.api_attempts += 1;
+    let pick = |post: &str, pre: Option<&String>| -> String {
+        if !post.is_empty() {
+            post.to_owned()
+        } else {
+            pre.cloned().unwrap_or_default()
+        }
+    };
+    let model = pick(&api.model, open.as_ref().map(|o| &o.model));
+    let provider = pick(&api.provider, open.as_ref().map(|o| &o.provider));
+    let base_url = pick(&api.base_url, open.as_ref().map(|o| &o.base_url));
+    let max_tokens = api.max_tokens.or(open.as_ref().and_then(|o| o.max_tokens));
+    let api_call_count = if api.api_call_count > 0 {
+        api.api_call_count
+    } else {
+        open.as_ref().map_or(0, |o| o.api_call_count)
+    };
+    if turn.model.is_empty() {
+        turn.model = model.clone();
+    }
+    let mut a = turn.common();
+    a.str("gen_ai.operation.name", "chat")
+        .str("gen_ai.provider.name", &provider)
+        .str("gen_ai.request.model", &model)
+        .opt_uint("gen_ai.request.max_tokens", max_tokens)
+        .str("hermes.api_request_id", api_request_id)
+        .uint("hermes.api_call_count", api_call_count)
+        .uint("hermes.attempt", u64::from(attempt));
+    if let Some((host, port)) = server_address(&base_url) {
+        a.str("server.address", host);
+        if let Some(port) = port {
+            a.int("server.port", i64::from(port));
+        }
+    }
+    let mut status = None;
+    let mut events = Vec::new();
+    if failed {
+        let error_type = if api.reason.is_empty() {
+            api.error_type.as_str()
+        } else {
+            api.reason.as_str()
+        };
+        a.str(
+            "error.type",
+            if error_type.is_empty() {
+                "_OTHER"
+            } else {
+                error_type
+            },
+        );
+        if let Some(code) = api.status_code {
+            a.int("http.response.status_code", i64::from(code));
+        }
+        a.opt_bool("hermes.retryable", api.retryable)
+            .uint("hermes.retry_count", u64::from(api.retry_count));
+        let mut ev = Attrs::default();
+        ev.str("exception.type", &api.error_type)
+            .str("exception.message", &api.error_message);
+        events.push(span::Event {
+            time_unix_nano: end,
+            name: "exception".to_owned(),
+            attributes: ev.0,
+            dropped_attributes_count: 0,
+        });
+        status = Some(error_status(&api.error_message));
+    } else {
+        a.str("gen_ai.response.model", &api.response_model);
+        if !api.finish_reason.is_empty() {
+            a.str_array(
+                "gen_ai.response.finish_reasons",
+                &[api.finish_reason.as_str()],
+            );
+        }
+        if let Some(u) = &api.usage {
+            a.uint("gen_ai.usage.input_tokens", u.prompt_tokens)
+                .uint("gen_ai.usage.output_tokens", u.output_tokens)
+                .uint("gen_ai.usage.cache_read.input_tokens", u.cache_read_tokens)
+                .uint(
+                    "gen_ai.usage.cache_creation.input_tokens",
+                    u.cache_write_tokens,
+                )
+                .uint("gen_ai.usage.reasoning.output_tokens", u.reasoning_tokens);
+            turn.input_tokens += u.prompt_tokens;
+            turn.output_tokens += u.output_tokens;
+        }
+    }
+    let span_id = span_id(SpanKey::Chat {
+        api_request_id,
+        attempt,
+    });
+    let parent = turn.span_id;
+    let mut span = child_span(
+        turn,
+        span_id,
+        parent,
+        format!("chat {model}"),
+        span::SpanKind::Client,
+        start,
+        end,
+        a,
+    );
+    span.span.events = events;
+    span.span.status = status;
+    span
+}
+
+fn incomplete_attempt(
+    turn: &Turn,
+    api_request_id: &str,
+    attempt: u32,
+    open: OpenAttempt,
+    end: u64,
+) -> FinishedSpan {
+    let mut a = turn.common();
+    a.str("gen_ai.operation.name", "chat")
+        .str("gen_ai.provider.name", &open.provider)
+        .str("gen_ai.request.model", &open.model)
+        .opt_uint("gen_ai.request.max_tokens", open.max_tokens)
+        .str("hermes.api_request_id", api_request_id)
+        .uint("hermes.api_call_count", open.api_call_count)
+        .uint("hermes.attempt", u64::from(attempt))
+        .bool("hermes.incomplete", true);
+    FinishedSpan {
+        resource: turn.resource.clone(),
+        span: Span {
+            trace_id: turn.trace_id.to_vec(),
+            span_id: span_id(SpanKey::Chat {
+                api_request_id,
+                attempt,
+            })
+            .to_vec(),
+            parent_span_id: turn.span_id.to_vec(),
+            name: format!("chat {}", open.model),
+            kind: span::SpanKind::Client as i32,
+            start_time_unix_nano: open.start.max(turn.start),
+            end_time_unix_nano: end.max(open.start.max(turn.start)),
+            attributes: a.0,
+            ..Default::default()
+        },
+    }
+}
+
+fn close_tool(
+    turn: &mut Turn,
+    tool_call_id: &str,
+    open: Option<OpenTool>,
+    tool: &v1::ToolCall,
+    t: u64,
+) -> FinishedSpan {
+    let name = match &open {
+        Some(o) if tool.tool_name.is_empty() => o.name.clone(),
+        _ => tool.tool_name.clone(),
+    };
+    let start = match &open {
+        Some(o) => o.start,
+        None => t.saturating_sub(tool.duration_ms.unwrap_or(0) * NANOS_PER_MILLI),
+    };
+    turn.tool_calls += 1;
+    let mut a = turn.common();
+    a.str("gen_ai.operation.name", "execute_tool")
+        .str("gen_ai.tool.name", &name)
+        .str("gen_ai.tool.call.id", tool_call_id)
+        .str("gen_ai.tool.type", "function")
+        .str("hermes.tool.status", &tool.status)
+        .opt_uint("hermes.tool.duration_ms", tool.duration_ms);
+    let status = if tool.status == "error" {
+        a.str(
+            "error.type",
+            if tool.error_type.is_empty() {
+                "_OTHER"
+            } else {
+                &tool.error_type
+            },
+        );
+        Some(error_status(&tool.error_message))
+    } else {
+        None
+    };
+    let span_id = span_id(SpanKey::Tool {
+        turn_id: &turn.turn_id,
+        tool_call_id,
+    });
+    let parent = turn.span_id;
+    let mut span = child_span(
+        turn,
+        span_id,
+        parent,
+        format!("execute_tool {name}"),
+        span::SpanKind::Internal,
+        start,
+        t,
+        a,
+    );
+    span.span.status = status;
+    span
+}
+
+fn close_approval(
+    turn: &mut Turn,
+    ids: &v1::Ids,
+    appr: &v1::Approval,
+    t: u64,
+    incomplete: bool,
+) -> FinishedSpan {
+    let key = (ids.tool_call_id.clone(), appr.pattern_key.clone());
+    let open = turn.approvals.remove(&key);
+    let turn_id = turn.turn_id.clone();
+    let start = open.as_ref().map_or(t, |o| o.start);
+    let surface = open.as_ref().map_or(appr.surface.clone(), |o| {
+        if appr.surface.is_empty() {
+            o.surface.clone()
+        } else {
+            appr.surface.clone()
+        }
+    });
+    let command = if appr.command.is_empty() {
+        open.as_ref().map(|o| o.command.clone()).unwrap_or_default()
+    } else {
+        appr.command.clone()
+    };
+    let mut a = turn.common();
+    a.str("hermes.approval.pattern_key", &appr.pattern_key)
+        .str("hermes.approval.surface", &surface)
+        .str("hermes.approval.choice", &appr.choice)
+        .str("hermes.approval.decided_by", &appr.decided_by)
+        .str("hermes.approval.command", &command)
+        .str("gen_ai.tool.call.id", &ids.tool_call_id);
+    if incomplete {
+        a.bool("hermes.incomplete", true);
+    }
+    let parent = if ids.tool_call_id.is_empty() {
+        turn.span_id
+    } else {
+        span_id(SpanKey::Tool {
+            turn_id: &turn_id,
+            tool_call_id: &ids.tool_call_id,
+        })
+    };
+    let sid = span_id(SpanKey::Approval {
+        turn_id: &turn_id,
+        tool_call_id: &ids.tool_call_id,
+        pattern_key: &appr.pattern_key,
+    });
+    let name = if appr.pattern_key.is_empty() {
+        "approval".to_owned()
+    } else {
+        format!("approval {}", appr.pattern_key)
+    };
+    child_span(
+        turn,
+        sid,
+        parent,
+        name,
+        span::SpanKind::Internal,
+        start,
+        t,
+        a,
+    )
+}
+
+fn mark_incomplete(span: &mut Span) {
+    span.attributes.push(attrs::kv(
+        "hermes.incomplete",
+        any_value::Value::BoolValue(true),
+    ));
+}
+
+fn error_status(message: &str) -> Status {
+    Status {
+        message: message.to_owned(),
+        code: status::StatusCode::Error as i32,
+    }
+}
+
+fn scalar_kv(key: &str, v: v1::scalar::Value) -> KeyValue {
+    use v1::scalar::Value as S;
+    let value = match v {
+        S::StringValue(s) => any_value::Value::StringValue(s),
+        S::BoolValue(b) => any_value::Value::BoolValue(b),
+        S::IntValue(i) => any_value::Value::IntValue(i),
+        S::DoubleValue(d) => any_value::Value::DoubleValue(d),
+    };
+    attrs::kv(key, value)
+}
+
+fn resource_instance(resource: &Resource) -> Option<&str> {
+    resource
+        .attributes
+        .iter()
+        .find(|kv| kv.key == "service.instance.id")
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::StringValue(s) => Some(s.as_str()),
+            _ => None,
+        })
+}
+
+/// Host and port of an `http(s)://host[:port]/...` base URL.
+fn server_address(base_url: &str) -> Option<(&str, Option<u16>)> {
+    let (scheme, rest) = base_url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let default_port = match scheme {
+        "https" => Some(443),
+        "http" => Some(80),
+        _ => None,
+    };
+    if let Some(v6) = authority.strip_prefix('[') {
+        let (host, rest) = v6.split_once(']')?;
+        let port = rest
+            .strip_prefix(':')
+            .and_then(|p| p.parse().ok())
+            .or(default_port);
+        return Some((host, port));
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) => Some((host, port.parse().ok().or(default_port))),
+        None if authority.is_empty() => None,
+        None => Some((authority, default_port)),
+    }
+}
+
+/// Groups finished spans into OTLP `ResourceSpans`, one per resource, in
+/// first-seen order, under the collector's instrumentation scope.
+pub fn to_resource_spans(spans: Vec<FinishedSpan>) -> Vec<ResourceSpans> {
+    let mut groups: Vec<(Arc<Resource>, Vec<Span>)> = Vec::new();
+    for FinishedSpan { resource, span } in spans {
+        match groups
+            .iter_mut()
+            .find(|(r, _)| Arc::ptr_eq(r, &resource) || **r == *resource)
+        {
+            Some((_, list)) => list.push(span),
+            None => groups.push((resource, vec![span])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(resource, spans)| ResourceSpans {
+            resource: Some(Arc::unwrap_or_clone(resource)),
+            scope_spans: vec![ScopeSpans {
+                scope: Some(InstrumentationScope {
+                    name: SCOPE_NAME.to_owned(),
+                    version: env!("CARGO_PKG_VERSION").to_owned(),
+                    ..Default::default()
+                }),
+                spans,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_address_parses_common_urls() {
+        assert_eq!(
+            server_address("http://127.0.0.1:45501/v1"),
+            Some(("127.0.0.1", Some(45501)))
+        );
+        assert_eq!(
+            server_address("https://api.openai.com/v1"),
+            Some(("api.openai.com", Some(443)))
+        );
+        assert_eq!(
+            server_address("http://[::1]:8080"),
+            Some(("::1", Some(8080)))
+        );
+        assert_eq!(server_address("nonsense"), None);
+    }
+}
