@@ -1,1 +1,401 @@
-fn main() {}
+//! `hermes-collector`: receives the Hermes agent shim's event stream,
+//! correlates it into nested spans and exports them.
+//!
+//! Stages, each a task, joined by bounded channels (see docs/ARCHITECTURE.md):
+//!
+//! ```text
+//! shims ─gRPC─▶ receiver ─[ingest: batches]─▶ correlator ─[export: spans]─▶ exporter stage ─▶ sinks
+//! ```
+//!
+//! Only this binary knows all stages; the crates know their seam types only.
+
+#![forbid(unsafe_code)]
+
+mod config;
+mod pipeline;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use config::{Config, ConfigError, EXIT_CONFIG};
+use hermes_correlator::Correlator;
+use hermes_exporter::Sink;
+use hermes_receiver::{Ingest, Limits, ReceiverStats};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Out-of-process telemetry collector for the Hermes AI agent.
+#[derive(Debug, Parser)]
+#[command(name = "hermes-collector", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the collector (the default).
+    Run(RunArgs),
+    /// Check a configuration file and exit: 0 when valid, 64 otherwise.
+    Validate {
+        /// The YAML file to check.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Debug, Args, Clone, Default)]
+struct RunArgs {
+    /// YAML configuration file (see config/collector.yaml). Without it, the
+    /// defaults apply: listen on 127.0.0.1:4319, embedded default output.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Override `receiver.listen`.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Override `exporters.otlp.endpoint` (adds an OTLP exporter).
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
+    /// Override `exporters.otlp.protocol`: grpc or http/protobuf.
+    #[arg(long)]
+    otlp_protocol: Option<String>,
+    /// Override `exporters.file.path` (adds the file exporter).
+    #[arg(long)]
+    span_file: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_CONFIG } else { 0 };
+            let _ = e.print();
+            return exit(code);
+        }
+    };
+    match cli.command {
+        Some(Command::Validate { config }) => match Config::from_file(&config) {
+            Ok(_) => {
+                println!("{}: valid", config.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => config_failure(&e),
+        },
+        Some(Command::Run(args)) => run(&args),
+        None => run(&cli.run),
+    }
+}
+
+fn exit(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+fn config_failure(e: &ConfigError) -> ExitCode {
+    eprintln!("hermes-collector: {e}");
+    exit(EXIT_CONFIG)
+}
+
+/// Loads the configuration with the CLI overrides applied, validated.
+fn load(args: &RunArgs) -> Result<Config, ConfigError> {
+    let mut config = match &args.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = &args.listen {
+        config.receiver.listen = listen.clone();
+    }
+    if let Some(endpoint) = &args.otlp_endpoint {
+        let otlp = config
+            .exporters
+            .otlp
+            .get_or_insert_with(|| config::OtlpConfig {
+                endpoint: String::new(),
+                protocol: config::OtlpProtocol::Grpc,
+                headers: Default::default(),
+                timeout_ms: 10_000,
+                compression: Default::default(),
+                max_elapsed_secs: 30,
+            });
+        otlp.endpoint = endpoint.clone();
+    }
+    if let Some(protocol) = &args.otlp_protocol {
+        let otlp = config.exporters.otlp.as_mut().ok_or_else(|| ConfigError {
+            path: "--otlp-protocol".into(),
+            reason: "needs an OTLP endpoint (--otlp-endpoint or exporters.otlp)".into(),
+        })?;
+        otlp.protocol = match protocol.as_str() {
+            "grpc" => config::OtlpProtocol::Grpc,
+            "http/protobuf" | "http" => config::OtlpProtocol::HttpProtobuf,
+            other => {
+                return Err(ConfigError {
+                    path: "--otlp-protocol".into(),
+                    reason: format!("`{other}` is neither grpc nor http/protobuf"),
+                });
+            }
+        };
+    }
+    if let Some(path) = &args.span_file {
+        config.exporters.file = Some(config::FileConfig { path: path.clone() });
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+fn run(args: &RunArgs) -> ExitCode {
+    let config = match load(args) {
+        Ok(config) => config,
+        Err(e) => return config_failure(&e),
+    };
+    init_logging(&config.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("hermes-collector")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "collector stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(log: &config::LogConfig) {
+    use tracing_subscriber::EnvFilter;
+    // Never log per-request internals of the transport libraries.
+    let base = std::env::var("RUST_LOG").unwrap_or_else(|_| log.level.clone());
+    let directive = format!("{base},h2=warn,hyper=warn,hyper_util=warn,tonic=warn,tower=warn");
+    let filter = EnvFilter::try_new(&directive).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match log.format {
+        config::LogFormat::Json => builder.json().try_init(),
+        config::LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Builds the sinks the configuration names (the embedded default when none).
+fn build_sinks(config: &Config) -> anyhow::Result<Vec<Sink>> {
+    use hermes_exporter::{
+        ConsoleExporter, ConsoleExporterConfig, FileExporter, FileExporterConfig,
+    };
+    let mut sinks = Vec::new();
+    let embedded = config.is_embedded_default();
+    if let Some(otlp) = &config.exporters.otlp {
+        let timeout = Duration::from_millis(otlp.timeout_ms);
+        let headers: Vec<(String, String)> = otlp
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        match otlp.protocol {
+            config::OtlpProtocol::Grpc => {
+                let exporter =
+                    hermes_exporter::GrpcExporter::new(hermes_exporter::GrpcExporterConfig {
+                        endpoint: otlp.endpoint.clone(),
+                        timeout,
+                        connect_timeout: timeout.min(Duration::from_secs(5)),
+                        compression: match otlp.compression {
+                            config::CompressionConfig::None => hermes_exporter::Compression::None,
+                            config::CompressionConfig::Gzip => hermes_exporter::Compression::Gzip,
+                        },
+                        headers,
+                    })
+                    .context("OTLP gRPC exporter")?;
+                sinks.push(Sink::new("otlp_grpc", exporter));
+            }
+            config::OtlpProtocol::HttpProtobuf => {
+                let exporter =
+                    hermes_exporter::HttpExporter::new(hermes_exporter::HttpExporterConfig {
+                        endpoint: otlp.endpoint.clone(),
+                        timeout,
+                        headers,
+                    })
+                    .context("OTLP HTTP exporter")?;
+                sinks.push(Sink::new("otlp_http", exporter));
+            }
+        }
+    }
+    let file = match (&config.exporters.file, embedded) {
+        (Some(f), _) => Some(f.path.clone()),
+        (None, true) => Some(PathBuf::from(config::DEFAULT_SPAN_FILE)),
+        (None, false) => None,
+    };
+    if let Some(path) = file {
+        let exporter = FileExporter::new(FileExporterConfig { path: path.clone() })
+            .with_context(|| format!("span file {}", path.display()))?;
+        tracing::info!(path = %path.display(), "writing spans as OTLP JSON lines");
+        sinks.push(Sink::new("file", exporter));
+    }
+    let console = match &config.exporters.console {
+        Some(c) => c.enabled,
+        None => embedded,
+    };
+    if console {
+        sinks.push(Sink::new(
+            "console",
+            ConsoleExporter::stdout(ConsoleExporterConfig::default()),
+        ));
+    }
+    Ok(sinks)
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let addr: SocketAddr = config.receiver.listen.parse().context("receiver.listen")?;
+    let sinks = build_sinks(&config)?;
+    let shutdown = CancellationToken::new();
+    let exporter_shutdown = CancellationToken::new();
+
+    let (ingest_tx, ingest_rx) = mpsc::channel(config.receiver.queue_batches);
+    let (export_tx, export_rx) = mpsc::channel(config.batch.queue);
+
+    let settings = hermes_exporter::ExporterSettings {
+        max_batch_spans: config.batch.max_spans,
+        batch_timeout: Duration::from_millis(config.batch.timeout_ms),
+        retry: hermes_exporter::RetrySettings {
+            max_elapsed: Duration::from_secs(
+                config
+                    .exporters
+                    .otlp
+                    .as_ref()
+                    .map_or(30, |o| o.max_elapsed_secs),
+            ),
+            ..Default::default()
+        },
+        drain_timeout: Duration::from_millis(config.shutdown.grace_ms),
+        ..Default::default()
+    };
+    let stage = hermes_exporter::ExporterStage::new(sinks, settings);
+    let exporter_stats = stage.stats();
+    let exporter = tokio::spawn(stage.run(export_rx, exporter_shutdown.clone()));
+
+    let correlator = Correlator::new(hermes_correlator::Config {
+        max_open_turns: config.correlator.max_open_turns,
+        state_ttl_nanos: config
+            .correlator
+            .state_ttl_secs
+            .saturating_mul(1_000_000_000),
+        turn_end_grace_nanos: config
+            .correlator
+            .turn_end_grace_ms
+            .saturating_mul(1_000_000),
+        ..Default::default()
+    });
+    let pipeline_stats = Arc::new(pipeline::PipelineStats::default());
+    let pipeline = tokio::spawn(pipeline::run(
+        ingest_rx,
+        export_tx,
+        correlator,
+        Duration::from_millis(config.correlator.tick_ms),
+        pipeline_stats.clone(),
+    ));
+
+    let receiver_stats = Arc::new(ReceiverStats::default());
+    let limits = Limits {
+        max_message_bytes: config.receiver.max_message_bytes,
+        max_events_per_batch: config.receiver.max_events_per_batch,
+    };
+    let ingest = Ingest::new(ingest_tx, limits, receiver_stats.clone(), shutdown.clone());
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr().context("listener address")?;
+    tracing::info!(listen = %local, "receiving Hermes events");
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let server_shutdown = shutdown.clone();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(ingest.into_server())
+            .serve_with_incoming_shutdown(
+                incoming,
+                async move { server_shutdown.cancelled().await },
+            ),
+    );
+
+    wait_for_signal().await;
+    let grace = Duration::from_millis(config.shutdown.grace_ms);
+    let deadline = tokio::time::Instant::now() + grace;
+    tracing::info!(
+        grace_ms = config.shutdown.grace_ms,
+        "shutting down: draining"
+    );
+    // 1. Stop accepting: streams end with UNAVAILABLE, the listener closes.
+    shutdown.cancel();
+    if let Ok(Err(e)) = tokio::time::timeout_at(deadline, server)
+        .await
+        .map(|r| r.unwrap_or(Ok(())))
+    {
+        tracing::warn!(error = %e, "receiver ended with an error");
+    }
+    // 2. The correlator drains its channel and closes what is open; dropping
+    //    its export sender lets the exporter stage drain.
+    if tokio::time::timeout_at(deadline, pipeline).await.is_err() {
+        tracing::error!("correlator did not drain within the grace period");
+    }
+    // 3. Exporters flush until the deadline.
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    match tokio::time::timeout(left, exporter).await {
+        Ok(_) => {}
+        Err(_) => {
+            exporter_shutdown.cancel();
+            tracing::error!(
+                "exporters did not drain within the grace period; unexported spans are lost"
+            );
+        }
+    }
+    let sent: u64 = exporter_stats.sinks().iter().map(|s| s.spans_sent()).sum();
+    let failed: u64 = exporter_stats
+        .sinks()
+        .iter()
+        .map(|s| s.spans_failed())
+        .sum();
+    tracing::info!(
+        events = receiver_stats
+            .events_accepted
+            .load(std::sync::atomic::Ordering::Relaxed),
+        spans = pipeline_stats
+            .spans
+            .load(std::sync::atomic::Ordering::Relaxed),
+        spans_sent = sent,
+        spans_failed = failed,
+        "stopped"
+    );
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

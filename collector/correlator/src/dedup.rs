@@ -23,7 +23,12 @@ pub struct SeqFilter {
 
 impl SeqFilter {
     pub fn new(max_instances: usize) -> Self {
-        Self { max_instances: max_instances.max(1), clock: 0, seen: HashMap::new(), duplicates: 0 }
+        Self {
+            max_instances: max_instances.max(1),
+            clock: 0,
+            seen: HashMap::new(),
+            duplicates: 0,
+        }
     }
 
     /// True when `seq` from `instance` is new; false for a redelivery.
@@ -39,7 +44,11 @@ impl SeqFilter {
             return true;
         }
         if self.seen.len() >= self.max_instances {
-            let oldest = self.seen.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone());
+            let oldest = self
+                .seen
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone());
             if let Some(k) = oldest {
                 self.seen.remove(&k);
             }

@@ -243,10 +243,10 @@ impl Correlator {
                         turn.started = true;
                         turn.start = t;
                     }
-                    if let Some(Body::Turn(b)) = body {
-                        if !b.model.is_empty() {
-                            turn.model = b.model.clone();
-                        }
+                    if let Some(Body::Turn(b)) = body
+                        && !b.model.is_empty()
+                    {
+                        turn.model = b.model.clone();
                     }
                 }
                 self.attach_session_start(&ids.session_id);
@@ -629,8 +629,10 @@ impl Correlator {
             .filter(|(_, t)| t.session_id == session_id)
             .min_by(|a, b| (a.1.start, a.0).cmp(&(b.1.start, b.0)))
             .map(|(_, t)| t);
-        if let Some(turn) = first {
-            if let Some(p) = self.pending_starts.remove(session_id) {
+        if let Some(turn) = first
+            && let Some(p) = self.pending_starts.remove(session_id)
+        {
+            {
                 let mut a = Attrs::default();
                 a.str("gen_ai.request.model", &p.model)
                     .str("hermes.platform", &p.platform);
@@ -920,42 +922,31 @@ impl Turn {
     }
 }
 
-/// A child span of `turn`, clamped into the turn's start.
-fn child_span(
-    turn: &mut Turn,
-    span_id: SpanId,
-    parent: SpanId,
-    name: String,
-    kind: span::SpanKind,
-    start: u64,
-    end: u64,
-    attrs: Attrs,
-) -> FinishedSpan {
-    let mut attrs = attrs;
-    let mut start = start;
-    let mut end = end.max(start);
-    if start < turn.start && !turn.started {
-        // A synthesized turn grows to contain its children.
-        turn.start = start;
-    } else if start < turn.start {
-        start = turn.start;
-        end = end.max(start);
-        attrs.bool("hermes.clock_adjusted", true);
+/// Completes `span` (ids, times, attributes set by the caller) as a child
+/// of `turn`: fills the trace id and resource, and clamps it into the turn's
+/// start (a synthesized turn grows to contain it instead).
+fn child_span(turn: &mut Turn, mut span: Span) -> FinishedSpan {
+    span.end_time_unix_nano = span.end_time_unix_nano.max(span.start_time_unix_nano);
+    if span.start_time_unix_nano < turn.start && !turn.started {
+        turn.start = span.start_time_unix_nano;
+    } else if span.start_time_unix_nano < turn.start {
+        span.start_time_unix_nano = turn.start;
+        span.end_time_unix_nano = span.end_time_unix_nano.max(turn.start);
+        span.attributes.push(attrs::kv(
+            "hermes.clock_adjusted",
+            any_value::Value::BoolValue(true),
+        ));
     }
-    turn.max_child_end = turn.max_child_end.max(end);
+    turn.max_child_end = turn.max_child_end.max(span.end_time_unix_nano);
+    span.trace_id = turn.trace_id.to_vec();
+    span.parent_span_id = if span.parent_span_id.is_empty() {
+        turn.span_id.to_vec()
+    } else {
+        span.parent_span_id
+    };
     FinishedSpan {
         resource: turn.resource.clone(),
-        span: Span {
-            trace_id: turn.trace_id.to_vec(),
-            span_id: span_id.to_vec(),
-            parent_span_id: parent.to_vec(),
-            name,
-            kind: kind as i32,
-            start_time_unix_nano: start,
-            end_time_unix_nano: end,
-            attributes: attrs.0,
-            ..Default::default()
-        },
+        span,
     }
 }
 
@@ -1077,20 +1068,20 @@ fn close_attempt(
         api_request_id,
         attempt,
     });
-    let parent = turn.span_id;
-    let mut span = child_span(
+    child_span(
         turn,
-        span_id,
-        parent,
-        format!("chat {model}"),
-        span::SpanKind::Client,
-        start,
-        end,
-        a,
-    );
-    span.span.events = events;
-    span.span.status = status;
-    span
+        Span {
+            span_id: span_id.to_vec(),
+            name: format!("chat {model}"),
+            kind: span::SpanKind::Client as i32,
+            start_time_unix_nano: start,
+            end_time_unix_nano: end,
+            attributes: a.0,
+            events,
+            status,
+            ..Default::default()
+        },
+    )
 }
 
 fn incomplete_attempt(
@@ -1169,19 +1160,19 @@ fn close_tool(
         turn_id: &turn.turn_id,
         tool_call_id,
     });
-    let parent = turn.span_id;
-    let mut span = child_span(
+    child_span(
         turn,
-        span_id,
-        parent,
-        format!("execute_tool {name}"),
-        span::SpanKind::Internal,
-        start,
-        t,
-        a,
-    );
-    span.span.status = status;
-    span
+        Span {
+            span_id: span_id.to_vec(),
+            name: format!("execute_tool {name}"),
+            kind: span::SpanKind::Internal as i32,
+            start_time_unix_nano: start,
+            end_time_unix_nano: t,
+            attributes: a.0,
+            status,
+            ..Default::default()
+        },
+    )
 }
 
 fn close_approval(
@@ -1237,13 +1228,16 @@ fn close_approval(
     };
     child_span(
         turn,
-        sid,
-        parent,
-        name,
-        span::SpanKind::Internal,
-        start,
-        t,
-        a,
+        Span {
+            span_id: sid.to_vec(),
+            parent_span_id: parent.to_vec(),
+            name,
+            kind: span::SpanKind::Internal as i32,
+            start_time_unix_nano: start,
+            end_time_unix_nano: t,
+            attributes: a.0,
+            ..Default::default()
+        },
     )
 }
 

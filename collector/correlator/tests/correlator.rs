@@ -25,7 +25,12 @@ fn shim() -> v1::ShimInfo {
 }
 
 fn ids(turn: &str) -> v1::Ids {
-    v1::Ids { session_id: SESSION.into(), task_id: "task-1".into(), turn_id: turn.into(), ..Default::default() }
+    v1::Ids {
+        session_id: SESSION.into(),
+        task_id: "task-1".into(),
+        turn_id: turn.into(),
+        ..Default::default()
+    }
 }
 
 struct Feed {
@@ -39,7 +44,11 @@ impl Feed {
         Self::with(Config::default())
     }
     fn with(config: Config) -> Self {
-        Self { c: Correlator::new(config), seq: 0, out: Vec::new() }
+        Self {
+            c: Correlator::new(config),
+            seq: 0,
+            out: Vec::new(),
+        }
     }
     fn ev(&mut self, hook: &str, t_ms: u64, ids: v1::Ids, body: Option<Body>) {
         self.seq += 1;
@@ -58,7 +67,12 @@ impl Feed {
     }
     fn span(&self, name: &str) -> &Span {
         let found: Vec<_> = self.out.iter().filter(|s| s.span.name == name).collect();
-        assert_eq!(found.len(), 1, "expected one span {name}, got {:?}", self.names());
+        assert_eq!(
+            found.len(),
+            1,
+            "expected one span {name}, got {:?}",
+            self.names()
+        );
         &found[0].span
     }
     fn names(&self) -> Vec<String> {
@@ -81,11 +95,21 @@ fn api(attempt: u32, started_ms: u64, ended_ms: u64) -> v1::ApiCall {
 }
 
 fn usage(prompt: u64, output: u64) -> v1::Usage {
-    v1::Usage { input_tokens: prompt - 8, output_tokens: output, cache_read_tokens: 8, prompt_tokens: prompt, total_tokens: prompt + output, ..Default::default() }
+    v1::Usage {
+        input_tokens: prompt - 8,
+        output_tokens: output,
+        cache_read_tokens: 8,
+        prompt_tokens: prompt,
+        total_tokens: prompt + output,
+        ..Default::default()
+    }
 }
 
 fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
-    span.attributes.iter().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref()?.value.as_ref())
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
 }
 
 fn int(span: &Span, key: &str) -> i64 {
@@ -111,39 +135,113 @@ fn boolean(span: &Span, key: &str) -> Option<bool> {
 }
 
 fn tool_ids(turn: &str, call: &str) -> v1::Ids {
-    v1::Ids { tool_call_id: call.into(), api_request_id: API1.into(), ..ids(turn) }
+    v1::Ids {
+        tool_call_id: call.into(),
+        api_request_id: API1.into(),
+        ..ids(turn)
+    }
 }
 
 fn api_ids(api_request_id: &str) -> v1::Ids {
-    v1::Ids { api_request_id: api_request_id.into(), ..ids(TURN) }
+    v1::Ids {
+        api_request_id: api_request_id.into(),
+        ..ids(TURN)
+    }
 }
 
 fn turn_body() -> Option<Body> {
-    Some(Body::Turn(v1::Turn { model: "fake-model-1".into(), platform: "cli".into(), ..Default::default() }))
+    Some(Body::Turn(v1::Turn {
+        model: "fake-model-1".into(),
+        platform: "cli".into(),
+        ..Default::default()
+    }))
 }
 
 fn tool(name: &str) -> Option<Body> {
-    Some(Body::Tool(v1::ToolCall { tool_name: name.into(), ..Default::default() }))
+    Some(Body::Tool(v1::ToolCall {
+        tool_name: name.into(),
+        ..Default::default()
+    }))
 }
 
 fn tool_done(name: &str, status: &str, ms: u64) -> Option<Body> {
-    Some(Body::Tool(v1::ToolCall { tool_name: name.into(), status: status.into(), duration_ms: Some(ms), ..Default::default() }))
+    Some(Body::Tool(v1::ToolCall {
+        tool_name: name.into(),
+        status: status.into(),
+        duration_ms: Some(ms),
+        ..Default::default()
+    }))
 }
 
 fn end_body(completed: bool, interrupted: bool) -> Option<Body> {
-    Some(Body::Turn(v1::Turn { completed: Some(completed), interrupted: Some(interrupted), ..Default::default() }))
+    Some(Body::Turn(v1::Turn {
+        completed: Some(completed),
+        interrupted: Some(interrupted),
+        ..Default::default()
+    }))
 }
 
 /// The basic turn of the fixtures: chat → tool → chat.
 fn basic_turn(f: &mut Feed) {
-    f.ev("on_session_start", 0, v1::Ids { session_id: SESSION.into(), ..Default::default() }, Some(Body::Session(v1::Session { model: "fake-model-1".into(), platform: "cli".into(), ..Default::default() })));
+    f.ev(
+        "on_session_start",
+        0,
+        v1::Ids {
+            session_id: SESSION.into(),
+            ..Default::default()
+        },
+        Some(Body::Session(v1::Session {
+            model: "fake-model-1".into(),
+            platform: "cli".into(),
+            ..Default::default()
+        })),
+    );
     f.ev("pre_llm_call", 2, ids(TURN), turn_body());
-    f.ev("pre_api_request", 12, api_ids(API1), Some(Body::Api(api(1, 10, 0))));
-    f.ev("post_api_request", 316, api_ids(API1), Some(Body::Api(v1::ApiCall { usage: Some(usage(1212, 17)), finish_reason: "tool_calls".into(), response_model: "fake-model-1".into(), ..api(1, 10, 310) })));
-    f.ev("pre_tool_call", 320, tool_ids(TURN, "call_1"), tool("terminal"));
-    f.ev("post_tool_call", 395, tool_ids(TURN, "call_1"), tool_done("terminal", "ok", 72));
-    f.ev("pre_api_request", 400, api_ids(API2), Some(Body::Api(api(1, 399, 0))));
-    f.ev("post_api_request", 450, api_ids(API2), Some(Body::Api(v1::ApiCall { usage: Some(usage(1300, 20)), finish_reason: "stop".into(), ..api(1, 399, 449) })));
+    f.ev(
+        "pre_api_request",
+        12,
+        api_ids(API1),
+        Some(Body::Api(api(1, 10, 0))),
+    );
+    f.ev(
+        "post_api_request",
+        316,
+        api_ids(API1),
+        Some(Body::Api(v1::ApiCall {
+            usage: Some(usage(1212, 17)),
+            finish_reason: "tool_calls".into(),
+            response_model: "fake-model-1".into(),
+            ..api(1, 10, 310)
+        })),
+    );
+    f.ev(
+        "pre_tool_call",
+        320,
+        tool_ids(TURN, "call_1"),
+        tool("terminal"),
+    );
+    f.ev(
+        "post_tool_call",
+        395,
+        tool_ids(TURN, "call_1"),
+        tool_done("terminal", "ok", 72),
+    );
+    f.ev(
+        "pre_api_request",
+        400,
+        api_ids(API2),
+        Some(Body::Api(api(1, 399, 0))),
+    );
+    f.ev(
+        "post_api_request",
+        450,
+        api_ids(API2),
+        Some(Body::Api(v1::ApiCall {
+            usage: Some(usage(1300, 20)),
+            finish_reason: "stop".into(),
+            ..api(1, 399, 449)
+        })),
+    );
     f.ev("post_llm_call", 455, ids(TURN), turn_body());
     f.ev("on_session_end", 456, ids(TURN), end_body(true, false));
 }
@@ -159,25 +257,48 @@ fn basic_turn_is_a_nested_trace() {
     assert_eq!(root.trace_id, trace);
     assert_eq!(root.span_id, root_id);
     assert!(root.parent_span_id.is_empty());
-    assert_eq!(root.start_time_unix_nano, T0, "session start event opens the first turn");
-    assert_eq!(root.end_time_unix_nano, T0 + 455 * MS, "post_llm_call ends the turn");
+    assert_eq!(
+        root.start_time_unix_nano, T0,
+        "session start event opens the first turn"
+    );
+    assert_eq!(
+        root.end_time_unix_nano,
+        T0 + 455 * MS,
+        "post_llm_call ends the turn"
+    );
     assert_eq!(int(root, "hermes.turn.api_attempts"), 2);
     assert_eq!(int(root, "hermes.turn.tool_calls"), 1);
     assert_eq!(int(root, "hermes.turn.usage.input_tokens"), 2512);
     assert_eq!(int(root, "hermes.turn.usage.output_tokens"), 37);
     assert_eq!(boolean(root, "hermes.turn.completed"), Some(true));
-    assert!(attr(root, "gen_ai.usage.input_tokens").is_none(), "never usage on the root");
+    assert!(
+        attr(root, "gen_ai.usage.input_tokens").is_none(),
+        "never usage on the root"
+    );
     assert_eq!(root.events.len(), 1);
     assert_eq!(root.events[0].name, "hermes.session.start");
     assert_eq!(boolean(root, "hermes.incomplete"), None);
 
-    let chats: Vec<&Span> = f.out.iter().map(|s| &s.span).filter(|s| s.name == "chat fake-model-1").collect();
+    let chats: Vec<&Span> = f
+        .out
+        .iter()
+        .map(|s| &s.span)
+        .filter(|s| s.name == "chat fake-model-1")
+        .collect();
     assert_eq!(chats.len(), 2);
     let first = chats[0];
-    assert_eq!(first.start_time_unix_nano, T0 + 10 * MS, "Hermes' started_at of a single attempt");
+    assert_eq!(
+        first.start_time_unix_nano,
+        T0 + 10 * MS,
+        "Hermes' started_at of a single attempt"
+    );
     assert_eq!(first.end_time_unix_nano, T0 + 310 * MS);
     assert_eq!(first.kind, 3, "CLIENT");
-    assert_eq!(int(first, "gen_ai.usage.input_tokens"), 1212, "prompt_tokens, cache reads included");
+    assert_eq!(
+        int(first, "gen_ai.usage.input_tokens"),
+        1212,
+        "prompt_tokens, cache reads included"
+    );
     assert_eq!(int(first, "gen_ai.usage.output_tokens"), 17);
     assert_eq!(int(first, "gen_ai.usage.cache_read.input_tokens"), 8);
     assert_eq!(string(first, "server.address"), "127.0.0.1");
@@ -216,7 +337,12 @@ fn same_events_give_same_spans() {
 fn retried_request_gives_one_span_per_attempt() {
     let mut f = Feed::new();
     f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("pre_api_request", 10, api_ids(API1), Some(Body::Api(api(1, 8, 0))));
+    f.ev(
+        "pre_api_request",
+        10,
+        api_ids(API1),
+        Some(Body::Api(api(1, 8, 0))),
+    );
     f.ev(
         "api_request_error",
         300,
@@ -230,20 +356,45 @@ fn retried_request_gives_one_span_per_attempt() {
             ..api(1, 8, 299)
         })),
     );
-    f.ev("pre_api_request", 2500, api_ids(API1), Some(Body::Api(api(2, 8, 0))));
-    f.ev("post_api_request", 2570, api_ids(API1), Some(Body::Api(v1::ApiCall { usage: Some(usage(100, 5)), ..api(2, 8, 2569) })));
+    f.ev(
+        "pre_api_request",
+        2500,
+        api_ids(API1),
+        Some(Body::Api(api(2, 8, 0))),
+    );
+    f.ev(
+        "post_api_request",
+        2570,
+        api_ids(API1),
+        Some(Body::Api(v1::ApiCall {
+            usage: Some(usage(100, 5)),
+            ..api(2, 8, 2569)
+        })),
+    );
     f.ev("on_session_end", 2600, ids(TURN), end_body(true, false));
-    let chats: Vec<&Span> = f.out.iter().map(|s| &s.span).filter(|s| s.name.starts_with("chat")).collect();
+    let chats: Vec<&Span> = f
+        .out
+        .iter()
+        .map(|s| &s.span)
+        .filter(|s| s.name.starts_with("chat"))
+        .collect();
     assert_eq!(chats.len(), 2);
     let (failed, ok) = (chats[0], chats[1]);
     assert_ne!(failed.span_id, ok.span_id);
-    assert_eq!(failed.status.as_ref().map(|s| s.code), Some(StatusCode::Error as i32));
+    assert_eq!(
+        failed.status.as_ref().map(|s| s.code),
+        Some(StatusCode::Error as i32)
+    );
     assert_eq!(string(failed, "error.type"), "server_error");
     assert_eq!(int(failed, "http.response.status_code"), 500);
     assert_eq!(boolean(failed, "hermes.retryable"), Some(true));
     assert_eq!(failed.events[0].name, "exception");
     assert_eq!(failed.start_time_unix_nano, T0 + 8 * MS);
-    assert_eq!(ok.start_time_unix_nano, T0 + 2500 * MS, "a retry starts at its own pre_api_request");
+    assert_eq!(
+        ok.start_time_unix_nano,
+        T0 + 2500 * MS,
+        "a retry starts at its own pre_api_request"
+    );
     assert_eq!(ok.end_time_unix_nano, T0 + 2569 * MS);
     assert!(ok.status.is_none());
     assert_eq!(int(ok, "hermes.attempt"), 2);
@@ -255,50 +406,123 @@ fn retried_request_gives_one_span_per_attempt() {
 fn lean_mode_builds_attempts_from_end_events() {
     let mut f = Feed::new();
     f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("api_request_error", 300, api_ids(API1), Some(Body::Api(v1::ApiCall { status_code: Some(429), reason: "rate_limit".into(), ..api(1, 8, 299) })));
-    f.ev("post_api_request", 1400, api_ids(API1), Some(Body::Api(api(2, 8, 1399))));
+    f.ev(
+        "api_request_error",
+        300,
+        api_ids(API1),
+        Some(Body::Api(v1::ApiCall {
+            status_code: Some(429),
+            reason: "rate_limit".into(),
+            ..api(1, 8, 299)
+        })),
+    );
+    f.ev(
+        "post_api_request",
+        1400,
+        api_ids(API1),
+        Some(Body::Api(api(2, 8, 1399))),
+    );
     f.ev("on_session_end", 1500, ids(TURN), end_body(true, false));
-    let chats: Vec<&Span> = f.out.iter().map(|s| &s.span).filter(|s| s.name.starts_with("chat")).collect();
+    let chats: Vec<&Span> = f
+        .out
+        .iter()
+        .map(|s| &s.span)
+        .filter(|s| s.name.starts_with("chat"))
+        .collect();
     assert_eq!(chats[0].start_time_unix_nano, T0 + 8 * MS);
-    assert_eq!(chats[1].start_time_unix_nano, T0 + 299 * MS, "starts where the failed attempt ended");
+    assert_eq!(
+        chats[1].start_time_unix_nano,
+        T0 + 299 * MS,
+        "starts where the failed attempt ended"
+    );
 }
 
 #[test]
 fn parallel_tools_post_out_of_order() {
     let mut f = Feed::new();
     f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("pre_tool_call", 10, tool_ids(TURN, "call_a"), tool("read_file"));
-    f.ev("pre_tool_call", 11, tool_ids(TURN, "call_b"), tool("read_file"));
-    f.ev("post_tool_call", 100, tool_ids(TURN, "call_b"), tool_done("read_file", "ok", 80));
-    f.ev("post_tool_call", 120, tool_ids(TURN, "call_a"), tool_done("read_file", "error", 100));
+    f.ev(
+        "pre_tool_call",
+        10,
+        tool_ids(TURN, "call_a"),
+        tool("read_file"),
+    );
+    f.ev(
+        "pre_tool_call",
+        11,
+        tool_ids(TURN, "call_b"),
+        tool("read_file"),
+    );
+    f.ev(
+        "post_tool_call",
+        100,
+        tool_ids(TURN, "call_b"),
+        tool_done("read_file", "ok", 80),
+    );
+    f.ev(
+        "post_tool_call",
+        120,
+        tool_ids(TURN, "call_a"),
+        tool_done("read_file", "error", 100),
+    );
     f.ev("on_session_end", 130, ids(TURN), end_body(true, false));
-    let tools: Vec<&Span> = f.out.iter().map(|s| &s.span).filter(|s| s.name == "execute_tool read_file").collect();
+    let tools: Vec<&Span> = f
+        .out
+        .iter()
+        .map(|s| &s.span)
+        .filter(|s| s.name == "execute_tool read_file")
+        .collect();
     assert_eq!(tools.len(), 2);
     assert_eq!(string(tools[0], "gen_ai.tool.call.id"), "call_b");
     assert_eq!(tools[0].start_time_unix_nano, T0 + 11 * MS);
     assert_eq!(string(tools[1], "gen_ai.tool.call.id"), "call_a");
-    assert_eq!(tools[1].status.as_ref().map(|s| s.code), Some(StatusCode::Error as i32));
+    assert_eq!(
+        tools[1].status.as_ref().map(|s| s.code),
+        Some(StatusCode::Error as i32)
+    );
 }
 
 #[test]
 fn missing_start_is_built_from_the_end_event() {
     let mut f = Feed::new();
-    f.ev("post_tool_call", 500, tool_ids(TURN, "call_1"), tool_done("terminal", "ok", 72));
+    f.ev(
+        "post_tool_call",
+        500,
+        tool_ids(TURN, "call_1"),
+        tool_done("terminal", "ok", 72),
+    );
     f.ev("on_session_end", 600, ids(TURN), end_body(true, false));
     let tool = f.span("execute_tool terminal");
     assert_eq!(tool.start_time_unix_nano, T0 + 428 * MS);
     let root = f.span("invoke_agent hermes");
-    assert_eq!(boolean(root, "hermes.incomplete"), Some(true), "synthesized turn is marked");
+    assert_eq!(
+        boolean(root, "hermes.incomplete"),
+        Some(true),
+        "synthesized turn is marked"
+    );
     assert_eq!(tool.parent_span_id, root.span_id, "no dangling parent");
-    assert!(root.start_time_unix_nano <= tool.start_time_unix_nano, "the synthesized turn contains its child");
+    assert!(
+        root.start_time_unix_nano <= tool.start_time_unix_nano,
+        "the synthesized turn contains its child"
+    );
 }
 
 #[test]
 fn missing_end_is_closed_at_turn_end() {
     let mut f = Feed::new();
     f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("pre_tool_call", 10, tool_ids(TURN, "call_1"), tool("terminal"));
-    f.ev("pre_api_request", 20, api_ids(API1), Some(Body::Api(api(1, 20, 0))));
+    f.ev(
+        "pre_tool_call",
+        10,
+        tool_ids(TURN, "call_1"),
+        tool("terminal"),
+    );
+    f.ev(
+        "pre_api_request",
+        20,
+        api_ids(API1),
+        Some(Body::Api(api(1, 20, 0))),
+    );
     f.ev("on_session_end", 90, ids(TURN), end_body(false, true));
     let tool = f.span("execute_tool terminal");
     assert_eq!(boolean(tool, "hermes.incomplete"), Some(true));
@@ -332,7 +556,10 @@ fn turn_without_session_end_closes_after_grace_and_ttl() {
 
 #[test]
 fn open_turn_limit_evicts_the_oldest() {
-    let mut f = Feed::with(Config { max_open_turns: 2, ..Config::default() });
+    let mut f = Feed::with(Config {
+        max_open_turns: 2,
+        ..Config::default()
+    });
     for (i, t) in ["s:a:1", "s:b:1", "s:c:1"].iter().enumerate() {
         f.ev("pre_llm_call", i as u64, ids(t), turn_body());
     }
@@ -347,7 +574,15 @@ fn open_turn_limit_evicts_the_oldest() {
 fn finalize_closes_open_turns_of_the_session() {
     let mut f = Feed::new();
     f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("on_session_finalize", 50, v1::Ids { session_id: SESSION.into(), ..Default::default() }, None);
+    f.ev(
+        "on_session_finalize",
+        50,
+        v1::Ids {
+            session_id: SESSION.into(),
+            ..Default::default()
+        },
+        None,
+    );
     let root = f.span("invoke_agent hermes");
     assert_eq!(boolean(root, "hermes.incomplete"), Some(true));
     assert_eq!(root.end_time_unix_nano, T0 + 50 * MS);
@@ -360,7 +595,12 @@ fn subagent_turns_nest_under_the_delegate_tool() {
     let child_session = "20261129_200231_cccccc";
     let child_turn = "20261129_200231_cccccc:sa-1:aaaa";
     f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("pre_tool_call", 10, tool_ids(TURN, "call_d"), tool("delegate_task"));
+    f.ev(
+        "pre_tool_call",
+        10,
+        tool_ids(TURN, "call_d"),
+        tool("delegate_task"),
+    );
     let link = v1::Ids {
         parent_session_id: SESSION.into(),
         parent_turn_id: TURN.into(),
@@ -368,25 +608,76 @@ fn subagent_turns_nest_under_the_delegate_tool() {
         child_subagent_id: "sa-1".into(),
         ..Default::default()
     };
-    f.ev("subagent_start", 11, link.clone(), Some(Body::Subagent(v1::Subagent { child_role: "researcher".into(), ..Default::default() })));
-    let cids = v1::Ids { session_id: child_session.into(), task_id: "sa-1".into(), turn_id: child_turn.into(), ..Default::default() };
-    f.ev("pre_llm_call", 12, cids.clone(), Some(Body::Turn(v1::Turn { platform: "subagent".into(), ..Default::default() })));
+    f.ev(
+        "subagent_start",
+        11,
+        link.clone(),
+        Some(Body::Subagent(v1::Subagent {
+            child_role: "researcher".into(),
+            ..Default::default()
+        })),
+    );
+    let cids = v1::Ids {
+        session_id: child_session.into(),
+        task_id: "sa-1".into(),
+        turn_id: child_turn.into(),
+        ..Default::default()
+    };
+    f.ev(
+        "pre_llm_call",
+        12,
+        cids.clone(),
+        Some(Body::Turn(v1::Turn {
+            platform: "subagent".into(),
+            ..Default::default()
+        })),
+    );
     f.ev("post_llm_call", 40, cids.clone(), None);
     f.ev("on_session_end", 41, cids, end_body(true, false));
-    f.ev("subagent_stop", 42, link, Some(Body::Subagent(v1::Subagent { child_role: "researcher".into(), child_status: "completed".into(), duration_ms: Some(31), ..Default::default() })));
-    f.ev("post_tool_call", 43, tool_ids(TURN, "call_d"), tool_done("delegate_task", "ok", 33));
+    f.ev(
+        "subagent_stop",
+        42,
+        link,
+        Some(Body::Subagent(v1::Subagent {
+            child_role: "researcher".into(),
+            child_status: "completed".into(),
+            duration_ms: Some(31),
+            ..Default::default()
+        })),
+    );
+    f.ev(
+        "post_tool_call",
+        43,
+        tool_ids(TURN, "call_d"),
+        tool_done("delegate_task", "ok", 33),
+    );
     f.ev("on_session_end", 50, ids(TURN), end_body(true, false));
 
     let trace = trace_id(TURN).to_vec();
     assert!(f.out.iter().all(|s| s.span.trace_id == trace), "one trace");
     let tool = f.span("execute_tool delegate_task");
-    let names: Vec<_> = f.out.iter().filter(|s| s.span.name == "invoke_agent researcher").map(|s| s.span.clone()).collect();
+    let names: Vec<_> = f
+        .out
+        .iter()
+        .filter(|s| s.span.name == "invoke_agent researcher")
+        .map(|s| s.span.clone())
+        .collect();
     assert_eq!(names.len(), 2, "subagent span and child turn");
-    let sub = names.iter().find(|s| attr(s, "gen_ai.agent.id").is_some()).expect("subagent span");
-    let child = names.iter().find(|s| attr(s, "gen_ai.agent.id").is_none()).expect("child turn");
+    let sub = names
+        .iter()
+        .find(|s| attr(s, "gen_ai.agent.id").is_some())
+        .expect("subagent span");
+    let child = names
+        .iter()
+        .find(|s| attr(s, "gen_ai.agent.id").is_none())
+        .expect("child turn");
     assert_eq!(sub.parent_span_id, tool.span_id);
     assert_eq!(child.parent_span_id, sub.span_id);
-    assert_eq!(string(child, "session.id"), SESSION, "root session groups the trace");
+    assert_eq!(
+        string(child, "session.id"),
+        SESSION,
+        "root session groups the trace"
+    );
     assert_eq!(string(child, "hermes.session_id"), child_session);
     assert_eq!(string(sub, "hermes.subagent.status"), "completed");
 }
@@ -396,8 +687,18 @@ fn unknown_hooks_become_turn_events() {
     let mut f = Feed::new();
     f.ev("pre_llm_call", 0, ids(TURN), turn_body());
     let mut other = v1::Other::default();
-    other.fields.insert("answer".into(), v1::Scalar { value: Some(v1::scalar::Value::IntValue(42)) });
-    f.ev("on_human_input_request", 5, ids(TURN), Some(Body::Other(other)));
+    other.fields.insert(
+        "answer".into(),
+        v1::Scalar {
+            value: Some(v1::scalar::Value::IntValue(42)),
+        },
+    );
+    f.ev(
+        "on_human_input_request",
+        5,
+        ids(TURN),
+        Some(Body::Other(other)),
+    );
     f.ev("on_session_end", 9, ids(TURN), end_body(true, false));
     let root = f.span("invoke_agent hermes");
     assert_eq!(root.events.len(), 1);

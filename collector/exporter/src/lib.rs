@@ -1,1 +1,55 @@
-//! placeholder
+//! Span exporters of the Hermes collector and the stage that drives them.
+//!
+//! Input: finished spans as `Vec<ResourceSpans>` (OTLP protobuf types of
+//! `opentelemetry-proto`) on a bounded channel. Output: the same spans,
+//! batched, at every configured sink.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`stage`] | the async exporter stage: batching, fan-out, retry, drain, [`ExporterStats`] |
+//! | [`sink`] | the [`SpanExporter`] trait and the named [`Sink`] |
+//! | [`grpc`] | OTLP/gRPC exporter ([`GrpcExporter`]) |
+//! | [`http`] | OTLP/HTTP protobuf exporter ([`HttpExporter`]) |
+//! | [`file`](mod@file) | OTLP JSON lines file exporter ([`FileExporter`]) |
+//! | [`console`] | human-readable turn trees ([`ConsoleExporter`]) |
+//! | [`error`] | [`ExportError`] and its [`RetryClass`] |
+//! | [`retry`] | [`RetrySettings`] and the backoff sequence |
+//!
+//! The binary owns configuration parsing and fills the plain `*Config` /
+//! `*Settings` structs of this crate; nothing here reads the environment or
+//! files other than the file exporter's output.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), hermes_exporter::ExportError> {
+//! use hermes_exporter::*;
+//! let sinks = vec![
+//!     Sink::new("otlp_grpc", GrpcExporter::new(GrpcExporterConfig::default())?),
+//!     Sink::new("console", ConsoleExporter::stdout(ConsoleExporterConfig::default())),
+//! ];
+//! let (tx, rx) = tokio::sync::mpsc::channel(1024);
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! let stage = ExporterStage::new(sinks, ExporterSettings::default());
+//! let stats = stage.stats();
+//! let task = tokio::spawn(stage.run(rx, shutdown.clone()));
+//! # drop(tx); let _ = (stats, task);
+//! # Ok(()) }
+//! ```
+
+mod batch;
+pub mod console;
+pub mod error;
+pub mod file;
+pub mod grpc;
+pub mod http;
+pub mod retry;
+pub mod sink;
+pub mod stage;
+
+pub use console::{ConsoleExporter, ConsoleExporterConfig};
+pub use error::{ExportError, RetryClass};
+pub use file::{FileExporter, FileExporterConfig};
+pub use grpc::{Compression, GrpcExporter, GrpcExporterConfig};
+pub use http::{HttpExporter, HttpExporterConfig};
+pub use retry::RetrySettings;
+pub use sink::{ExportFuture, ExportOutcome, Sink, SpanExporter, span_count};
+pub use stage::{ExporterSettings, ExporterStage, ExporterStats, SinkStats, run};

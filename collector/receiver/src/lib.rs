@@ -39,7 +39,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_message_bytes: 16 * 1024 * 1024, max_events_per_batch: 8192 }
+        Self {
+            max_message_bytes: 16 * 1024 * 1024,
+            max_events_per_batch: 8192,
+        }
     }
 }
 
@@ -68,8 +71,18 @@ impl Ingest {
     /// Cancelling `shutdown` ends every open stream with `UNAVAILABLE` (the
     /// shims reconnect elsewhere or retry), so a graceful server shutdown does
     /// not wait on long-lived streams.
-    pub fn new(tx: mpsc::Sender<Ingested>, limits: Limits, stats: Arc<ReceiverStats>, shutdown: CancellationToken) -> Self {
-        Self { tx, limits, stats, shutdown }
+    pub fn new(
+        tx: mpsc::Sender<Ingested>,
+        limits: Limits,
+        stats: Arc<ReceiverStats>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            tx,
+            limits,
+            stats,
+            shutdown,
+        }
     }
 
     /// The tonic service, with the message size limit applied.
@@ -85,7 +98,10 @@ type AckStream = Pin<Box<dyn Stream<Item = Result<Ack, Status>> + Send>>;
 impl EventIngest for Ingest {
     type StreamStream = AckStream;
 
-    async fn stream(&self, request: Request<Streaming<EventBatch>>) -> Result<Response<AckStream>, Status> {
+    async fn stream(
+        &self,
+        request: Request<Streaming<EventBatch>>,
+    ) -> Result<Response<AckStream>, Status> {
         let mut inbound = request.into_inner();
         let (ack_tx, ack_rx) = mpsc::channel::<Result<Ack, Status>>(64);
         let this = self.clone();
@@ -115,20 +131,29 @@ impl EventIngest for Ingest {
                     break;
                 }
                 if batch.dropped_events > last_dropped {
-                    this.stats.shim_dropped_events.fetch_add(batch.dropped_events - last_dropped, Ordering::Relaxed);
+                    this.stats
+                        .shim_dropped_events
+                        .fetch_add(batch.dropped_events - last_dropped, Ordering::Relaxed);
                     last_dropped = batch.dropped_events;
                 }
                 let (Some(first), Some(last)) = (batch.events.first(), batch.events.last()) else {
                     continue;
                 };
-                let ack = Ack { first_seq: first.seq, last_seq: last.seq };
+                let ack = Ack {
+                    first_seq: first.seq,
+                    last_seq: last.seq,
+                };
                 let events = batch.events.len() as u64;
                 if this.tx.send(Ingested { batch }).await.is_err() {
-                    let _ = ack_tx.send(Err(Status::unavailable("collector is shutting down"))).await;
+                    let _ = ack_tx
+                        .send(Err(Status::unavailable("collector is shutting down")))
+                        .await;
                     break;
                 }
                 this.stats.batches_accepted.fetch_add(1, Ordering::Relaxed);
-                this.stats.events_accepted.fetch_add(events, Ordering::Relaxed);
+                this.stats
+                    .events_accepted
+                    .fetch_add(events, Ordering::Relaxed);
                 if ack_tx.send(Ok(ack)).await.is_err() {
                     break;
                 }
@@ -144,7 +169,9 @@ impl Ingest {
             return Err(Status::invalid_argument("event batch without shim info"));
         };
         if shim.instance_id.is_empty() {
-            return Err(Status::invalid_argument("event batch with an empty shim instance_id"));
+            return Err(Status::invalid_argument(
+                "event batch with an empty shim instance_id",
+            ));
         }
         if batch.events.len() > self.limits.max_events_per_batch {
             return Err(Status::resource_exhausted(format!(
@@ -154,7 +181,9 @@ impl Ingest {
             )));
         }
         if batch.events.windows(2).any(|w| w[0].seq >= w[1].seq) {
-            return Err(Status::invalid_argument("events of a batch must have strictly increasing seq"));
+            return Err(Status::invalid_argument(
+                "events of a batch must have strictly increasing seq",
+            ));
         }
         Ok(())
     }

@@ -1,0 +1,257 @@
+//! OTLP/HTTP exporter (binary protobuf encoding).
+//!
+//! This module owns [`HttpExporter`]: it POSTs each batch, encoded with prost
+//! as an `ExportTraceServiceRequest`, to `{endpoint}/v1/traces` with
+//! `Content-Type: application/x-protobuf`, and maps the response status to an
+//! [`ExportError`] as the OTLP/HTTP specification says (2xx ok; 429, 502, 503,
+//! 504 retryable honouring `Retry-After` seconds; other 4xx not retryable;
+//! other 5xx retryable). Response bodies are read up to [`MAX_RESPONSE_BYTES`]
+//! only.
+//!
+//! Client choice: hyper-util's legacy pooled client rather than `reqwest`.
+//! hyper, hyper-util's client and its connector are already compiled for
+//! tonic's channel, so this exporter adds no crate to the build, whereas
+//! `reqwest` would add `url`/`idna` (the ICU tree), `serde_urlencoded` and its
+//! own middleware for features we do not use (redirects, cookies, proxies,
+//! decompression). OTLP/HTTP needs one POST with fixed headers, a timeout and
+//! a bounded body read, which is a few lines on hyper.
+//!
+//! TLS: not supported yet; `https://` endpoints are rejected by `new`. TLS
+//! will come as a `tls` field on [`HttpExporterConfig`] and an
+//! `hyper-rustls` connector built in [`HttpExporter::new`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER, USER_AGENT};
+use http::{Method, Request, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use prost::Message;
+
+use crate::error::{ExportError, rpc_status, truncate};
+use crate::sink::{ExportFuture, ExportOutcome, SpanExporter};
+
+/// The most bytes read from a response body.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+const TRACES_PATH: &str = "/v1/traces";
+const PROTOBUF: &str = "application/x-protobuf";
+
+/// Settings of the OTLP/HTTP exporter, filled by the binary from its config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpExporterConfig {
+    /// Base URL, e.g. `http://127.0.0.1:4318`; `/v1/traces` is appended
+    /// unless the URL already ends with it. Only `http` for now.
+    pub endpoint: String,
+    /// Deadline of one export (connect, send, and reading the response).
+    pub timeout: Duration,
+    /// Extra headers sent with every request (e.g. an authorization token).
+    pub headers: Vec<(String, String)>,
+}
+
+impl Default for HttpExporterConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: "http://127.0.0.1:4318".to_owned(),
+            timeout: Duration::from_secs(10),
+            headers: Vec::new(),
+        }
+    }
+}
+
+/// Exports batches with OTLP/HTTP, binary protobuf.
+pub struct HttpExporter {
+    client: Client<HttpConnector, Full<Bytes>>,
+    uri: Uri,
+    headers: HeaderMap,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for HttpExporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpExporter")
+            .field("uri", &self.uri)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpExporter {
+    /// Validates the configuration and builds the (lazily connecting) client.
+    pub fn new(config: HttpExporterConfig) -> Result<Self, ExportError> {
+        let uri = traces_uri(&config.endpoint)?;
+        let headers = header_map(&config.headers)?;
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        Ok(Self {
+            client,
+            uri,
+            headers,
+            timeout: config.timeout,
+        })
+    }
+
+    /// The full URL requests are sent to.
+    pub fn uri(&self) -> &Uri {
+        &self.uri
+    }
+
+    async fn send(&self, body: Vec<u8>) -> Result<ExportOutcome, ExportError> {
+        let mut request = Request::new(Full::new(Bytes::from(body)));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = self.uri.clone();
+        *request.headers_mut() = self.headers.clone();
+
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| ExportError::HttpTransport(Box::new(e)))?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map(|collected| collected.to_bytes());
+
+        if status.is_success() {
+            // The body is an ExportTraceServiceResponse; only its partial
+            // success matters. An unreadable body is not a failed export.
+            let rejected_spans = body
+                .ok()
+                .and_then(|b| ExportTraceServiceResponse::decode(b).ok())
+                .and_then(|r| r.partial_success)
+                .map(|p| u64::try_from(p.rejected_spans).unwrap_or(0))
+                .unwrap_or(0);
+            return Ok(ExportOutcome { rejected_spans });
+        }
+        let message = match &body {
+            Ok(bytes) => rpc_status::message(bytes)
+                .unwrap_or_else(|| String::from_utf8_lossy(bytes).into_owned()),
+            Err(_) => String::new(),
+        };
+        Err(ExportError::HttpStatus {
+            status: status.as_u16(),
+            retry_after,
+            message: truncate(message.trim(), 256),
+        })
+    }
+}
+
+impl SpanExporter for HttpExporter {
+    fn export(&mut self, request: Arc<ExportTraceServiceRequest>) -> ExportFuture<'_> {
+        Box::pin(async move {
+            let body = request.encode_to_vec();
+            tokio::time::timeout(self.timeout, self.send(body))
+                .await
+                .map_err(|_| ExportError::Timeout(self.timeout))?
+        })
+    }
+}
+
+/// `{endpoint}/v1/traces`, or `endpoint` itself when it already ends so.
+fn traces_uri(endpoint: &str) -> Result<Uri, ExportError> {
+    let invalid = |reason: String| ExportError::InvalidEndpoint {
+        endpoint: endpoint.to_owned(),
+        reason,
+    };
+    let trimmed = endpoint.trim_end_matches('/');
+    let full = if trimmed.ends_with(TRACES_PATH) {
+        trimmed.to_owned()
+    } else {
+        format!("{trimmed}{TRACES_PATH}")
+    };
+    let uri: Uri = full
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| invalid(e.to_string()))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return Err(invalid("TLS is not supported yet; use http://".into())),
+        Some(other) => return Err(invalid(format!("unsupported scheme {other:?}"))),
+        None => return Err(invalid("missing scheme, expected http://host:port".into())),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(invalid("missing host".into()));
+    }
+    Ok(uri)
+}
+
+fn header_map(headers: &[(String, String)]) -> Result<HeaderMap, ExportError> {
+    let mut map = HeaderMap::new();
+    map.insert(CONTENT_TYPE, HeaderValue::from_static(PROTOBUF));
+    map.insert(
+        USER_AGENT,
+        HeaderValue::from_static(concat!("hermes-exporter/", env!("CARGO_PKG_VERSION"))),
+    );
+    for (name, value) in headers {
+        let invalid = |reason: String| ExportError::InvalidHeader {
+            name: name.clone(),
+            reason,
+        };
+        let key = HeaderName::from_bytes(name.as_bytes()).map_err(|e| invalid(e.to_string()))?;
+        if key == CONTENT_TYPE {
+            return Err(invalid("Content-Type is fixed by the exporter".into()));
+        }
+        let value = HeaderValue::from_str(value).map_err(|e| invalid(e.to_string()))?;
+        if key == USER_AGENT {
+            map.insert(key, value);
+        } else {
+            map.append(key, value);
+        }
+    }
+    Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appends_traces_path_once() {
+        let uri = |e: &str| traces_uri(e).map(|u| u.to_string());
+        assert_eq!(
+            uri("http://127.0.0.1:4318").ok().as_deref(),
+            Some("http://127.0.0.1:4318/v1/traces")
+        );
+        assert_eq!(
+            uri("http://127.0.0.1:4318/").ok().as_deref(),
+            Some("http://127.0.0.1:4318/v1/traces")
+        );
+        assert_eq!(
+            uri("http://h:4318/otlp/v1/traces").ok().as_deref(),
+            Some("http://h:4318/otlp/v1/traces")
+        );
+        assert_eq!(
+            uri("http://h:4318/otlp").ok().as_deref(),
+            Some("http://h:4318/otlp/v1/traces")
+        );
+        assert!(uri("https://h:4318").is_err());
+        assert!(uri("h:4318").is_err());
+        assert!(uri("not a url").is_err());
+    }
+
+    #[test]
+    fn validates_headers() {
+        assert!(header_map(&[("x-api-key".into(), "k".into())]).is_ok());
+        assert!(header_map(&[("bad name".into(), "k".into())]).is_err());
+        assert!(header_map(&[("x".into(), "a\nb".into())]).is_err());
+        assert!(header_map(&[("content-type".into(), "text/plain".into())]).is_err());
+    }
+}

@@ -1,0 +1,86 @@
+//! The sink abstraction: one named destination of exported batches.
+//!
+//! This module owns the [`SpanExporter`] trait that every exporter implements
+//! (OTLP gRPC, OTLP HTTP, file, console, and test doubles) and [`Sink`], the
+//! named, boxed exporter the stage ([`crate::stage`]) drives.
+//!
+//! Contract of an exporter: `export` is called with one batch at a time (the
+//! stage never overlaps two calls on the same exporter), it bounds its own
+//! duration (request timeout) and it reports failure as an [`ExportError`]
+//! whose [`ExportError::retry_class`] tells whether the same batch may be sent
+//! again. An exporter never retries by itself: retrying is the stage's job.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+
+use crate::error::ExportError;
+
+/// The future an exporter returns (boxed so [`SpanExporter`] is object safe).
+pub type ExportFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<ExportOutcome, ExportError>> + Send + 'a>>;
+
+/// What a successful export reports back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportOutcome {
+    /// Spans the receiver accepted the request for but rejected (OTLP
+    /// partial success). They are counted as failed and never retried.
+    pub rejected_spans: u64,
+}
+
+/// A destination for batches of finished spans.
+pub trait SpanExporter: Send + 'static {
+    /// Exports one batch. The request is shared between sinks: clone what
+    /// must be owned.
+    fn export(&mut self, request: Arc<ExportTraceServiceRequest>) -> ExportFuture<'_>;
+
+    /// Called once, after the last `export`, when the stage shuts down
+    /// cleanly. Exporters that buffer (the console tree) flush here.
+    fn shutdown(&mut self) -> ExportFuture<'_> {
+        Box::pin(async { Ok(ExportOutcome::default()) })
+    }
+}
+
+/// A named exporter. The name labels logs and [`crate::stage::SinkStats`]; it
+/// should be short and stable (`otlp_grpc`, `file`, …), never per request.
+pub struct Sink {
+    name: String,
+    exporter: Box<dyn SpanExporter>,
+}
+
+impl Sink {
+    /// Wraps an exporter under a name.
+    pub fn new(name: impl Into<String>, exporter: impl SpanExporter) -> Self {
+        Self {
+            name: name.into(),
+            exporter: Box::new(exporter),
+        }
+    }
+
+    /// The sink's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn exporter_mut(&mut self) -> &mut dyn SpanExporter {
+        self.exporter.as_mut()
+    }
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sink").field("name", &self.name).finish()
+    }
+}
+
+/// Number of spans in a request.
+pub fn span_count(request: &ExportTraceServiceRequest) -> u64 {
+    request
+        .resource_spans
+        .iter()
+        .flat_map(|rs| rs.scope_spans.iter())
+        .map(|ss| ss.spans.len() as u64)
+        .sum()
+}

@@ -1,0 +1,442 @@
+//! The collector's configuration: one YAML file (every key documented in
+//! `config/collector.yaml`), a few CLI overrides, and validation that runs
+//! before any port is bound.
+//!
+//! Parsing is pure (no I/O besides reading the file named on the command
+//! line). Unknown keys are errors. Every error names the key path, and the
+//! binary exits with code 64 (`EX_USAGE`) on it.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Exit code for bad configuration or usage (`EX_USAGE` of sysexits.h).
+pub const EXIT_CONFIG: i32 = 64;
+
+/// A configuration error, naming the offending key path.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration at `{path}`: {reason}")]
+pub struct ConfigError {
+    /// Dotted key path (`exporters.otlp.endpoint`), or `<file>` for I/O.
+    pub path: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Root of the configuration file.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where shims connect.
+    pub receiver: ReceiverConfig,
+    /// Correlation limits and timers.
+    pub correlator: CorrelatorConfig,
+    /// Batching in front of the exporters.
+    pub batch: BatchConfig,
+    /// Where spans go. With none configured, the embedded default runs: spans
+    /// appended to a JSON-lines file and each finished turn printed.
+    pub exporters: ExportersConfig,
+    /// Shutdown behaviour.
+    pub shutdown: ShutdownConfig,
+    /// The collector's own logs.
+    pub log: LogConfig,
+}
+
+/// The gRPC ingest listener.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReceiverConfig {
+    /// Address of the gRPC ingest (shims' `HERMES_COLLECTOR_ENDPOINT`).
+    pub listen: String,
+    /// Largest accepted message, bytes.
+    pub max_message_bytes: usize,
+    /// Most events in one batch.
+    pub max_events_per_batch: usize,
+    /// Capacity of the channel from the receiver to the correlator, batches.
+    /// When full, the receiver stops reading (backpressure to the shims).
+    pub queue_batches: usize,
+}
+
+impl Default for ReceiverConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:4319".to_owned(),
+            max_message_bytes: 16 * 1024 * 1024,
+            max_events_per_batch: 8192,
+            queue_batches: 1024,
+        }
+    }
+}
+
+/// Limits and timers of the correlator.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CorrelatorConfig {
+    /// Most turns open at once; the oldest is closed as incomplete past it.
+    pub max_open_turns: usize,
+    /// Open state with no event for this long is closed as incomplete.
+    pub state_ttl_secs: u64,
+    /// Wait after `post_llm_call` for the turn's `on_session_end`.
+    pub turn_end_grace_ms: u64,
+    /// How often timers are checked.
+    pub tick_ms: u64,
+}
+
+impl Default for CorrelatorConfig {
+    fn default() -> Self {
+        Self {
+            max_open_turns: 10_000,
+            state_ttl_secs: 3600,
+            turn_end_grace_ms: 2000,
+            tick_ms: 500,
+        }
+    }
+}
+
+/// Batching of finished spans before export.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchConfig {
+    /// Most spans in one export request.
+    pub max_spans: usize,
+    /// Longest a finished span waits for its batch to fill.
+    pub timeout_ms: u64,
+    /// Capacity of the channel from the correlator to the exporters, in
+    /// groups of spans. When full, the correlator waits (backpressure).
+    pub queue: usize,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_spans: 512,
+            timeout_ms: 200,
+            queue: 1024,
+        }
+    }
+}
+
+/// The exporters. Any combination may be set.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExportersConfig {
+    /// An OTLP endpoint (Jaeger, Tempo, Langfuse, Phoenix, an OTel Collector).
+    pub otlp: Option<OtlpConfig>,
+    /// Spans appended to a file as OTLP JSON lines.
+    pub file: Option<FileConfig>,
+    /// Each finished turn printed as an indented tree.
+    pub console: Option<ConsoleConfig>,
+}
+
+/// OTLP transport.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    #[serde(rename = "grpc")]
+    Grpc,
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+}
+
+/// An OTLP exporter.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpConfig {
+    /// `http://host:4317` for gRPC; `http://host:4318` (the `/v1/traces` path
+    /// is appended unless present) for HTTP/protobuf.
+    pub endpoint: String,
+    /// `grpc` (default) or `http/protobuf`.
+    #[serde(default = "default_protocol")]
+    pub protocol: OtlpProtocol,
+    /// Extra request headers (e.g. `Authorization`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Timeout of one export request.
+    #[serde(default = "default_export_timeout_ms")]
+    pub timeout_ms: u64,
+    /// `none` or `gzip`.
+    #[serde(default)]
+    pub compression: CompressionConfig,
+    /// Give up retrying one batch after this long.
+    #[serde(default = "default_max_elapsed_secs")]
+    pub max_elapsed_secs: u64,
+}
+
+fn default_protocol() -> OtlpProtocol {
+    OtlpProtocol::Grpc
+}
+fn default_export_timeout_ms() -> u64 {
+    10_000
+}
+fn default_max_elapsed_secs() -> u64 {
+    30
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CompressionConfig {
+    #[default]
+    None,
+    Gzip,
+}
+
+/// The JSON-lines file of the embedded default.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// File the spans are appended to (parent directories are created).
+    pub path: PathBuf,
+}
+
+/// The console tree of the embedded default.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsoleConfig {
+    /// Print finished turns to standard output.
+    pub enabled: bool,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// Shutdown on SIGTERM/SIGINT.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    /// Longest the drain may take before the process exits, logging what is
+    /// left. Keep it below Kubernetes' `terminationGracePeriodSeconds` (30 s).
+    pub grace_ms: u64,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self { grace_ms: 20_000 }
+    }
+}
+
+/// The collector's own logs (to standard error).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `error`, `warn`, `info`, `debug`, `trace`, or an `EnvFilter` directive.
+    /// `RUST_LOG` overrides it.
+    pub level: String,
+    /// `text` or `json`.
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".to_owned(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// File name of the embedded default's span file.
+pub const DEFAULT_SPAN_FILE: &str = "hermes-spans.jsonl";
+
+impl Config {
+    /// Parses YAML text and validates it.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let config: Config = if text.trim().is_empty() {
+            Config::default()
+        } else {
+            let de = serde_yaml::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                let path = e.path().to_string();
+                let inner = e.into_inner().to_string();
+                ConfigError::new(
+                    if path == "." {
+                        "<root>".to_owned()
+                    } else {
+                        path
+                    },
+                    inner,
+                )
+            })?
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads and parses a file.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new("<file>", format!("cannot read {}: {e}", path.display()))
+        })?;
+        Self::from_yaml(&text)
+    }
+
+    /// Whether no exporter is configured (the embedded default runs).
+    pub fn is_embedded_default(&self) -> bool {
+        self.exporters.otlp.is_none()
+            && self.exporters.file.is_none()
+            && self.exporters.console.is_none()
+    }
+
+    /// Checks values serde cannot check. Pure: no I/O.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.receiver.listen.parse::<SocketAddr>().map_err(|e| {
+            ConfigError::new(
+                "receiver.listen",
+                format!("`{}` is not host:port ({e})", self.receiver.listen),
+            )
+        })?;
+        positive(
+            "receiver.max_message_bytes",
+            self.receiver.max_message_bytes as u64,
+        )?;
+        positive(
+            "receiver.max_events_per_batch",
+            self.receiver.max_events_per_batch as u64,
+        )?;
+        positive("receiver.queue_batches", self.receiver.queue_batches as u64)?;
+        positive(
+            "correlator.max_open_turns",
+            self.correlator.max_open_turns as u64,
+        )?;
+        positive("correlator.state_ttl_secs", self.correlator.state_ttl_secs)?;
+        positive("correlator.tick_ms", self.correlator.tick_ms)?;
+        positive("batch.max_spans", self.batch.max_spans as u64)?;
+        positive("batch.timeout_ms", self.batch.timeout_ms)?;
+        positive("batch.queue", self.batch.queue as u64)?;
+        if let Some(otlp) = &self.exporters.otlp {
+            let uri: http::Uri = otlp.endpoint.parse().map_err(|e| {
+                ConfigError::new(
+                    "exporters.otlp.endpoint",
+                    format!("`{}` is not a URL ({e})", otlp.endpoint),
+                )
+            })?;
+            match uri.scheme_str() {
+                Some("http") => {}
+                Some("https") => {
+                    return Err(ConfigError::new(
+                        "exporters.otlp.endpoint",
+                        "https endpoints are not supported yet by this version (TLS export comes with the security work)",
+                    ));
+                }
+                _ => {
+                    return Err(ConfigError::new(
+                        "exporters.otlp.endpoint",
+                        format!("`{}` must start with http://", otlp.endpoint),
+                    ));
+                }
+            }
+            if uri.host().is_none() {
+                return Err(ConfigError::new(
+                    "exporters.otlp.endpoint",
+                    format!("`{}` has no host", otlp.endpoint),
+                ));
+            }
+            positive("exporters.otlp.timeout_ms", otlp.timeout_ms)?;
+            for (name, value) in &otlp.headers {
+                http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                    ConfigError::new(
+                        format!("exporters.otlp.headers.{name}"),
+                        "not a valid header name",
+                    )
+                })?;
+                http::HeaderValue::from_str(value).map_err(|_| {
+                    ConfigError::new(
+                        format!("exporters.otlp.headers.{name}"),
+                        "not a valid header value",
+                    )
+                })?;
+            }
+        }
+        if let Some(file) = &self.exporters.file
+            && file.path.as_os_str().is_empty()
+        {
+            return Err(ConfigError::new("exporters.file.path", "must not be empty"));
+        }
+        if self.shutdown.grace_ms >= 30_000 {
+            return Err(ConfigError::new(
+                "shutdown.grace_ms",
+                "must be below 30000 (Kubernetes' default termination grace period)",
+            ));
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log.level)
+            .map_err(|e| ConfigError::new("log.level", format!("`{}`: {e}", self.log.level)))?;
+        Ok(())
+    }
+}
+
+fn positive(path: &str, value: u64) -> Result<(), ConfigError> {
+    if value == 0 {
+        Err(ConfigError::new(path, "must be greater than 0"))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_embedded_default() {
+        let c = Config::from_yaml("").unwrap();
+        assert!(c.is_embedded_default());
+        assert_eq!(c.receiver.listen, "127.0.0.1:4319");
+    }
+
+    #[test]
+    fn example_config_parses() {
+        let text = include_str!("../../config/collector.yaml");
+        let c = Config::from_yaml(text).unwrap();
+        assert_eq!(c, Config::default(), "the example documents the defaults");
+    }
+
+    #[test]
+    fn unknown_key_names_its_path() {
+        let e =
+            Config::from_yaml("exporters:\n  otlp:\n    endpoint: http://x:4317\n    endpont: y\n")
+                .unwrap_err();
+        assert_eq!(e.path, "exporters.otlp.endpont");
+        assert!(e.reason.contains("endpont"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_name_their_path() {
+        let cases = [
+            ("receiver:\n  listen: nowhere\n", "receiver.listen"),
+            ("batch:\n  max_spans: 0\n", "batch.max_spans"),
+            ("batch:\n  max_spans: lots\n", "batch.max_spans"),
+            (
+                "exporters:\n  otlp:\n    endpoint: ftp://x\n",
+                "exporters.otlp.endpoint",
+            ),
+            (
+                "exporters:\n  otlp:\n    endpoint: http://x:4317\n    protocol: udp\n",
+                "exporters.otlp.protocol",
+            ),
+            ("shutdown:\n  grace_ms: 60000\n", "shutdown.grace_ms"),
+        ];
+        for (yaml, path) in cases {
+            let e = Config::from_yaml(yaml).unwrap_err();
+            assert_eq!(e.path, path, "{yaml} -> {e}");
+        }
+    }
+}
