@@ -1,1 +1,83 @@
-//! placeholder
+//! Test support for the end-to-end tests of the Hermes collector.
+//!
+//! The pieces, each in its own module:
+//! - [`venv`]: the Python venv with `hermes-agent==0.19.0` and our shim
+//!   ([`ensure_venv`], created once per process by `tests/setup_venv.sh`).
+//! - [`fake_openai`]: a scripted OpenAI-compatible server ([`FakeOpenAi`],
+//!   driving `tests/fake_openai.py`) that Hermes talks to instead of a model.
+//! - [`hermes`]: an isolated `HOME`/`HERMES_HOME` configured for that server
+//!   ([`HermesHome`]), running `hermes chat -q …` or Python snippets with a
+//!   bounded timeout and a hermetic environment.
+//! - [`otlp_receiver`]: in-test OTLP trace receivers, gRPC ([`OtlpReceiver`])
+//!   and HTTP/protobuf ([`OtlpHttpReceiver`]), recording every span.
+//! - [`span_tree`]: [`SpanTree`] to check parent/child structure and
+//!   attributes of the received spans.
+//! - [`process`]: [`ChildGuard`] (kill on drop, captured output, bounded
+//!   waits), [`run_with_timeout`], [`free_port`] and [`cargo_bin`] (builds
+//!   and locates the `hermes-collector` binary).
+//!
+//! Everything listens on and connects to 127.0.0.1 only, and every wait is
+//! bounded by a timeout. Setup failures panic with context: this crate is
+//! only used from tests, where a failed step must fail the test loudly.
+
+pub mod fake_openai;
+pub mod hermes;
+pub mod otlp_receiver;
+pub mod process;
+pub mod span_tree;
+pub mod venv;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub use fake_openai::FakeOpenAi;
+pub use hermes::HermesHome;
+pub use otlp_receiver::{OtlpHttpReceiver, OtlpReceiver, ReceivedExport, SpanStore};
+pub use process::{ChildGuard, RunOutput, cargo_bin, free_port, run_with_timeout};
+pub use span_tree::{AttrsExt, SpanExt, SpanTree};
+pub use venv::{ensure_venv, venv_bin};
+
+/// The repository root (the workspace directory holding `Cargo.toml`).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// The directory of this crate (`<repo>/tests`), where the scripts live.
+pub fn tests_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Polls `condition` every `interval` until it returns true or `timeout`
+/// has passed; returns whether it became true. Always checks at least once,
+/// and once more at the deadline.
+pub fn wait_until(
+    timeout: Duration,
+    interval: Duration,
+    mut condition: impl FnMut() -> bool,
+) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        std::thread::sleep(interval.min(deadline - now));
+    }
+}
+
+/// Reads a duration in seconds from the environment variable `name`,
+/// falling back to `default` when it is unset or not a positive number.
+pub fn env_secs(name: &str, default: Duration) -> Duration {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(default)
+}

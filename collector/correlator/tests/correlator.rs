@@ -1,5 +1,7 @@
 //! Unit tests of the correlator's rules, with hand-built events.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use hermes_correlator::ids::{SpanKey, span_id, trace_id};
 use hermes_correlator::{Config, Correlator, FinishedSpan};
 use hermes_proto::v1::{self, event::Body};

@@ -1,0 +1,110 @@
+"""Hermes observer plugin that forwards hook calls to the hermes collector.
+
+Hermes loads this module through the ``hermes_agent.plugins`` entry point and
+calls :func:`register`. Each registered hook callable is implemented in Rust
+(``hermes_collector._core.HookCallback``): it stamps the call, queues a
+reference to its kwargs on a bounded queue and returns ``None`` at once. A
+background thread (``hermes-collector-sender``) converts, batches and streams
+the events to the collector over gRPC.
+
+Configuration comes from ``HERMES_COLLECTOR_*`` environment variables (see
+README.md). Nothing here raises into Hermes: bad settings are logged as
+warnings and replaced by defaults.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+from typing import Any, Dict, Optional
+
+from . import _core
+
+__all__ = ["register", "flush", "stats"]
+__version__: str = _core.__version__
+
+_log = logging.getLogger("hermes_collector")
+
+_ENV_PREFIX = "HERMES_COLLECTOR_"
+_DEFAULT_EXIT_FLUSH_MS = 2000
+
+_lock = threading.Lock()
+_process_hooks_installed = False
+_exit_flush_ms = _DEFAULT_EXIT_FLUSH_MS
+
+
+def _environment() -> Dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIX)}
+
+
+def _host_name() -> str:
+    try:
+        return socket.gethostname()
+    except Exception:
+        return ""
+
+
+def register(ctx: Any) -> None:
+    """Hermes plugin entry point: registers one callable per captured hook."""
+    try:
+        settings = _core.configure(_environment(), _host_name())
+        for warning in settings["warnings"]:
+            _log.warning("hermes_collector: %s", warning)
+        if settings["disabled"]:
+            _log.info("hermes_collector: disabled by HERMES_COLLECTOR_DISABLED")
+            return
+        _install_process_hooks(settings["exit_flush_ms"])
+        for name in settings["hooks"]:
+            ctx.register_hook(name, _core.HookCallback(name))
+    except Exception as exc:  # never raise into Hermes
+        _log.warning("hermes_collector: not registered: %s", exc)
+
+
+def flush(timeout_ms: Optional[int] = None) -> bool:
+    """Waits up to ``timeout_ms`` (default: HERMES_COLLECTOR_EXIT_FLUSH_MS)
+    until every event captured so far is acknowledged by the collector.
+
+    Releases the GIL while waiting. Returns True if everything was
+    acknowledged (or accounted as lost), False on timeout.
+    """
+    try:
+        ms = _exit_flush_ms if timeout_ms is None else max(0, int(timeout_ms))
+        return bool(_core.flush(ms))
+    except Exception as exc:
+        _log.warning("hermes_collector: flush failed: %s", exc)
+        return False
+
+
+def stats() -> Dict[str, Any]:
+    """Counters of the shim: enqueued, dropped, sent_batches, acked_events,
+    unacked_batches, connected (and a few diagnostics)."""
+    return dict(_core.stats())
+
+
+def _at_exit() -> None:
+    try:
+        _core.shutdown(_exit_flush_ms)
+    except Exception:
+        pass
+
+
+def _after_fork_in_child() -> None:
+    try:
+        _core.after_fork_in_child()
+    except Exception:
+        pass
+
+
+def _install_process_hooks(exit_flush_ms: int) -> None:
+    global _process_hooks_installed, _exit_flush_ms
+    with _lock:
+        _exit_flush_ms = exit_flush_ms
+        if _process_hooks_installed:
+            return
+        atexit.register(_at_exit)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+        _process_hooks_installed = True

@@ -1,0 +1,387 @@
+//! The process-wide core: configuration, queue, sender thread, exit gate.
+//!
+//! Owns: [`CORE`], the one live [`Core`] of the process, and the Python
+//! functions `configure`, `flush`, `shutdown`, `stats`, `after_fork_in_child`.
+//!
+//! Invariants:
+//! - The hook path reaches the core through a lock-free `ArcSwapOption` load;
+//!   it shares no lock with the sender.
+//! - One sender thread per core, started lazily by the first event, fed by the
+//!   core's own queue; a core replaced by `configure` with other settings
+//!   closes its queue, and its sender delivers what it holds and ends.
+//! - After `os.fork()` the child gets a new core (fresh instance id, seq from
+//!   1, empty queue, no sender yet); the parent's core is leaked, not dropped,
+//!   in the child, whose copy of it may be mid-operation.
+//! - The sender holds the GIL for at most [`CONVERT_CHUNK`] conversions at a
+//!   time, and never while waiting for the network.
+//! - The sender attaches to the interpreter only between `GilGate::enter`
+//!   and `leave`. `shutdown` (at interpreter exit) seals the gate and waits,
+//!   with the GIL released, until the sender is outside, so the sender never
+//!   attaches to a finalizing interpreter (CPython 3.11/3.12 would end the
+//!   thread with `pthread_exit`). Events captured after that are not sent.
+//! - `flush` and `shutdown` wait with the GIL released and never longer than
+//!   their timeout.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use hermes_proto::v1::{Event, ShimInfo};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use rand::TryRngCore;
+
+use super::kwargs::PyKwargs;
+use crate::clock;
+use crate::config::{CaptureLevel, ShimConfig};
+use crate::convert::{JsonKwargs, Stamp, to_event};
+use crate::queue::{QueueRx, QueueTx, SeqSource, event_queue};
+use crate::sender::{self, Convert, SenderConfig, SenderShared};
+
+/// The live core of this process, if `configure` ran (and not disabled).
+pub(crate) static CORE: ArcSwapOption<Core> = ArcSwapOption::const_empty();
+
+/// Items converted per GIL acquisition.
+const CONVERT_CHUNK: usize = 64;
+
+/// How long `shutdown` waits for the sender to leave the interpreter at least.
+const MIN_SEAL_WAIT: Duration = Duration::from_millis(200);
+/// Longest exit flush while no stream to the collector is open: waiting the
+/// whole `HERMES_COLLECTOR_EXIT_FLUSH_MS` for a collector that is down would
+/// only delay the agent's exit.
+const DISCONNECTED_EXIT_WAIT: Duration = Duration::from_millis(250);
+
+/// One captured hook call, as queued.
+pub(crate) struct HookItem {
+    pub seq: u64,
+    pub time_unix_nano: u64,
+    pub mono_nano: u64,
+    pub hook: Arc<str>,
+    pub thread: Arc<str>,
+    /// The kwargs dict Hermes built for this call (fresh per call).
+    pub kwargs: Option<Py<PyDict>>,
+    /// Hook-time JSON snapshot of `args` (capture level `content` only).
+    pub args_json: Option<String>,
+}
+
+/// Guards the sender's access to the interpreter against finalization.
+#[derive(Debug, Default)]
+pub(crate) struct GilGate {
+    sealed: AtomicBool,
+    inside: AtomicBool,
+}
+
+impl GilGate {
+    /// The sender wants to attach; false once sealed.
+    fn enter(&self) -> bool {
+        self.inside.store(true, Ordering::SeqCst);
+        if self.sealed.load(Ordering::SeqCst) {
+            self.inside.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    fn is_sealed(&self) -> bool {
+        self.sealed.load(Ordering::SeqCst)
+    }
+
+    fn leave(&self) {
+        self.inside.store(false, Ordering::SeqCst);
+    }
+
+    /// Seals the gate and waits until the sender is outside. Call without the GIL.
+    fn seal_and_wait(&self, timeout: Duration) -> bool {
+        self.sealed.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + timeout;
+        while self.inside.load(Ordering::SeqCst) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+}
+
+/// Converts queued hook calls with the GIL held once per batch.
+struct PyConverter {
+    capture: CaptureLevel,
+    gate: Arc<GilGate>,
+}
+
+fn convert_item(py: Python<'_>, item: HookItem, capture: CaptureLevel) -> Event {
+    let stamp = Stamp {
+        seq: item.seq,
+        hook: &item.hook,
+        time_unix_nano: item.time_unix_nano,
+        mono_nano: item.mono_nano,
+        thread: &item.thread,
+    };
+    let empty = serde_json::Map::new();
+    let event = match item.kwargs.as_ref() {
+        Some(dict) => {
+            let kwargs = PyKwargs {
+                dict: dict.bind(py).clone(),
+                args_json: item.args_json.as_deref(),
+            };
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                to_event(&stamp, &kwargs, capture)
+            }))
+            .unwrap_or_else(|_| to_event(&stamp, &JsonKwargs(&empty), capture))
+        }
+        None => to_event(&stamp, &JsonKwargs(&empty), capture),
+    };
+    // `item` (and its reference to the kwargs dict) is dropped here, with the GIL held.
+    event
+}
+
+impl Convert for PyConverter {
+    type Item = HookItem;
+
+    fn convert(&mut self, items: Vec<HookItem>) -> Vec<Event> {
+        if !self.gate.enter() {
+            // Interpreter exiting: the references are released by PyO3 later
+            // (or never, at process exit).
+            return Vec::new();
+        }
+        let capture = self.capture;
+        let mut events = Vec::with_capacity(items.len());
+        let mut items = items.into_iter().peekable();
+        // The GIL is taken once per chunk, not per batch, so a large batch
+        // never keeps agent threads waiting for more than a chunk's work.
+        while items.peek().is_some() && !self.gate.is_sealed() {
+            let chunk: Vec<HookItem> = items.by_ref().take(CONVERT_CHUNK).collect();
+            let converted = Python::try_attach(move |py| {
+                chunk
+                    .into_iter()
+                    .map(|item| convert_item(py, item, capture))
+                    .collect::<Vec<_>>()
+            });
+            match converted {
+                Some(converted) => events.extend(converted),
+                None => break,
+            }
+        }
+        self.gate.leave();
+        events
+    }
+}
+
+/// The core of one shim instance (one process).
+pub(crate) struct Core {
+    pub config: ShimConfig,
+    host_name: String,
+    instance_id: String,
+    pid: u32,
+    seq: SeqSource,
+    tx: QueueTx<HookItem>,
+    rx: Mutex<Option<QueueRx<HookItem>>>,
+    started: AtomicBool,
+    shared: Arc<SenderShared>,
+    gate: Arc<GilGate>,
+}
+
+/// Random 128-bit id, hex. Uses the OS generator, so a forked child never
+/// repeats its parent's id.
+fn new_instance_id() -> String {
+    let mut rng = rand::rngs::OsRng;
+    match (rng.try_next_u64(), rng.try_next_u64()) {
+        (Ok(a), Ok(b)) => format!("{a:016x}{b:016x}"),
+        _ => format!(
+            "{:016x}{:016x}",
+            clock::wall_unix_nano(),
+            clock::mono_nano() ^ u64::from(std::process::id())
+        ),
+    }
+}
+
+impl Core {
+    fn new(config: ShimConfig, host_name: String) -> Core {
+        let (tx, rx) = event_queue(config.queue_events);
+        Core {
+            config,
+            host_name,
+            instance_id: new_instance_id(),
+            pid: std::process::id(),
+            seq: SeqSource::new(),
+            tx,
+            rx: Mutex::new(Some(rx)),
+            started: AtomicBool::new(false),
+            shared: Arc::new(SenderShared::default()),
+            gate: Arc::new(GilGate::default()),
+        }
+    }
+
+    /// Stamps, numbers and queues one hook call; never blocks. Called with
+    /// the GIL held; runs no Python code.
+    pub(crate) fn enqueue(&self, mut item: HookItem) {
+        item.time_unix_nano = clock::wall_unix_nano();
+        item.mono_nano = clock::mono_nano();
+        item.seq = self.seq.next_seq();
+        if let Err(dropped) = self.tx.push(item) {
+            drop(dropped);
+        }
+        self.ensure_started();
+    }
+
+    fn ensure_started(&self) {
+        if self.started.load(Ordering::Acquire) || self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let rx = self.rx.lock().ok().and_then(|mut slot| slot.take());
+        let Some(rx) = rx else {
+            return;
+        };
+        let shim = ShimInfo {
+            instance_id: self.instance_id.clone(),
+            service_name: self.config.service_name.clone(),
+            host_name: self.host_name.clone(),
+            pid: self.pid,
+            shim_version: crate::SHIM_VERSION.to_owned(),
+            capture: self.config.capture.as_str().to_owned(),
+        };
+        let converter = PyConverter {
+            capture: self.config.capture,
+            gate: Arc::clone(&self.gate),
+        };
+        let config = SenderConfig::new(self.config.endpoint.clone(), shim);
+        // On failure the queue closes with `rx`: later events count as dropped.
+        let _ = sender::spawn(
+            rx,
+            converter,
+            config,
+            Arc::clone(&self.shared),
+            Arc::clone(self.tx.counters()),
+        );
+    }
+
+    fn flush(&self, py: Python<'_>, timeout: Duration) -> bool {
+        let target = self.tx.counters().enqueued();
+        let shared = Arc::clone(&self.shared);
+        py.detach(move || shared.wait_settled(target, timeout))
+    }
+}
+
+/// Reads the configuration from `env` (the `HERMES_COLLECTOR_*` variables)
+/// and installs the core unless disabled. Returns the settings the Python
+/// layer needs: `disabled`, `capture`, `hooks`, `exit_flush_ms`, `endpoint`,
+/// `instance_id` and `warnings` (texts to log).
+#[pyfunction]
+#[pyo3(signature = (env, host_name = String::new()))]
+pub(crate) fn configure<'py>(
+    py: Python<'py>,
+    env: HashMap<String, String>,
+    host_name: String,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (config, warnings) = ShimConfig::from_lookup(|k| env.get(k).cloned());
+    let out = PyDict::new(py);
+    out.set_item("disabled", config.disabled)?;
+    out.set_item("capture", config.capture.as_str())?;
+    out.set_item("exit_flush_ms", config.exit_flush_ms)?;
+    out.set_item("endpoint", &config.endpoint)?;
+    let texts: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+    out.set_item("warnings", PyList::new(py, texts)?)?;
+    if config.disabled {
+        out.set_item("hooks", PyList::empty(py))?;
+        out.set_item("instance_id", py.None())?;
+        return Ok(out);
+    }
+    out.set_item("hooks", PyList::new(py, config.capture.hooks())?)?;
+    let current = CORE.load_full();
+    let core = match current {
+        Some(core) if core.config == config && core.host_name == host_name => core,
+        _ => {
+            let core = Arc::new(Core::new(config, host_name));
+            // The replaced core (if any) is dropped here, GIL held: its queue
+            // closes and its sender ends after delivering what it holds.
+            CORE.store(Some(Arc::clone(&core)));
+            core
+        }
+    };
+    out.set_item("instance_id", &core.instance_id)?;
+    Ok(out)
+}
+
+/// Waits (GIL released) up to `timeout_ms` until every event queued so far
+/// is acknowledged by the collector (or accounted as lost). Returns whether
+/// it was.
+#[pyfunction]
+pub(crate) fn flush(py: Python<'_>, timeout_ms: u64) -> bool {
+    match CORE.load_full() {
+        Some(core) => core.flush(py, Duration::from_millis(timeout_ms)),
+        None => true,
+    }
+}
+
+/// Interpreter exit: flush up to `timeout_ms`, then stop the sender from
+/// attaching to the interpreter again. Returns whether the flush completed.
+#[pyfunction]
+pub(crate) fn shutdown(py: Python<'_>, timeout_ms: u64) -> bool {
+    let Some(core) = CORE.load_full() else {
+        return true;
+    };
+    let started = Instant::now();
+    let mut timeout = Duration::from_millis(timeout_ms);
+    if !core.shared.is_connected() {
+        timeout = timeout.min(DISCONNECTED_EXIT_WAIT);
+    }
+    let flushed = core.flush(py, timeout);
+    let seal_wait = timeout.saturating_sub(started.elapsed()).max(MIN_SEAL_WAIT);
+    let gate = Arc::clone(&core.gate);
+    py.detach(move || gate.seal_and_wait(seal_wait));
+    flushed
+}
+
+/// Counters of the live core: `enqueued`, `dropped`, `sent_batches`,
+/// `acked_events`, `unacked_batches`, `connected`, plus `evicted_events`,
+/// `discarded_events`, `instance_id`, `capture`, `last_error`.
+#[pyfunction]
+pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+    let core = CORE.load_full();
+    let (enqueued, dropped, sender) = match core.as_ref() {
+        Some(core) => (
+            core.tx.counters().enqueued(),
+            core.tx.counters().dropped(),
+            core.shared.stats(),
+        ),
+        None => (0, 0, sender::SenderStats::default()),
+    };
+    out.set_item("enqueued", enqueued)?;
+    out.set_item("dropped", dropped)?;
+    out.set_item("sent_batches", sender.sent_batches)?;
+    out.set_item("acked_events", sender.acked_events)?;
+    out.set_item("unacked_batches", sender.unacked_batches)?;
+    out.set_item("connected", sender.connected)?;
+    out.set_item("evicted_events", sender.evicted_events)?;
+    out.set_item("discarded_events", sender.discarded_events)?;
+    out.set_item("last_error", sender.last_error)?;
+    match core.as_ref() {
+        Some(core) => {
+            out.set_item("instance_id", &core.instance_id)?;
+            out.set_item("capture", core.config.capture.as_str())?;
+        }
+        None => {
+            out.set_item("instance_id", py.None())?;
+            out.set_item("capture", py.None())?;
+        }
+    }
+    Ok(out)
+}
+
+/// `os.register_at_fork(after_in_child=...)`: a fresh core for the child.
+#[pyfunction]
+pub(crate) fn after_fork_in_child() {
+    let Some(old) = CORE.load_full() else {
+        return;
+    };
+    let core = Arc::new(Core::new(old.config.clone(), old.host_name.clone()));
+    let previous = CORE.swap(Some(core));
+    // The parent's core may have been mid-operation when the process forked
+    // (its sender thread does not exist here): never run its destructors.
+    std::mem::forget(previous);
+    std::mem::forget(old);
+}

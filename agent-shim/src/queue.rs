@@ -1,0 +1,249 @@
+//! The hand-off from hook threads to the sender thread.
+//!
+//! Owns: the bounded event queue, the per-shim-instance sequence numbers and
+//! the hook-path counters (`enqueued`, `dropped`).
+//!
+//! Invariants:
+//! - [`QueueTx::push`] never blocks, never waits for the consumer and takes no
+//!   lock the consumer holds: it is a `try_send` on a bounded tokio mpsc
+//!   channel (lock-free on the sending side; its block list grows lazily, so a
+//!   large capacity costs no memory up front).
+//! - When the queue is full (or the consumer is gone) the pushed item is
+//!   handed back to the caller (so it can be dropped where that is safe, e.g.
+//!   with the GIL held) and `dropped` is incremented: after any set of pushes,
+//!   `enqueued + dropped == pushes`.
+//! - [`SeqSource`] hands out unique numbers starting at 1. In the Python
+//!   extension the number is taken and the item pushed without running Python
+//!   code in between, while holding the GIL, so queue order equals seq order
+//!   for Python callers; the sender still sorts each batch by seq.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::mpsc;
+
+/// Per shim instance sequence numbers: unique, starting at 1.
+#[derive(Debug)]
+pub struct SeqSource(AtomicU64);
+
+impl SeqSource {
+    /// A source whose first number is 1.
+    pub const fn new() -> Self {
+        SeqSource(AtomicU64::new(1))
+    }
+
+    /// Takes the next number.
+    #[inline]
+    pub fn next_seq(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Default for SeqSource {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Hook-path counters, shared by the producers and readers of statistics.
+#[derive(Debug, Default)]
+pub struct QueueCounters {
+    enqueued: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl QueueCounters {
+    /// Items accepted by the queue.
+    pub fn enqueued(&self) -> u64 {
+        self.enqueued.load(Ordering::Acquire)
+    }
+
+    /// Items dropped because the queue was full or closed.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Acquire)
+    }
+}
+
+/// Creates a queue holding at most `capacity` items (at least 1).
+pub fn event_queue<T>(capacity: usize) -> (QueueTx<T>, QueueRx<T>) {
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    let counters = Arc::new(QueueCounters::default());
+    (QueueTx { tx, counters }, QueueRx { rx })
+}
+
+/// The producing side, used on hook threads.
+#[derive(Debug)]
+pub struct QueueTx<T> {
+    tx: mpsc::Sender<T>,
+    counters: Arc<QueueCounters>,
+}
+
+impl<T> QueueTx<T> {
+    /// Enqueues `item` without blocking. On a full or closed queue the item
+    /// comes back as `Err` and the drop is counted.
+    #[inline]
+    pub fn push(&self, item: T) -> Result<(), T> {
+        match self.tx.try_send(item) {
+            Ok(()) => {
+                self.counters.enqueued.fetch_add(1, Ordering::AcqRel);
+                Ok(())
+            }
+            Err(
+                mpsc::error::TrySendError::Full(item) | mpsc::error::TrySendError::Closed(item),
+            ) => {
+                self.counters.dropped.fetch_add(1, Ordering::AcqRel);
+                Err(item)
+            }
+        }
+    }
+
+    /// The counters of this queue.
+    pub fn counters(&self) -> &Arc<QueueCounters> {
+        &self.counters
+    }
+}
+
+/// The consuming side, owned by the sender.
+#[derive(Debug)]
+pub struct QueueRx<T> {
+    rx: mpsc::Receiver<T>,
+}
+
+impl<T> QueueRx<T> {
+    /// Waits for at least one item and appends up to `limit` available items
+    /// to `buf`. Returns 0 only when the queue is closed and empty.
+    /// Cancel safe.
+    pub async fn recv_many(&mut self, buf: &mut Vec<T>, limit: usize) -> usize {
+        self.rx.recv_many(buf, limit.max(1)).await
+    }
+
+    /// Appends up to `limit` already queued items to `buf` without waiting;
+    /// returns how many.
+    pub fn drain_into(&mut self, buf: &mut Vec<T>, limit: usize) -> usize {
+        let mut n = 0;
+        while n < limit {
+            match self.rx.try_recv() {
+                Ok(item) => {
+                    buf.push(item);
+                    n += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        n
+    }
+
+    /// Number of queued items.
+    pub fn len(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Whether no item is queued.
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn full_queue_returns_at_once_and_counts_drops() {
+        let (tx, mut rx) = event_queue::<u64>(4);
+        for i in 0..4 {
+            assert!(tx.push(i).is_ok());
+        }
+        let started = Instant::now();
+        for i in 4..1004 {
+            assert_eq!(tx.push(i), Err(i));
+        }
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(tx.counters().enqueued(), 4);
+        assert_eq!(tx.counters().dropped(), 1000);
+        let mut buf = Vec::new();
+        assert_eq!(rx.drain_into(&mut buf, 100), 4);
+        assert_eq!(buf, [0, 1, 2, 3]);
+        // Space again after draining.
+        assert!(tx.push(7).is_ok());
+    }
+
+    #[test]
+    fn closed_queue_counts_drops() {
+        let (tx, rx) = event_queue::<u8>(4);
+        drop(rx);
+        assert_eq!(tx.push(1), Err(1));
+        assert_eq!(tx.counters().dropped(), 1);
+        assert_eq!(tx.counters().enqueued(), 0);
+    }
+
+    #[test]
+    fn concurrent_pushers_unique_seqs() {
+        const THREADS: usize = 8;
+        const PER_THREAD: usize = 5_000;
+        let (tx, mut rx) = event_queue::<u64>(10_000);
+        let tx = Arc::new(tx);
+        let seqs = Arc::new(SeqSource::new());
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let tx = Arc::clone(&tx);
+                let seqs = Arc::clone(&seqs);
+                std::thread::spawn(move || {
+                    let mut dropped = 0usize;
+                    for _ in 0..PER_THREAD {
+                        if tx.push(seqs.next_seq()).is_err() {
+                            dropped += 1;
+                        }
+                    }
+                    dropped
+                })
+            })
+            .collect();
+        let dropped: usize = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(usize::MAX))
+            .sum();
+        let mut buf = Vec::new();
+        rx.drain_into(&mut buf, usize::MAX);
+        let pushed = THREADS * PER_THREAD;
+        assert_eq!(buf.len(), pushed - dropped);
+        assert_eq!(tx.counters().dropped() as usize, dropped);
+        assert_eq!(tx.counters().enqueued() as usize, pushed - dropped);
+        assert!(dropped > 0, "capacity 10000 < 40000 pushes, some must drop");
+        let unique: HashSet<u64> = buf.iter().copied().collect();
+        assert_eq!(unique.len(), buf.len(), "every seq unique");
+        assert!(buf.iter().all(|&s| (1..=pushed as u64).contains(&s)));
+    }
+
+    #[test]
+    fn seq_starts_at_one() {
+        let seqs = SeqSource::new();
+        assert_eq!(seqs.next_seq(), 1);
+        assert_eq!(seqs.next_seq(), 2);
+    }
+
+    #[test]
+    fn recv_many_waits_for_first_item() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tx, mut rx) = event_queue::<u32>(16);
+        let pusher = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            for i in 0..3 {
+                let _ = tx.push(i);
+            }
+        });
+        let mut buf = Vec::new();
+        let n = rt.block_on(rx.recv_many(&mut buf, 16));
+        assert!(n >= 1);
+        pusher.join().unwrap();
+        rx.drain_into(&mut buf, 16);
+        assert_eq!(buf, [0, 1, 2]);
+        // All senders gone: recv_many reports closed.
+        assert_eq!(rt.block_on(rx.recv_many(&mut buf, 16)), 0);
+    }
+}

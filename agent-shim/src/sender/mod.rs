@@ -1,0 +1,414 @@
+//! The sender thread: from the hook queue to the collector.
+//!
+//! Owns: draining the queue in batches, converting them (through a
+//! [`Convert`] implementation: the Python extension attaches the GIL once per
+//! batch), numbering API attempts, the buffer of unacknowledged batches, the
+//! gRPC stream with reconnect and resend, and the counters that `flush()` and
+//! `stats()` read.
+//!
+//! Invariants:
+//! - Runs on one dedicated thread named [`THREAD_NAME`] with its own tokio
+//!   current-thread runtime; nothing here blocks a hook thread, and nothing
+//!   here logs (the only diagnostics are [`SenderShared`] counters and the last
+//!   error text).
+//! - A batch holds at most `max_batch_events` events, in ascending seq order;
+//!   a batch is cut `linger` after its first event was seen, or at once while a
+//!   flush waits.
+//! - Every event taken from the queue ends up exactly once in
+//!   `acked_events + evicted_events + discarded_events` once the collector has
+//!   acknowledged it, it was evicted from the full unacknowledged buffer, or
+//!   its conversion was impossible (interpreter shutting down). `flush` waits
+//!   on that sum.
+//! - On a lost stream every unacknowledged batch is sent again, in order, on
+//!   the next connection; connection attempts are spaced by a jittered
+//!   exponential backoff (`backoff_min` .. `backoff_max`).
+//! - While disconnected the sender keeps draining the queue into the bounded
+//!   unacknowledged buffer (oldest evicted first), so the hook path only drops
+//!   when the agent produces faster than conversion can follow.
+
+pub mod backoff;
+pub mod conn;
+pub mod unacked;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hermes_proto::v1::{Event, EventBatch, ShimInfo};
+use tokio::sync::Notify;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::time::Instant;
+
+use crate::attempts::AttemptTracker;
+use crate::queue::{QueueCounters, QueueRx};
+use backoff::Backoff;
+use conn::{Conn, ConnError, ConnEvent, ConnOptions};
+use unacked::UnackedBuffer;
+
+/// Name of the sender thread.
+pub const THREAD_NAME: &str = "hermes-collector-sender";
+
+/// Largest number of batches cut per wake-up before acks are looked at again.
+const MAX_BATCHES_PER_WAKE: usize = 16;
+/// Retry interval for writing to a full outbound channel.
+const FEED_RETRY: Duration = Duration::from_millis(10);
+/// Polling interval of [`SenderShared::wait_settled`].
+const SETTLE_POLL: Duration = Duration::from_millis(2);
+
+/// Converts queued items into events.
+pub trait Convert {
+    /// What the hook path queues.
+    type Item: Send + 'static;
+    /// Converts a batch of items. Returns one event per item, or fewer if
+    /// some could not be converted (they count as discarded).
+    fn convert(&mut self, items: Vec<Self::Item>) -> Vec<Event>;
+}
+
+/// Sender settings.
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    /// Collector endpoint, `http://host:port`.
+    pub endpoint: String,
+    /// Sent with every batch.
+    pub shim: ShimInfo,
+    /// Most events per batch.
+    pub max_batch_events: usize,
+    /// How long a batch waits for more events after its first.
+    pub linger: Duration,
+    /// Most unacknowledged batches kept.
+    pub max_unacked_batches: usize,
+    /// Most unacknowledged bytes (encoded) kept.
+    pub max_unacked_bytes: usize,
+    /// First reconnect delay.
+    pub backoff_min: Duration,
+    /// Largest reconnect delay.
+    pub backoff_max: Duration,
+    /// Connection options.
+    pub conn: ConnOptions,
+    /// Once the queue is closed (its producer dropped), how long the sender
+    /// keeps trying to deliver what it holds before it exits.
+    pub close_grace: Duration,
+}
+
+impl SenderConfig {
+    /// Defaults for `endpoint` and `shim`.
+    pub fn new(endpoint: String, shim: ShimInfo) -> Self {
+        SenderConfig {
+            endpoint,
+            shim,
+            max_batch_events: 512,
+            linger: Duration::from_millis(50),
+            max_unacked_batches: 1_024,
+            max_unacked_bytes: 32 << 20,
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            conn: ConnOptions::default(),
+            close_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// State shared between the sender and the threads that flush or read stats.
+#[derive(Debug, Default)]
+pub struct SenderShared {
+    sent_batches: AtomicU64,
+    acked_events: AtomicU64,
+    unacked_batches: AtomicU64,
+    evicted_events: AtomicU64,
+    discarded_events: AtomicU64,
+    connected: AtomicBool,
+    last_error: Mutex<String>,
+    flush_notify: Notify,
+    flush_waiters: AtomicUsize,
+}
+
+/// A snapshot of the sender's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SenderStats {
+    /// Batches written to a stream (resends included).
+    pub sent_batches: u64,
+    /// Events the collector acknowledged.
+    pub acked_events: u64,
+    /// Batches waiting for an ack.
+    pub unacked_batches: u64,
+    /// Events evicted from the full unacknowledged buffer.
+    pub evicted_events: u64,
+    /// Events that could not be converted (interpreter shutting down).
+    pub discarded_events: u64,
+    /// Whether a stream is open.
+    pub connected: bool,
+    /// Last connection error, empty if none.
+    pub last_error: String,
+}
+
+impl SenderShared {
+    /// Events whose fate is decided: acknowledged, evicted or discarded.
+    pub fn settled_events(&self) -> u64 {
+        self.acked_events.load(Ordering::Acquire)
+            + self.evicted_events.load(Ordering::Acquire)
+            + self.discarded_events.load(Ordering::Acquire)
+    }
+
+    /// Whether a stream to the collector is open.
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    /// Counts events discarded outside the sender.
+    pub fn add_discarded(&self, n: u64) {
+        self.discarded_events.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Blocks the calling thread until `target` events are settled or
+    /// `timeout` passed; asks the sender to cut batches without lingering in
+    /// the meantime. Returns whether everything settled. Must not be called
+    /// on the sender thread.
+    pub fn wait_settled(&self, target: u64, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        if self.settled_events() >= target {
+            return true;
+        }
+        self.flush_waiters.fetch_add(1, Ordering::AcqRel);
+        self.flush_notify.notify_one();
+        let settled = loop {
+            if self.settled_events() >= target {
+                break true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break false;
+            }
+            std::thread::sleep(SETTLE_POLL.min(deadline - now));
+        };
+        self.flush_waiters.fetch_sub(1, Ordering::AcqRel);
+        settled
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> SenderStats {
+        SenderStats {
+            sent_batches: self.sent_batches.load(Ordering::Acquire),
+            acked_events: self.acked_events.load(Ordering::Acquire),
+            unacked_batches: self.unacked_batches.load(Ordering::Acquire),
+            evicted_events: self.evicted_events.load(Ordering::Acquire),
+            discarded_events: self.discarded_events.load(Ordering::Acquire),
+            connected: self.connected.load(Ordering::Acquire),
+            last_error: self
+                .last_error
+                .lock()
+                .map(|e| e.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    fn set_error(&self, error: &dyn std::fmt::Display) {
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = error.to_string();
+        }
+    }
+
+    fn flushing(&self) -> bool {
+        self.flush_waiters.load(Ordering::Acquire) > 0
+    }
+}
+
+/// Starts the sender thread.
+pub fn spawn<C>(
+    rx: QueueRx<C::Item>,
+    converter: C,
+    config: SenderConfig,
+    shared: Arc<SenderShared>,
+    queue: Arc<QueueCounters>,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    C: Convert + Send + 'static,
+{
+    std::thread::Builder::new()
+        .name(THREAD_NAME.to_owned())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(run(rx, converter, config, shared, queue)),
+                Err(e) => shared.set_error(&e),
+            }
+        })
+}
+
+async fn next_conn_event(conn: &mut Option<Conn>) -> ConnEvent {
+    match conn {
+        Some(c) => c
+            .events
+            .recv()
+            .await
+            .unwrap_or(ConnEvent::Closed(ConnError::Ended)),
+        None => std::future::pending().await,
+    }
+}
+
+/// The batch cutter: converts items and files the batch as unacknowledged.
+struct Batcher<C> {
+    converter: C,
+    attempts: AttemptTracker,
+    shim: ShimInfo,
+}
+
+impl<C: Convert> Batcher<C> {
+    fn cut(
+        &mut self,
+        items: Vec<C::Item>,
+        pending: &mut UnackedBuffer,
+        shared: &SenderShared,
+        queue: &QueueCounters,
+    ) {
+        let taken = items.len() as u64;
+        let mut events = self.converter.convert(items);
+        let converted = events.len() as u64;
+        if converted < taken {
+            shared.add_discarded(taken - converted);
+        }
+        if events.is_empty() {
+            return;
+        }
+        events.sort_by_key(|e| e.seq);
+        for event in &mut events {
+            self.attempts.stamp(event);
+        }
+        let batch = EventBatch {
+            shim: Some(self.shim.clone()),
+            events,
+            dropped_events: queue.dropped() + shared.evicted_events.load(Ordering::Acquire),
+        };
+        let evicted = pending.push(batch);
+        if evicted > 0 {
+            shared.evicted_events.fetch_add(evicted, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The sender loop; returns once the queue is closed and what it held is
+/// delivered (or `close_grace` passed).
+pub async fn run<C: Convert>(
+    mut rx: QueueRx<C::Item>,
+    converter: C,
+    config: SenderConfig,
+    shared: Arc<SenderShared>,
+    queue: Arc<QueueCounters>,
+) {
+    let endpoint = match conn::endpoint(&config.endpoint, &config.conn) {
+        Ok(endpoint) => Some(endpoint),
+        Err(e) => {
+            shared.set_error(&e);
+            None
+        }
+    };
+    let max_batch = config.max_batch_events.max(1);
+    let mut batcher = Batcher {
+        converter,
+        attempts: AttemptTracker::default(),
+        shim: config.shim.clone(),
+    };
+    let mut pending = UnackedBuffer::new(config.max_unacked_batches, config.max_unacked_bytes);
+    let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
+    let mut conn: Option<Conn> = None;
+    let mut reconnect_at = Instant::now();
+    let mut buf: Vec<C::Item> = Vec::with_capacity(max_batch);
+    // When the current batch is cut; None while waiting for a first event.
+    let mut cut_at: Option<Instant> = None;
+    // Set once the queue is closed: deliver what is held until then.
+    let mut close_deadline: Option<Instant> = None;
+    let far = Duration::from_secs(86_400);
+
+    loop {
+        let now = Instant::now();
+        let done_input = close_deadline.is_some() && buf.is_empty();
+        if done_input && (pending.is_empty() || close_deadline.is_some_and(|d| now >= d)) {
+            break;
+        }
+        if conn.is_none()
+            && now >= reconnect_at
+            && let Some(endpoint) = endpoint.as_ref()
+        {
+            conn = Some(Conn::open(endpoint.clone(), &config.conn));
+            pending.mark_all_unsent();
+        }
+        if let Some(c) = conn.as_ref() {
+            while let Some(batch) = pending.next_unsent() {
+                match c.out.try_send(batch.clone()) {
+                    Ok(()) => {
+                        pending.mark_next_sent();
+                        shared.sent_batches.fetch_add(1, Ordering::AcqRel);
+                    }
+                    // Full: retried after FEED_RETRY. Closed: the task ended
+                    // and its Closed event is on the way.
+                    Err(TrySendError::Full(_) | TrySendError::Closed(_)) => break,
+                }
+            }
+        }
+        shared
+            .unacked_batches
+            .store(pending.len() as u64, Ordering::Release);
+
+        let can_connect = conn.is_none() && endpoint.is_some();
+        tokio::select! {
+            biased;
+            event = next_conn_event(&mut conn) => match event {
+                ConnEvent::Connected => shared.connected.store(true, Ordering::Release),
+                ConnEvent::Ack(ack) => {
+                    let acked = pending.ack(ack.first_seq, ack.last_seq);
+                    shared.acked_events.fetch_add(acked, Ordering::AcqRel);
+                    backoff.reset();
+                }
+                ConnEvent::Closed(error) => {
+                    conn = None;
+                    shared.connected.store(false, Ordering::Release);
+                    shared.set_error(&error);
+                    pending.mark_all_unsent();
+                    reconnect_at = Instant::now() + backoff.next_delay();
+                }
+            },
+            () = shared.flush_notify.notified() => {
+                if cut_at.is_some() {
+                    cut_at = Some(Instant::now());
+                }
+            }
+            () = tokio::time::sleep_until(cut_at.unwrap_or(now + far)), if cut_at.is_some() => {
+                cut_at = None;
+                for _ in 0..MAX_BATCHES_PER_WAKE {
+                    let room = max_batch.saturating_sub(buf.len());
+                    rx.drain_into(&mut buf, room);
+                    if buf.is_empty() {
+                        break;
+                    }
+                    let full = buf.len() >= max_batch;
+                    let items = std::mem::replace(&mut buf, Vec::with_capacity(max_batch));
+                    batcher.cut(items, &mut pending, &shared, &queue);
+                    if !full {
+                        break;
+                    }
+                    // More may be queued: come back right after looking at acks.
+                    cut_at = Some(Instant::now());
+                }
+                if !buf.is_empty() {
+                    cut_at = Some(Instant::now());
+                }
+            }
+            received = rx.recv_many(&mut buf, max_batch), if cut_at.is_none() && close_deadline.is_none() => {
+                if received == 0 {
+                    close_deadline = Some(Instant::now() + config.close_grace);
+                } else {
+                    let linger = if shared.flushing() { Duration::ZERO } else { config.linger };
+                    cut_at = Some(Instant::now() + linger);
+                }
+            }
+            () = tokio::time::sleep_until(reconnect_at), if can_connect => {}
+            () = tokio::time::sleep(FEED_RETRY), if conn.is_some() && pending.has_unsent() => {}
+            () = tokio::time::sleep_until(close_deadline.unwrap_or(now + far)), if close_deadline.is_some() => {}
+        }
+    }
+    shared.connected.store(false, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,393 @@
+//! Sender tests against an in-process collector on 127.0.0.1.
+
+use std::collections::BTreeSet;
+use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
+use std::time::Instant as StdInstant;
+
+use hermes_proto::v1::event_ingest_server::{EventIngest, EventIngestServer};
+use hermes_proto::v1::{Ack, ApiCall, Ids, event::Body};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::*;
+use crate::queue::{QueueTx, SeqSource, event_queue};
+
+/// Test converter: items are already events.
+struct Passthrough;
+
+impl Convert for Passthrough {
+    type Item = Event;
+    fn convert(&mut self, items: Vec<Event>) -> Vec<Event> {
+        items
+    }
+}
+
+/// Converter that loses every other item (as if conversion were impossible).
+struct LosesHalf;
+
+impl Convert for LosesHalf {
+    type Item = Event;
+    fn convert(&mut self, items: Vec<Event>) -> Vec<Event> {
+        items.into_iter().filter(|e| e.seq % 2 == 0).collect()
+    }
+}
+
+#[derive(Clone, Default)]
+struct Received {
+    batches: Arc<Mutex<Vec<EventBatch>>>,
+    streams: Arc<AtomicUsize>,
+}
+
+impl Received {
+    fn seqs(&self) -> Vec<u64> {
+        let batches = self.batches.lock().unwrap();
+        batches
+            .iter()
+            .flat_map(|b| b.events.iter().map(|e| e.seq))
+            .collect()
+    }
+}
+
+#[derive(Clone)]
+struct TestIngest {
+    received: Received,
+    /// The first stream ends with UNAVAILABLE after this many batches, unacked.
+    fail_first_stream_after: Option<usize>,
+}
+
+#[tonic::async_trait]
+impl EventIngest for TestIngest {
+    type StreamStream =
+        Pin<Box<dyn tokio_stream::Stream<Item = Result<Ack, Status>> + Send + 'static>>;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<EventBatch>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        let stream_no = self.received.streams.fetch_add(1, Ordering::SeqCst);
+        let fail_after = self.fail_first_stream_after.filter(|_| stream_no == 0);
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let batches = Arc::clone(&self.received.batches);
+        tokio::spawn(async move {
+            let mut n = 0;
+            while let Ok(Some(batch)) = inbound.message().await {
+                let first = batch.events.first().map_or(0, |e| e.seq);
+                let last = batch.events.last().map_or(0, |e| e.seq);
+                batches.lock().unwrap().push(batch);
+                n += 1;
+                if fail_after.is_some_and(|f| n >= f) {
+                    let _ = tx.send(Err(Status::unavailable("injected"))).await;
+                    return;
+                }
+                let ack = Ack {
+                    first_seq: first,
+                    last_seq: last,
+                };
+                if tx.send(Ok(ack)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// An in-process collector on its own thread and runtime.
+struct TestCollector {
+    addr: std::net::SocketAddr,
+    received: Received,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestCollector {
+    fn start(port: u16, fail_first_stream_after: Option<usize>) -> TestCollector {
+        let std_listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        std_listener.set_nonblocking(true).unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let received = Received::default();
+        let service = TestIngest {
+            received: received.clone(),
+            fail_first_stream_after,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+                let _ = tonic::transport::Server::builder()
+                    .serve_with_incoming_shutdown(
+                        EventIngestServer::new(service),
+                        TcpListenerStream::new(listener),
+                        async {
+                            let _ = stopped.await;
+                        },
+                    )
+                    .await;
+            });
+        });
+        TestCollector {
+            addr,
+            received,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for TestCollector {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+fn shim() -> ShimInfo {
+    ShimInfo {
+        instance_id: "0123456789abcdef0123456789abcdef".into(),
+        service_name: "test".into(),
+        host_name: "host".into(),
+        pid: 42,
+        shim_version: crate::SHIM_VERSION.into(),
+        capture: "metadata".into(),
+    }
+}
+
+fn config(endpoint: String) -> SenderConfig {
+    let mut config = SenderConfig::new(endpoint, shim());
+    config.linger = Duration::from_millis(5);
+    config.backoff_min = Duration::from_millis(20);
+    config.backoff_max = Duration::from_millis(200);
+    config.conn.connect_timeout = Duration::from_millis(500);
+    config.close_grace = Duration::from_millis(500);
+    config
+}
+
+struct Harness {
+    tx: QueueTx<Event>,
+    seqs: SeqSource,
+    shared: Arc<SenderShared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Harness {
+    fn start<C: Convert<Item = Event> + Send + 'static>(
+        config: SenderConfig,
+        converter: C,
+    ) -> Self {
+        let (tx, rx) = event_queue::<Event>(100_000);
+        let shared = Arc::new(SenderShared::default());
+        let thread = spawn(
+            rx,
+            converter,
+            config,
+            Arc::clone(&shared),
+            Arc::clone(tx.counters()),
+        )
+        .unwrap();
+        Harness {
+            tx,
+            seqs: SeqSource::new(),
+            shared,
+            thread: Some(thread),
+        }
+    }
+
+    fn push(&self, hook: &str, api_request_id: &str) {
+        let event = Event {
+            seq: self.seqs.next_seq(),
+            hook: hook.into(),
+            ids: Some(Ids {
+                api_request_id: api_request_id.into(),
+                turn_id: "turn".into(),
+                ..Default::default()
+            }),
+            body: Some(Body::Api(ApiCall::default())),
+            ..Default::default()
+        };
+        assert!(self.tx.push(event).is_ok());
+    }
+
+    fn enqueued(&self) -> u64 {
+        self.tx.counters().enqueued()
+    }
+
+    /// Closes the queue and waits for the sender thread to end.
+    fn close(mut self) -> Arc<SenderShared> {
+        let shared = Arc::clone(&self.shared);
+        let thread = self.thread.take();
+        drop(self);
+        if let Some(thread) = thread {
+            thread.join().unwrap();
+        }
+        shared
+    }
+}
+
+#[test]
+fn delivers_in_order_and_settles() {
+    let collector = TestCollector::start(0, None);
+    let harness = Harness::start(config(collector.endpoint()), Passthrough);
+    for _ in 0..2_000 {
+        harness.push("post_tool_call", "");
+    }
+    assert!(harness.shared.wait_settled(2_000, Duration::from_secs(10)));
+    let stats = harness.shared.stats();
+    assert_eq!(stats.acked_events, 2_000);
+    assert_eq!(stats.evicted_events, 0);
+    assert!(stats.connected);
+    assert!(stats.sent_batches >= 4, "batches of at most 512");
+    let seqs = collector.received.seqs();
+    assert_eq!(seqs, (1..=2_000).collect::<Vec<_>>());
+    let batches = collector.received.batches.lock().unwrap().clone();
+    for batch in &batches {
+        assert!(batch.events.len() <= 512);
+        assert!(batch.events.windows(2).all(|w| w[0].seq < w[1].seq));
+        let info = batch.shim.as_ref().unwrap();
+        assert_eq!(info.instance_id.len(), 32);
+        assert_eq!(info.pid, 42);
+    }
+    let shared = harness.close();
+    assert!(!shared.stats().connected);
+}
+
+#[test]
+fn numbers_attempts() {
+    let collector = TestCollector::start(0, None);
+    let harness = Harness::start(config(collector.endpoint()), Passthrough);
+    harness.push("pre_api_request", "a");
+    harness.push("api_request_error", "a");
+    harness.push("pre_api_request", "a");
+    harness.push("post_api_request", "a");
+    harness.push("post_api_request", "b");
+    assert!(harness.shared.wait_settled(5, Duration::from_secs(10)));
+    let batches = collector.received.batches.lock().unwrap().clone();
+    let attempts: Vec<u32> = batches
+        .iter()
+        .flat_map(|b| b.events.iter())
+        .map(|e| match &e.body {
+            Some(Body::Api(a)) => a.attempt,
+            _ => 0,
+        })
+        .collect();
+    assert_eq!(attempts, [1, 1, 2, 2, 1]);
+}
+
+#[test]
+fn collector_down_flush_is_bounded_then_reconnects_and_resends() {
+    let port = free_port();
+    let harness = Harness::start(config(format!("http://127.0.0.1:{port}")), Passthrough);
+    for _ in 0..10 {
+        harness.push("pre_tool_call", "");
+    }
+    let started = StdInstant::now();
+    assert!(!harness.shared.wait_settled(10, Duration::from_millis(300)));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+    let stats = harness.shared.stats();
+    assert!(!stats.connected);
+    assert_eq!(stats.acked_events, 0);
+    assert!(stats.unacked_batches >= 1);
+    assert!(!stats.last_error.is_empty());
+
+    let collector = TestCollector::start(port, None);
+    assert!(harness.shared.wait_settled(10, Duration::from_secs(10)));
+    let seqs: BTreeSet<u64> = collector.received.seqs().into_iter().collect();
+    assert_eq!(seqs, (1..=10).collect());
+    assert_eq!(harness.enqueued(), 10);
+    // The sender ends (closing its stream) before the collector shuts down.
+    harness.close();
+}
+
+#[test]
+fn lost_stream_resends_unacked_batches() {
+    let collector = TestCollector::start(0, Some(1));
+    let harness = Harness::start(config(collector.endpoint()), Passthrough);
+    for _ in 0..5 {
+        harness.push("pre_tool_call", "");
+    }
+    assert!(harness.shared.wait_settled(5, Duration::from_secs(10)));
+    for _ in 0..5 {
+        harness.push("post_tool_call", "");
+    }
+    assert!(harness.shared.wait_settled(10, Duration::from_secs(10)));
+    assert!(collector.received.streams.load(Ordering::SeqCst) >= 2);
+    let seqs = collector.received.seqs();
+    // The first batch arrived twice (unacked, resent); every seq arrived.
+    let unique: BTreeSet<u64> = seqs.iter().copied().collect();
+    assert_eq!(unique, (1..=10).collect());
+    assert!(seqs.len() > unique.len());
+    assert_eq!(harness.shared.stats().acked_events, 10);
+}
+
+#[test]
+fn eviction_when_buffer_is_full_counts_and_reports() {
+    let port = free_port();
+    let mut config = config(format!("http://127.0.0.1:{port}"));
+    config.max_unacked_batches = 2;
+    config.max_batch_events = 10;
+    let harness = Harness::start(config, Passthrough);
+    for _ in 0..100 {
+        harness.push("pre_tool_call", "");
+    }
+    // Nothing can be delivered: 80 of 100 events get evicted, and those
+    // settle a flush.
+    assert!(!harness.shared.wait_settled(100, Duration::from_millis(300)));
+    assert_eq!(harness.shared.stats().evicted_events, 80);
+    let collector = TestCollector::start(port, None);
+    assert!(harness.shared.wait_settled(100, Duration::from_secs(10)));
+    let batches = collector.received.batches.lock().unwrap().clone();
+    let seqs: Vec<u64> = batches
+        .iter()
+        .flat_map(|b| b.events.iter().map(|e| e.seq))
+        .collect();
+    assert_eq!(seqs, (81..=100).collect::<Vec<_>>());
+    assert!(batches.iter().all(|b| b.dropped_events >= 60));
+    harness.close();
+}
+
+#[test]
+fn discarded_items_settle() {
+    let collector = TestCollector::start(0, None);
+    let harness = Harness::start(config(collector.endpoint()), LosesHalf);
+    for _ in 0..10 {
+        harness.push("pre_tool_call", "");
+    }
+    assert!(harness.shared.wait_settled(10, Duration::from_secs(10)));
+    let stats = harness.shared.stats();
+    assert_eq!((stats.acked_events, stats.discarded_events), (5, 5));
+}
+
+#[test]
+fn closed_queue_ends_sender_after_delivery() {
+    let collector = TestCollector::start(0, None);
+    let harness = Harness::start(config(collector.endpoint()), Passthrough);
+    for _ in 0..3 {
+        harness.push("pre_tool_call", "");
+    }
+    let shared = harness.close();
+    assert_eq!(shared.stats().acked_events, 3);
+    assert_eq!(collector.received.seqs(), [1, 2, 3]);
+}

@@ -1,0 +1,606 @@
+//! In-test OTLP trace receivers that record every span they get.
+//!
+//! - [`OtlpReceiver`]: OTLP/gRPC, the real generated
+//!   `TraceServiceServer` from `opentelemetry-proto`, accepting gzip and zstd
+//!   compressed requests.
+//! - [`OtlpHttpReceiver`]: OTLP/HTTP, `POST /v1/traces` with
+//!   `application/x-protobuf` (or `application/json`) bodies, optionally
+//!   `Content-Encoding: gzip`.
+//!
+//! Both listen on 127.0.0.1 (port 0 unless asked otherwise), run on their own
+//! thread with their own single-threaded tokio runtime (so they work the same
+//! from plain `#[test]`s and from `#[tokio::test]`s), stop on drop, and
+//! record into a [`SpanStore`]: every export request with its transport
+//! details, and every span with its resource. [`SpanStore::fail_next`]
+//! scripts rejections (gRPC `UNAVAILABLE`, HTTP 503) to test retries.
+
+use std::convert::Infallible;
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use tokio::sync::oneshot;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::server::TcpIncoming;
+
+use crate::span_tree::SpanTree;
+
+/// Largest request either receiver accepts (decompressed).
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
+
+/// One export request as received.
+#[derive(Clone, Debug)]
+pub struct ReceivedExport {
+    /// `"grpc"` or `"http"`.
+    pub transport: &'static str,
+    /// `grpc-encoding` (gRPC) or `Content-Encoding` (HTTP), if any.
+    pub encoding: Option<String>,
+    /// `content-type` of the request.
+    pub content_type: Option<String>,
+    /// `user-agent` of the request.
+    pub user_agent: Option<String>,
+    /// When it was received.
+    pub received_at: Instant,
+    /// The decoded request.
+    pub request: ExportTraceServiceRequest,
+}
+
+/// A span with where it came from.
+#[derive(Clone, Debug)]
+pub struct ReceivedSpan {
+    /// The resource of its `ResourceSpans` (default if absent).
+    pub resource: Resource,
+    /// The instrumentation scope of its `ScopeSpans`.
+    pub scope: Option<InstrumentationScope>,
+    /// The span.
+    pub span: Span,
+}
+
+#[derive(Default)]
+struct StoreState {
+    exports: Vec<ReceivedExport>,
+    spans: Vec<ReceivedSpan>,
+    fail_next: u32,
+    rejected: u32,
+}
+
+/// What a receiver recorded; shared between the server thread and the test.
+#[derive(Clone, Default)]
+pub struct SpanStore {
+    inner: Arc<(Mutex<StoreState>, Condvar)>,
+}
+
+impl SpanStore {
+    fn lock(&self) -> MutexGuard<'_, StoreState> {
+        self.inner.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records an export (unless a scripted failure is pending: then returns
+    /// false and records nothing).
+    fn record(&self, export: ReceivedExport) -> bool {
+        let mut state = self.lock();
+        if state.fail_next > 0 {
+            state.fail_next -= 1;
+            state.rejected += 1;
+            drop(state);
+            self.inner.1.notify_all();
+            return false;
+        }
+        for rs in &export.request.resource_spans {
+            let resource = rs.resource.clone().unwrap_or_default();
+            for ss in &rs.scope_spans {
+                for span in &ss.spans {
+                    state.spans.push(ReceivedSpan {
+                        resource: resource.clone(),
+                        scope: ss.scope.clone(),
+                        span: span.clone(),
+                    });
+                }
+            }
+        }
+        state.exports.push(export);
+        drop(state);
+        self.inner.1.notify_all();
+        true
+    }
+
+    /// Every span received so far, with its resource, in arrival order.
+    pub fn spans(&self) -> Vec<(Resource, Span)> {
+        self.lock()
+            .spans
+            .iter()
+            .map(|s| (s.resource.clone(), s.span.clone()))
+            .collect()
+    }
+
+    /// Every span received so far, with resource and scope.
+    pub fn received_spans(&self) -> Vec<ReceivedSpan> {
+        self.lock().spans.clone()
+    }
+
+    /// Number of spans received so far.
+    pub fn span_count(&self) -> usize {
+        self.lock().spans.len()
+    }
+
+    /// Every accepted export request, in arrival order.
+    pub fn exports(&self) -> Vec<ReceivedExport> {
+        self.lock().exports.clone()
+    }
+
+    /// How many requests were rejected by [`fail_next`](Self::fail_next).
+    pub fn rejected(&self) -> u32 {
+        self.lock().rejected
+    }
+
+    /// Rejects the next `n` export requests (gRPC `UNAVAILABLE`, HTTP 503),
+    /// recording nothing from them.
+    pub fn fail_next(&self, n: u32) {
+        self.lock().fail_next = n;
+    }
+
+    /// Forgets everything received so far.
+    pub fn clear(&self) {
+        let mut state = self.lock();
+        state.exports.clear();
+        state.spans.clear();
+        state.rejected = 0;
+    }
+
+    /// A [`SpanTree`] of the spans received so far.
+    pub fn tree(&self) -> SpanTree {
+        SpanTree::new(self.spans())
+    }
+
+    /// Waits at most `timeout` until `pred` holds for the spans received so
+    /// far; returns whether it did. Wakes on every export (and at least every
+    /// 100 ms).
+    pub fn wait_for(
+        &self,
+        mut pred: impl FnMut(&[(Resource, Span)]) -> bool,
+        timeout: Duration,
+    ) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.lock();
+        loop {
+            let snapshot: Vec<(Resource, Span)> = state
+                .spans
+                .iter()
+                .map(|s| (s.resource.clone(), s.span.clone()))
+                .collect();
+            drop(state);
+            if pred(&snapshot) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            state = self.lock();
+            let wait = (deadline - now).min(Duration::from_millis(100));
+            state = match self.inner.1.wait_timeout(state, wait) {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+    }
+
+    /// Waits at most `timeout` until at least `n` spans arrived.
+    pub fn wait_for_spans(&self, n: usize, timeout: Duration) -> bool {
+        self.wait_for(|spans| spans.len() >= n, timeout)
+    }
+
+    /// Waits at most `timeout` until a span named `name` arrived.
+    pub fn wait_for_span_named(&self, name: &str, timeout: Duration) -> bool {
+        self.wait_for(|spans| spans.iter().any(|(_, s)| s.name == name), timeout)
+    }
+}
+
+/// The server thread of a receiver: stops (abruptly, dropping open
+/// connections) and is joined on drop.
+struct ServerThread {
+    shutdown: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl ServerThread {
+    fn spawn<F, Fut>(name: &str, listener: StdTcpListener, serve: F) -> ServerThread
+    where
+        F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let (tx, rx) = oneshot::channel::<()>();
+        let thread_name = name.to_string();
+        let handle = std::thread::Builder::new()
+            .name(thread_name.clone())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        eprintln!("{thread_name}: cannot build tokio runtime: {e}");
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            eprintln!("{thread_name}: cannot register listener: {e}");
+                            return;
+                        }
+                    };
+                    tokio::select! {
+                        _ = serve(listener) => {}
+                        _ = rx => {}
+                    }
+                });
+                // Dropping the runtime cancels the connection tasks.
+            })
+            .unwrap_or_else(|e| panic!("spawn {name} thread: {e}"));
+        ServerThread {
+            shutdown: Some(tx),
+            handle: Some(handle),
+        }
+    }
+}
+
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            // Bounded: the server future is dropped as soon as the signal
+            // arrives, and runtime shutdown only cancels tasks.
+            let _ = handle.join();
+        }
+    }
+}
+
+fn bind(port: u16) -> StdTcpListener {
+    let listener = StdTcpListener::bind(("127.0.0.1", port))
+        .unwrap_or_else(|e| panic!("bind 127.0.0.1:{port}: {e}"));
+    listener
+        .set_nonblocking(true)
+        .unwrap_or_else(|e| panic!("set_nonblocking: {e}"));
+    listener
+}
+
+fn local_addr(listener: &StdTcpListener) -> SocketAddr {
+    listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("local_addr: {e}"))
+}
+
+/// The gRPC trace service: records and answers.
+struct GrpcTraceService {
+    store: SpanStore,
+}
+
+#[tonic::async_trait]
+impl TraceService for GrpcTraceService {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let meta = request.metadata();
+        let header = |name: &str| {
+            meta.get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(String::from)
+        };
+        let export = ReceivedExport {
+            transport: "grpc",
+            encoding: header("grpc-encoding"),
+            content_type: header("content-type"),
+            user_agent: header("user-agent"),
+            received_at: Instant::now(),
+            request: request.into_inner(),
+        };
+        if self.store.record(export) {
+            Ok(tonic::Response::new(ExportTraceServiceResponse {
+                partial_success: None,
+            }))
+        } else {
+            Err(tonic::Status::unavailable("hermes-e2e: scripted failure"))
+        }
+    }
+}
+
+/// An OTLP/gRPC trace receiver on 127.0.0.1; stops on drop.
+pub struct OtlpReceiver {
+    addr: SocketAddr,
+    store: SpanStore,
+    _server: ServerThread,
+}
+
+impl OtlpReceiver {
+    /// Starts on an OS-chosen port.
+    pub fn start() -> OtlpReceiver {
+        Self::start_on(0)
+    }
+
+    /// Starts on `port` (0: OS-chosen), e.g. to bring a receiver back on
+    /// the port of one that was stopped.
+    pub fn start_on(port: u16) -> OtlpReceiver {
+        Self::start_with_store(port, SpanStore::default())
+    }
+
+    /// Starts on `port`, recording into an existing `store` (so spans
+    /// survive a receiver restart).
+    pub fn start_with_store(port: u16, store: SpanStore) -> OtlpReceiver {
+        let listener = bind(port);
+        let addr = local_addr(&listener);
+        let service = TraceServiceServer::new(GrpcTraceService {
+            store: store.clone(),
+        })
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Zstd)
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
+        let server =
+            ServerThread::spawn("otlp-grpc-receiver", listener, move |listener| async move {
+                let incoming = TcpIncoming::from(listener);
+                if let Err(e) = tonic::transport::Server::builder()
+                    .serve_with_incoming(service, incoming)
+                    .await
+                {
+                    eprintln!("otlp-grpc-receiver: {e}");
+                }
+            });
+        OtlpReceiver {
+            addr,
+            store,
+            _server: server,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`, the OTLP/gRPC endpoint.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The store the receiver records into.
+    pub fn store(&self) -> &SpanStore {
+        &self.store
+    }
+
+    /// Every span received so far, with its resource.
+    pub fn spans(&self) -> Vec<(Resource, Span)> {
+        self.store.spans()
+    }
+
+    /// Waits at most `timeout` until `pred` holds for the received spans.
+    pub fn wait_for(
+        &self,
+        pred: impl FnMut(&[(Resource, Span)]) -> bool,
+        timeout: Duration,
+    ) -> bool {
+        self.store.wait_for(pred, timeout)
+    }
+
+    /// Stops the receiver (same as dropping it).
+    pub fn stop(self) {}
+}
+
+/// An OTLP/HTTP trace receiver (`POST /v1/traces`) on 127.0.0.1; stops on drop.
+pub struct OtlpHttpReceiver {
+    addr: SocketAddr,
+    store: SpanStore,
+    _server: ServerThread,
+}
+
+impl OtlpHttpReceiver {
+    /// Starts on an OS-chosen port.
+    pub fn start() -> OtlpHttpReceiver {
+        Self::start_on(0)
+    }
+
+    /// Starts on `port` (0: OS-chosen).
+    pub fn start_on(port: u16) -> OtlpHttpReceiver {
+        Self::start_with_store(port, SpanStore::default())
+    }
+
+    /// Starts on `port`, recording into an existing `store`.
+    pub fn start_with_store(port: u16, store: SpanStore) -> OtlpHttpReceiver {
+        let listener = bind(port);
+        let addr = local_addr(&listener);
+        let server_store = store.clone();
+        let server =
+            ServerThread::spawn("otlp-http-receiver", listener, move |listener| async move {
+                loop {
+                    let stream = match listener.accept().await {
+                        Ok((stream, _)) => stream,
+                        Err(e) => {
+                            eprintln!("otlp-http-receiver: accept: {e}");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let store = server_store.clone();
+                    tokio::spawn(async move {
+                        let service = service_fn(move |req| handle_http(store.clone(), req));
+                        let served = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                        if let Err(e) = served
+                            && !e.is_incomplete_message()
+                        {
+                            eprintln!("otlp-http-receiver: connection: {e}");
+                        }
+                    });
+                }
+            });
+        OtlpHttpReceiver {
+            addr,
+            store,
+            _server: server,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT` (the base; traces go to [`traces_url`](Self::traces_url)).
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `http://127.0.0.1:PORT/v1/traces`.
+    pub fn traces_url(&self) -> String {
+        format!("http://{}/v1/traces", self.addr)
+    }
+
+    /// The listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The store the receiver records into.
+    pub fn store(&self) -> &SpanStore {
+        &self.store
+    }
+
+    /// Every span received so far, with its resource.
+    pub fn spans(&self) -> Vec<(Resource, Span)> {
+        self.store.spans()
+    }
+
+    /// Waits at most `timeout` until `pred` holds for the received spans.
+    pub fn wait_for(
+        &self,
+        pred: impl FnMut(&[(Resource, Span)]) -> bool,
+        timeout: Duration,
+    ) -> bool {
+        self.store.wait_for(pred, timeout)
+    }
+
+    /// Stops the receiver (same as dropping it).
+    pub fn stop(self) {}
+}
+
+fn http_response(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = content_type.parse() {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, value);
+    }
+    response
+}
+
+fn http_error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    http_response(status, "text/plain", message.as_bytes().to_vec())
+}
+
+async fn handle_http(
+    store: SpanStore,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() != "/v1/traces" {
+        return Ok(http_error(StatusCode::NOT_FOUND, "only /v1/traces"));
+    }
+    if req.method() != Method::POST {
+        return Ok(http_error(StatusCode::METHOD_NOT_ALLOWED, "POST only"));
+    }
+    let header = |name: hyper::header::HeaderName| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    };
+    let content_type = header(hyper::header::CONTENT_TYPE);
+    let encoding = header(hyper::header::CONTENT_ENCODING);
+    let user_agent = header(hyper::header::USER_AGENT);
+    let body = match Limited::new(req.into_body(), MAX_REQUEST_BYTES)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => return Ok(http_error(StatusCode::BAD_REQUEST, &format!("body: {e}"))),
+    };
+    let body: Vec<u8> = match encoding.as_deref().map(str::trim) {
+        None | Some("") | Some("identity") => body.to_vec(),
+        Some("gzip") => {
+            let mut out = Vec::new();
+            let decoder = flate2::read::GzDecoder::new(&body[..]);
+            if let Err(e) = decoder
+                .take(MAX_REQUEST_BYTES as u64 + 1)
+                .read_to_end(&mut out)
+            {
+                return Ok(http_error(StatusCode::BAD_REQUEST, &format!("gzip: {e}")));
+            }
+            if out.len() > MAX_REQUEST_BYTES {
+                return Ok(http_error(StatusCode::PAYLOAD_TOO_LARGE, "too large"));
+            }
+            out
+        }
+        Some(other) => {
+            return Ok(http_error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                &format!("unsupported Content-Encoding {other}"),
+            ));
+        }
+    };
+    let json = content_type
+        .as_deref()
+        .is_some_and(|ct| ct.trim().starts_with("application/json"));
+    let request = if json {
+        serde_json::from_slice::<ExportTraceServiceRequest>(&body).map_err(|e| e.to_string())
+    } else {
+        ExportTraceServiceRequest::decode(&body[..]).map_err(|e| e.to_string())
+    };
+    let request = match request {
+        Ok(r) => r,
+        Err(e) => return Ok(http_error(StatusCode::BAD_REQUEST, &format!("decode: {e}"))),
+    };
+    let export = ReceivedExport {
+        transport: "http",
+        encoding,
+        content_type,
+        user_agent,
+        received_at: Instant::now(),
+        request,
+    };
+    if !store.record(export) {
+        return Ok(http_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "hermes-e2e: scripted failure",
+        ));
+    }
+    let response = ExportTraceServiceResponse {
+        partial_success: None,
+    };
+    Ok(if json {
+        http_response(StatusCode::OK, "application/json", b"{}".to_vec())
+    } else {
+        http_response(
+            StatusCode::OK,
+            "application/x-protobuf",
+            response.encode_to_vec(),
+        )
+    })
+}

@@ -1,0 +1,98 @@
+//! The Python venv the end-to-end tests run Hermes in.
+//!
+//! `tests/setup_venv.sh` creates it (idempotently, under a `flock`, so
+//! parallel test binaries don't race) at `$HERMES_E2E_VENV`, default
+//! `<repo>/target/e2e-venv`, with `hermes-agent==0.19.0`, `maturin` and our
+//! shim. [`ensure_venv`] runs the script at most once per test process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::process::ChildGuard;
+use crate::{env_secs, repo_root, tests_dir};
+
+/// Default bound on `setup_venv.sh` (first run: ~1 min for the pip installs,
+/// plus a maturin build of the shim, which may wait for the cargo lock).
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// The venv path `setup_venv.sh` uses: `$HERMES_E2E_VENV` or
+/// `<repo>/target/e2e-venv`.
+pub fn venv_path() -> PathBuf {
+    match std::env::var_os("HERMES_E2E_VENV") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => repo_root().join("target").join("e2e-venv"),
+    }
+}
+
+/// Makes sure the venv exists and is up to date (running `setup_venv.sh`
+/// once per process) and returns its path. Panics, in every caller, if the
+/// setup failed.
+///
+/// The script's output goes to this process' stdout/stderr. Its run is
+/// bounded by `$HERMES_E2E_SETUP_TIMEOUT_SECS` (default 1800). Set
+/// `SKIP_SHIM=1` to skip the shim (only for developing the harness).
+pub fn ensure_venv() -> PathBuf {
+    static VENV: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match VENV.get_or_init(run_setup) {
+        Ok(path) => path.clone(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn run_setup() -> Result<PathBuf, String> {
+    let venv = venv_path();
+    let script = tests_dir().join("setup_venv.sh");
+    let timeout = env_secs("HERMES_E2E_SETUP_TIMEOUT_SECS", SETUP_TIMEOUT);
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script)
+        .env("HERMES_E2E_VENV", &venv)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    // Never hand the agent's OTLP trap to pip/maturin either.
+    cmd.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+    let mut guard = ChildGuard::spawn_named("setup_venv", &mut cmd)
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    match guard.wait_timeout(timeout) {
+        Some(status) if status.success() => {}
+        Some(status) => {
+            return Err(format!(
+                "{} failed ({status}); see its output above. \
+                 (SKIP_SHIM=1 skips the shim while it does not build yet)",
+                script.display()
+            ));
+        }
+        None => {
+            guard.kill();
+            return Err(format!(
+                "{} did not finish within {timeout:?}",
+                script.display()
+            ));
+        }
+    }
+    if !venv_bin_in(&venv, "hermes").is_file() {
+        return Err(format!(
+            "{} ran but {} has no bin/hermes",
+            script.display(),
+            venv.display()
+        ));
+    }
+    Ok(venv)
+}
+
+fn venv_bin_in(venv: &Path, program: &str) -> PathBuf {
+    venv.join("bin").join(program)
+}
+
+/// The path of `program` in the venv's `bin/` (after [`ensure_venv`]).
+pub fn venv_bin(program: &str) -> PathBuf {
+    venv_bin_in(&ensure_venv(), program)
+}
+
+/// The venv's Python interpreter (after [`ensure_venv`]).
+pub fn venv_python() -> PathBuf {
+    venv_bin("python")
+}

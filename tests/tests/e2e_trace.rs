@@ -1,0 +1,341 @@
+//! End to end: the real `hermes-agent==0.19.0` with our shim installed and
+//! enabled, driven by `hermes chat -q` against the scripted OpenAI server,
+//! streaming to the real `hermes-collector` binary, which exports to an
+//! in-test OTLP receiver (gRPC or HTTP/protobuf) or to its embedded default
+//! (span file + console tree).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use hermes_e2e::span_tree::hex;
+use hermes_e2e::{
+    AttrsExt, ChildGuard, FakeOpenAi, HermesHome, OtlpHttpReceiver, OtlpReceiver, SpanExt,
+    SpanTree, cargo_bin, free_port,
+};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// One tool call, then the final answer; the usage the server reports.
+fn script() -> Value {
+    json!([
+        {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo hermes-e2e"}}],
+         "usage": {"prompt_tokens": 1212, "completion_tokens": 17, "cached_tokens": 8}},
+        {"content": "The command printed hermes-e2e.",
+         "usage": {"prompt_tokens": 1300, "completion_tokens": 21}}
+    ])
+}
+
+/// `(prompt_tokens, completion_tokens)` of each scripted response.
+const USAGE: [(i64, i64); 2] = [(1212, 17), (1300, 21)];
+
+/// The collector binary, listening on a free port, with `args`, in `cwd`.
+struct Collector {
+    guard: ChildGuard,
+    endpoint: String,
+}
+
+impl Collector {
+    fn start(cwd: &Path, args: &[&str]) -> Collector {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+        cmd.current_dir(cwd)
+            .arg("--listen")
+            .arg(&listen)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut guard =
+            ChildGuard::spawn_named("hermes-collector", &mut cmd).expect("spawn collector");
+        let up = guard.wait_for_stderr(WAIT, |e| e.contains("receiving Hermes events"));
+        assert!(up, "collector did not start:\n{}", guard.stderr_text());
+        Collector {
+            guard,
+            endpoint: format!("http://{listen}"),
+        }
+    }
+}
+
+/// A Hermes home configured for `server` with our plugin enabled.
+fn hermes_with_plugin(server: &FakeOpenAi) -> HermesHome {
+    let home = HermesHome::new(&server.base_url(), server.model());
+    home.enable_plugin("hermes_collector");
+    let list = home.plugins_list();
+    assert!(
+        list.contains("hermes_collector"),
+        "plugin not listed:\n{list}"
+    );
+    home
+}
+
+/// Runs one turn and returns Hermes' output and its session id.
+fn run_turn(home: &HermesHome, collector: &Collector) -> (Output, String) {
+    let out = home.run_chat(
+        "Please run echo hermes-e2e",
+        &[("HERMES_COLLECTOR_ENDPOINT", &collector.endpoint)],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        out.status.success(),
+        "hermes failed: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("The command printed hermes-e2e."),
+        "{stdout}\n{stderr}"
+    );
+    let session = stderr
+        .lines()
+        .chain(stdout.lines())
+        .find_map(|l| l.split("session_id: ").nth(1))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| panic!("no session id printed:\n{stdout}\n{stderr}"));
+    (out, session)
+}
+
+/// The tree the issue asks for: one trace, root `invoke_agent hermes`, two
+/// `chat {model}` children with the server's usage, one `execute_tool
+/// terminal` child with its call id, all parents present, children inside
+/// their parent's window, `session.id` on every span.
+fn assert_turn_tree(tree: &SpanTree, session: &str, model: &str) {
+    tree.assert_well_formed();
+    assert_eq!(tree.trace_ids().len(), 1, "one trace:\n{}", tree.render());
+    let roots = tree.roots();
+    assert_eq!(roots.len(), 1, "{}", tree.render());
+    let root = roots[0];
+    assert_eq!(root.name, "invoke_agent hermes");
+    assert!(root.is_root());
+    let chat_name = format!("chat {model}");
+    let mut chats: Vec<&Span> = tree.children_named(root, &chat_name);
+    chats.sort_by_key(|s| s.start_time_unix_nano);
+    assert_eq!(chats.len(), 2, "{}", tree.render());
+    for (chat, (prompt, completion)) in chats.iter().zip(USAGE) {
+        assert_eq!(
+            chat.int_attr("gen_ai.usage.input_tokens"),
+            Some(prompt),
+            "{}",
+            tree.render()
+        );
+        assert_eq!(
+            chat.int_attr("gen_ai.usage.output_tokens"),
+            Some(completion)
+        );
+        assert_eq!(chat.str_attr("gen_ai.operation.name"), Some("chat"));
+        assert_eq!(chat.str_attr("gen_ai.request.model"), Some(model));
+        assert_eq!(chat.str_attr("server.address"), Some("127.0.0.1"));
+    }
+    let tools = tree.children_named(root, "execute_tool terminal");
+    assert_eq!(tools.len(), 1, "{}", tree.render());
+    assert_eq!(tools[0].str_attr("gen_ai.tool.call.id"), Some("call_1"));
+    assert_eq!(tools[0].str_attr("hermes.tool.status"), Some("ok"));
+    // The tool ran between the two model calls.
+    assert!(tools[0].start_time_unix_nano >= chats[0].end_time_unix_nano);
+    assert!(tools[0].end_time_unix_nano <= chats[1].start_time_unix_nano);
+    assert_eq!(tree.len(), 4, "{}", tree.render());
+    for span in tree.spans() {
+        assert_eq!(
+            span.str_attr("session.id"),
+            Some(session),
+            "{} lacks session.id",
+            span.name
+        );
+        if !span.is_root() {
+            assert_eq!(span.parent_span_id, root.span_id);
+            assert!(
+                span.start_time_unix_nano >= root.start_time_unix_nano,
+                "{}",
+                span.name
+            );
+            assert!(
+                span.end_time_unix_nano <= root.end_time_unix_nano,
+                "{}",
+                span.name
+            );
+        }
+    }
+    assert_eq!(root.int_attr("hermes.turn.api_attempts"), Some(2));
+    assert_eq!(root.int_attr("hermes.turn.tool_calls"), Some(1));
+    assert_eq!(root.bool_attr("hermes.turn.completed"), Some(true));
+    let resource = tree.resource_of(root).expect("resource");
+    assert_eq!(resource.str_attr("service.name"), Some("hermes-agent"));
+    assert!(
+        resource
+            .str_attr("service.instance.id")
+            .is_some_and(|s| s.len() == 32)
+    );
+}
+
+fn wait_for_turn(store_wait: impl Fn(Duration) -> bool, collector: &Collector) {
+    assert!(
+        store_wait(WAIT),
+        "no complete turn arrived; collector log:\n{}",
+        collector.guard.stderr_text()
+    );
+}
+
+#[test]
+fn turn_becomes_a_nested_trace_over_otlp_grpc() {
+    let server = FakeOpenAi::start(script());
+    let receiver = OtlpReceiver::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    let collector = Collector::start(work.path(), &["--otlp-endpoint", &receiver.endpoint()]);
+    let home = hermes_with_plugin(&server);
+    let (_, session) = run_turn(&home, &collector);
+    wait_for_turn(
+        |t| {
+            receiver.wait_for(
+                |spans| spans.len() >= 4 && spans.iter().any(|(_, s)| s.is_root()),
+                t,
+            )
+        },
+        &collector,
+    );
+    assert_turn_tree(&receiver.store().tree(), &session, server.model());
+    assert!(
+        !work.path().join("hermes-spans.jsonl").exists(),
+        "no embedded default when OTLP is configured"
+    );
+}
+
+#[test]
+fn turn_becomes_a_nested_trace_over_otlp_http() {
+    let server = FakeOpenAi::start(script());
+    let receiver = OtlpHttpReceiver::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    let collector = Collector::start(
+        work.path(),
+        &[
+            "--otlp-endpoint",
+            &receiver.endpoint(),
+            "--otlp-protocol",
+            "http/protobuf",
+        ],
+    );
+    let home = hermes_with_plugin(&server);
+    let (_, session) = run_turn(&home, &collector);
+    wait_for_turn(
+        |t| {
+            receiver.wait_for(
+                |spans| spans.len() >= 4 && spans.iter().any(|(_, s)| s.is_root()),
+                t,
+            )
+        },
+        &collector,
+    );
+    assert_turn_tree(&receiver.store().tree(), &session, server.model());
+    let exports = receiver.store().exports();
+    assert!(
+        exports.iter().all(|e| e
+            .content_type
+            .as_deref()
+            .is_some_and(|c| c.contains("application/x-protobuf"))),
+        "{exports:?}"
+    );
+}
+
+#[test]
+fn embedded_default_writes_the_span_file_and_prints_the_turn() {
+    let server = FakeOpenAi::start(script());
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut collector = Collector::start(work.path(), &[]);
+    let home = hermes_with_plugin(&server);
+    let (_, session) = run_turn(&home, &collector);
+    let file = work.path().join("hermes-spans.jsonl");
+    let complete = hermes_e2e::wait_until(WAIT, Duration::from_millis(100), || {
+        read_span_file(&file).iter().any(|(_, s)| s.is_root())
+    });
+    assert!(
+        complete,
+        "span file incomplete; collector log:\n{}",
+        collector.guard.stderr_text()
+    );
+    let tree = SpanTree::new(read_span_file(&file));
+    assert_turn_tree(&tree, &session, server.model());
+
+    let printed = collector
+        .guard
+        .wait_for_stdout(WAIT, |o| o.contains("execute_tool terminal"));
+    let stdout = collector.guard.stdout_text();
+    assert!(printed, "console tree not printed:\n{stdout}");
+    println!("collector console output:\n{stdout}");
+    let root = tree.roots()[0];
+    assert!(
+        stdout.contains(&hex(&root.trace_id)),
+        "tree header names the trace:\n{stdout}"
+    );
+    assert!(
+        stdout.contains(&session),
+        "tree header names the session:\n{stdout}"
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    let root_line = lines
+        .iter()
+        .position(|l| l.contains("invoke_agent hermes"))
+        .expect("root line");
+    let tool_line = lines
+        .iter()
+        .position(|l| l.contains("execute_tool terminal"))
+        .expect("tool line");
+    let chat_lines: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("chat fake-model"))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(chat_lines.len(), 2, "{stdout}");
+    assert!(
+        root_line < chat_lines[0] && chat_lines[0] < tool_line && tool_line < chat_lines[1],
+        "children in start order:\n{stdout}"
+    );
+    assert!(
+        lines[tool_line].contains('├') || lines[tool_line].contains('└'),
+        "indented as a child:\n{stdout}"
+    );
+    assert!(
+        lines[chat_lines[0]].contains("in=1212") && lines[chat_lines[0]].contains("out=17"),
+        "{stdout}"
+    );
+    assert!(
+        lines[root_line].contains("ms") || lines[root_line].contains('s'),
+        "durations shown:\n{stdout}"
+    );
+    collector.guard.signal("TERM");
+    assert!(
+        collector
+            .guard
+            .wait_timeout(WAIT)
+            .is_some_and(|s| s.success()),
+        "collector exits cleanly on SIGTERM"
+    );
+}
+
+/// Every span of an OTLP JSON-lines file with its resource.
+fn read_span_file(path: &Path) -> Vec<(opentelemetry_proto::tonic::resource::v1::Resource, Span)> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let Ok(request) = serde_json::from_str::<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest,
+        >(line) else {
+            // A line being written; read again later.
+            return Vec::new();
+        };
+        for rs in request.resource_spans {
+            let resource = rs.resource.unwrap_or_default();
+            for ss in rs.scope_spans {
+                out.extend(ss.spans.into_iter().map(|s| (resource.clone(), s)));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,257 @@
+//! End-to-end check of the installed Python package against an in-process
+//! collector: runs `tests/check_shim.py` with the venv's interpreter (the
+//! wheel installed by `tests/setup_venv.sh`): fixture replay at level
+//! `content`, hook-time snapshots, worker thread names, attempt numbers, and
+//! a forked child with its own instance id.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use hermes_proto::v1::event_ingest_server::{EventIngest, EventIngestServer};
+use hermes_proto::v1::{Ack, Event, EventBatch, ShimInfo, event::Body};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+#[derive(Clone, Default)]
+struct Collector {
+    batches: Arc<Mutex<Vec<EventBatch>>>,
+}
+
+#[tonic::async_trait]
+impl EventIngest for Collector {
+    type StreamStream =
+        Pin<Box<dyn tokio_stream::Stream<Item = Result<Ack, Status>> + Send + 'static>>;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<EventBatch>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let batches = Arc::clone(&self.batches);
+        tokio::spawn(async move {
+            while let Ok(Some(batch)) = inbound.message().await {
+                let ack = Ack {
+                    first_seq: batch.events.first().map_or(0, |e| e.seq),
+                    last_seq: batch.events.last().map_or(0, |e| e.seq),
+                };
+                batches.lock().unwrap().push(batch);
+                if tx.send(Ok(ack)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+fn start_collector() -> (
+    String,
+    Collector,
+    oneshot::Sender<()>,
+    std::thread::JoinHandle<()>,
+) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let collector = Collector::default();
+    let service = collector.clone();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let _ = tonic::transport::Server::builder()
+                .serve_with_incoming_shutdown(
+                    EventIngestServer::new(service),
+                    TcpListenerStream::new(listener),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
+                .await;
+        });
+    });
+    (format!("http://{addr}"), collector, stop, thread)
+}
+
+fn fixture(name: &str) -> PathBuf {
+    match std::env::var_os("HERMES_FIXTURES_DIR") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/hermes-0.19.0")
+            .join(name),
+    }
+}
+
+/// Events per instance id, deduplicated by seq; and the ShimInfo seen.
+fn by_instance(batches: &[EventBatch]) -> HashMap<String, (ShimInfo, BTreeMap<u64, Event>)> {
+    let mut out: HashMap<String, (ShimInfo, BTreeMap<u64, Event>)> = HashMap::new();
+    for batch in batches {
+        let shim = batch.shim.clone().unwrap();
+        let entry = out
+            .entry(shim.instance_id.clone())
+            .or_insert_with(|| (shim, BTreeMap::new()));
+        for event in &batch.events {
+            entry.1.insert(event.seq, event.clone());
+        }
+    }
+    out
+}
+
+#[test]
+fn installed_wheel_end_to_end() {
+    let python = hermes_e2e::venv_bin("python");
+    let (endpoint, collector, stop, thread) = start_collector();
+    hermes_e2e::ensure_venv();
+    let script = hermes_e2e::tests_dir().join("check_shim.py");
+    let output = std::process::Command::new(python)
+        .arg(&script)
+        .arg(fixture("retry.jsonl"))
+        .env("HERMES_COLLECTOR_ENDPOINT", &endpoint)
+        .env("HERMES_COLLECTOR_CAPTURE", "content")
+        .env_remove("HERMES_COLLECTOR_DISABLED")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "check_shim.py failed\n{stdout}\n{stderr}"
+    );
+    let lines: Vec<Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let parent = lines.iter().find(|l| l["role"] == "parent").unwrap();
+    let child = lines.iter().find(|l| l["role"] == "child").unwrap();
+    assert!(lines.iter().any(|l| l["role"] == "done"));
+
+    let batches = collector.batches.lock().unwrap().clone();
+    let _ = stop.send(());
+    drop(thread);
+    let instances = by_instance(&batches);
+
+    // Parent: every replayed hook, in order, seq 1..=n, acknowledged.
+    let stats = &parent["stats"];
+    let hooks: Vec<&str> = parent["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_str().unwrap())
+        .collect();
+    let n = hooks.len() as u64;
+    assert_eq!(stats["enqueued"], n);
+    assert_eq!(stats["dropped"], 0);
+    assert_eq!(stats["acked_events"], n);
+    assert_eq!(stats["unacked_batches"], 0);
+    assert_eq!(stats["connected"], true);
+    let parent_id = stats["instance_id"].as_str().unwrap();
+    let (shim, events) = &instances[parent_id];
+    assert_eq!(shim.capture, "content");
+    assert_eq!(shim.service_name, "hermes-agent");
+    assert_eq!(
+        events.keys().copied().collect::<Vec<_>>(),
+        (1..=n).collect::<Vec<_>>()
+    );
+    let got: Vec<&str> = events.values().map(|e| e.hook.as_str()).collect();
+    assert_eq!(got, hooks);
+
+    // Hook-time snapshot: args mutated after the call never show.
+    let mut saw_args = 0;
+    for event in events.values() {
+        if let Some(args) = event.content.get("args") {
+            saw_args += 1;
+            assert!(!args.contains("MUTATED"), "{}: {args}", event.hook);
+            let args: Value = serde_json::from_str(args).unwrap();
+            if event.hook == "pre_tool_call" {
+                assert_eq!(
+                    args,
+                    serde_json::json!({"command": "echo hermes-hook-test"})
+                );
+            }
+        }
+        for banned in [
+            "conversation_history",
+            "request_messages",
+            "assistant_message",
+        ] {
+            assert!(!event.content.contains_key(banned));
+        }
+    }
+    assert!(saw_args >= 3);
+    let pre_llm = events.values().find(|e| e.hook == "pre_llm_call").unwrap();
+    assert_eq!(
+        pre_llm.content["user_message"],
+        "\"Please run echo hermes-hook-test\""
+    );
+    assert!(
+        events
+            .values()
+            .any(|e| e.hook == "pre_api_request" && e.content.contains_key("request"))
+    );
+
+    // Threads, clocks, attempts.
+    let worker = events.values().rev().nth(1).unwrap();
+    assert_eq!(worker.thread, "worker-7");
+    assert!(
+        events
+            .values()
+            .filter(|e| e.seq != worker.seq)
+            .all(|e| e.thread == "MainThread")
+    );
+    assert!(
+        events
+            .values()
+            .all(|e| e.time_unix_nano > 1_700_000_000_000_000_000)
+    );
+    let monos: Vec<u64> = events.values().map(|e| e.mono_nano).collect();
+    assert!(
+        monos.windows(2).all(|w| w[0] <= w[1]),
+        "monotonic in seq order"
+    );
+    let attempts: Vec<(String, u32)> = events
+        .values()
+        .filter_map(|e| match &e.body {
+            Some(Body::Api(a)) if e.seq < n - 1 => Some((e.hook.clone(), a.attempt)),
+            _ => None,
+        })
+        .collect();
+    let expect: Vec<(String, u32)> = [
+        ("pre_api_request", 1),
+        ("api_request_error", 1),
+        ("pre_api_request", 2),
+        ("post_api_request", 2),
+        ("pre_api_request", 1),
+        ("api_request_error", 1),
+        ("pre_api_request", 2),
+        ("post_api_request", 2),
+    ]
+    .iter()
+    .map(|(h, a)| ((*h).to_owned(), *a))
+    .collect();
+    assert_eq!(attempts, expect);
+
+    // Forked child: its own instance, seq from 1.
+    let child_stats = &child["child"];
+    let child_id = child_stats["instance_id"].as_str().unwrap();
+    assert_ne!(child_id, parent_id);
+    let (child_shim, child_events) = &instances[child_id];
+    assert_ne!(child_shim.pid, shim.pid);
+    assert_eq!(child_events.keys().copied().collect::<Vec<_>>(), [1]);
+    assert_eq!(child_events[&1].hook, "on_session_start");
+    assert_eq!(
+        child_events[&1].ids.as_ref().unwrap().session_id,
+        "child-session"
+    );
+}
