@@ -90,6 +90,9 @@ pub struct CorrelatorConfig {
     pub turn_end_grace_ms: u64,
     /// How often timers are checked.
     pub tick_ms: u64,
+    /// How long to wait for a missing event of a shim's stream (events that
+    /// arrived after it are held) before giving up on it.
+    pub gap_timeout_ms: u64,
 }
 
 impl Default for CorrelatorConfig {
@@ -99,6 +102,7 @@ impl Default for CorrelatorConfig {
             state_ttl_secs: 3600,
             turn_end_grace_ms: 2000,
             tick_ms: 500,
+            gap_timeout_ms: 5000,
         }
     }
 }
@@ -319,6 +323,7 @@ impl Config {
         )?;
         positive("correlator.state_ttl_secs", self.correlator.state_ttl_secs)?;
         positive("correlator.tick_ms", self.correlator.tick_ms)?;
+        positive("correlator.gap_timeout_ms", self.correlator.gap_timeout_ms)?;
         positive("batch.max_spans", self.batch.max_spans as u64)?;
         positive("batch.timeout_ms", self.batch.timeout_ms)?;
         positive("batch.queue", self.batch.queue as u64)?;

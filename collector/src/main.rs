@@ -24,6 +24,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use config::{Config, ConfigError, EXIT_CONFIG};
 use hermes_correlator::Correlator;
+use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_exporter::Sink;
 use hermes_receiver::{Ingest, Limits, ReceiverStats};
 use tokio::sync::mpsc;
@@ -297,9 +298,14 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         ..Default::default()
     });
     let pipeline_stats = Arc::new(pipeline::PipelineStats::default());
+    let sequencer = Sequencer::new(SequencerConfig {
+        gap_timeout_nanos: config.correlator.gap_timeout_ms.saturating_mul(1_000_000),
+        ..Default::default()
+    });
     let pipeline = tokio::spawn(pipeline::run(
         ingest_rx,
         export_tx,
+        sequencer,
         correlator,
         Duration::from_millis(config.correlator.tick_ms),
         pipeline_stats.clone(),

@@ -2,8 +2,9 @@
 //! [`Correlator`].
 //!
 //! It owns the receiving end of the ingest channel and the sending end of the
-//! export channel. Batches are deduplicated by (shim instance, seq), fed to
-//! the correlator event by event, timers run every `tick`, and finished spans
+//! export channel. Events pass the [`Sequencer`] (capture order restored,
+//! redeliveries dropped), then the correlator, timers run every `tick`, and
+//! finished spans
 //! go to the exporters as OTLP `ResourceSpans`. Awaiting a place in the
 //! export channel is the backpressure: when the exporters fall behind, this
 //! stage stops reading, the ingest channel fills, and the receiver stops
@@ -16,20 +17,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hermes_correlator::dedup::SeqFilter;
+use hermes_correlator::sequencer::{Ready, Sequencer};
 use hermes_correlator::{Correlator, FinishedSpan, to_resource_spans};
 use hermes_receiver::Ingested;
 use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
 use tokio::sync::mpsc;
-
-/// Most shim instances whose sequence high-water mark is remembered.
-const MAX_TRACKED_INSTANCES: usize = 65_536;
 
 /// Counters of the correlation stage; all monotonic except `open_turns`.
 #[derive(Debug, Default)]
 pub struct PipelineStats {
     pub events: AtomicU64,
     pub duplicate_events: AtomicU64,
+    pub skipped_seqs: AtomicU64,
+    pub held_events: AtomicU64,
     pub spans: AtomicU64,
     pub open_turns: AtomicU64,
     pub turns_evicted: AtomicU64,
@@ -41,11 +41,12 @@ pub struct PipelineStats {
 pub async fn run(
     mut ingest: mpsc::Receiver<Ingested>,
     export: mpsc::Sender<Vec<ResourceSpans>>,
+    mut sequencer: Sequencer,
     mut correlator: Correlator,
     tick: Duration,
     stats: Arc<PipelineStats>,
 ) {
-    let mut filter = SeqFilter::new(MAX_TRACKED_INSTANCES);
+    let mut ready: Vec<Ready> = Vec::new();
     let mut timer = tokio::time::interval(tick);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out: Vec<FinishedSpan> = Vec::new();
@@ -54,15 +55,21 @@ pub async fn run(
             received = ingest.recv() => {
                 let Some(Ingested { batch }) = received else { break };
                 let shim = batch.shim.unwrap_or_default();
-                for event in &batch.events {
-                    if filter.admit(&shim.instance_id, event.seq) {
-                        correlator.ingest(&shim, event, &mut out);
-                    }
+                let now = now_unix_nanos();
+                for event in batch.events {
+                    sequencer.push(&shim, batch.floor_seq, event, now, &mut ready);
                 }
             }
-            _ = timer.tick() => correlator.expire(now_unix_nanos(), &mut out),
+            _ = timer.tick() => {
+                let now = now_unix_nanos();
+                sequencer.expire(now, &mut ready);
+                correlator.expire(now, &mut out);
+            }
         }
-        publish(&correlator, &filter, &stats);
+        for (shim, event) in ready.drain(..) {
+            correlator.ingest(&shim, &event, &mut out);
+        }
+        publish(&sequencer, &correlator, &stats);
         if !out.is_empty()
             && export
                 .send(to_resource_spans(std::mem::take(&mut out)))
@@ -73,8 +80,12 @@ pub async fn run(
             return;
         }
     }
+    sequencer.flush_all(&mut ready);
+    for (shim, event) in ready.drain(..) {
+        correlator.ingest(&shim, &event, &mut out);
+    }
     correlator.flush_all(&mut out);
-    publish(&correlator, &filter, &stats);
+    publish(&sequencer, &correlator, &stats);
     if !out.is_empty() {
         let n = out.len();
         if export.send(to_resource_spans(out)).await.is_err() {
@@ -86,7 +97,7 @@ pub async fn run(
     }
 }
 
-fn publish(correlator: &Correlator, filter: &SeqFilter, stats: &PipelineStats) {
+fn publish(sequencer: &Sequencer, correlator: &Correlator, stats: &PipelineStats) {
     let s = correlator.stats();
     stats.events.store(s.events, Ordering::Relaxed);
     stats.spans.store(s.spans, Ordering::Relaxed);
@@ -99,7 +110,13 @@ fn publish(correlator: &Correlator, filter: &SeqFilter, stats: &PipelineStats) {
         .store(correlator.open_turns() as u64, Ordering::Relaxed);
     stats
         .duplicate_events
-        .store(filter.duplicates(), Ordering::Relaxed);
+        .store(sequencer.stats().duplicates, Ordering::Relaxed);
+    stats
+        .skipped_seqs
+        .store(sequencer.stats().skipped, Ordering::Relaxed);
+    stats
+        .held_events
+        .store(sequencer.held() as u64, Ordering::Relaxed);
 }
 
 fn now_unix_nanos() -> u64 {

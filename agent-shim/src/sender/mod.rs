@@ -252,6 +252,8 @@ struct Batcher<C> {
     converter: C,
     attempts: AttemptTracker,
     shim: ShimInfo,
+    /// The stream seq of the next event (from 1).
+    next_seq: u64,
 }
 
 impl<C: Convert> Batcher<C> {
@@ -271,14 +273,21 @@ impl<C: Convert> Batcher<C> {
         if events.is_empty() {
             return;
         }
+        // Capture order, then the stream's own numbering: 1, 2, 3, ... with
+        // no hole for events dropped or discarded before this point, so the
+        // collector can tell a missing event from a dropped one.
         events.sort_by_key(|e| e.seq);
         for event in &mut events {
+            event.seq = self.next_seq;
+            self.next_seq += 1;
             self.attempts.stamp(event);
         }
         let batch = EventBatch {
             shim: Some(self.shim.clone()),
             events,
             dropped_events: queue.dropped() + shared.evicted_events.load(Ordering::Acquire),
+            // Set when sent (the floor moves with acks and evictions).
+            floor_seq: 0,
         };
         let evicted = pending.push(batch);
         if evicted > 0 {
@@ -308,6 +317,7 @@ pub async fn run<C: Convert>(
         converter,
         attempts: AttemptTracker::default(),
         shim: config.shim.clone(),
+        next_seq: 1,
     };
     let mut pending = UnackedBuffer::new(config.max_unacked_batches, config.max_unacked_bytes);
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
@@ -334,8 +344,11 @@ pub async fn run<C: Convert>(
             pending.mark_all_unsent();
         }
         if let Some(c) = conn.as_ref() {
+            let floor_seq = pending.floor_seq();
             while let Some(batch) = pending.next_unsent() {
-                match c.out.try_send(batch.clone()) {
+                let mut batch = batch.clone();
+                batch.floor_seq = floor_seq;
+                match c.out.try_send(batch) {
                     Ok(()) => {
                         pending.mark_next_sent();
                         shared.sent_batches.fetch_add(1, Ordering::AcqRel);

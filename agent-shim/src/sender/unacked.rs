@@ -12,6 +12,8 @@
 //!   their events reported as evicted) until it fits again, except that the
 //!   newest batch is always kept.
 //! - An ack removes exactly the batches whose whole seq range it covers, once.
+//! - [`UnackedBuffer::floor_seq`] (sent with every batch) only grows: every
+//!   seq below it is acknowledged or evicted, never sent again.
 
 use std::collections::VecDeque;
 
@@ -119,6 +121,12 @@ impl UnackedBuffer {
         acked
     }
 
+    /// The first seq of the oldest batch held (0 when empty): every seq
+    /// below it was acknowledged or evicted, and will never be sent again.
+    pub fn floor_seq(&self) -> u64 {
+        self.batches.front().map_or(0, |p| p.first_seq)
+    }
+
     /// Number of batches held.
     pub fn len(&self) -> usize {
         self.batches.len()
@@ -150,7 +158,7 @@ mod tests {
                     ..Default::default()
                 })
                 .collect(),
-            dropped_events: 0,
+            ..Default::default()
         }
     }
 
@@ -195,9 +203,13 @@ mod tests {
         assert_eq!(b.push(batch(1..=3)), 0);
         b.mark_next_sent();
         assert_eq!(b.push(batch(4..=4)), 0);
+        assert_eq!(b.floor_seq(), 1);
         assert_eq!(b.push(batch(5..=6)), 3);
         assert_eq!(b.len(), 2);
         assert_eq!(b.next_unsent().unwrap().events[0].seq, 4);
+        assert_eq!(b.floor_seq(), 4, "evicted seqs are below the floor");
+        b.ack(4, 4);
+        assert_eq!(b.floor_seq(), 5);
     }
 
     #[test]

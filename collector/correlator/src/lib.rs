@@ -20,8 +20,8 @@
 //!   and flushed as spans with `hermes.incomplete=true`, never dropped.
 
 mod attrs;
-pub mod dedup;
 pub mod ids;
+pub mod sequencer;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,0 +1,331 @@
+//! Restores each shim's capture order and drops redeliveries, before the
+//! correlator.
+//!
+//! A shim numbers the events it sends 1, 2, 3, ... without holes (a dropped
+//! event never gets a number), so the sequencer knows exactly which event
+//! comes next from every instance: it releases events in seq order, holds
+//! the ones that arrive early, and drops every seq already released or held
+//! (a redelivery after a reconnect). The correlator therefore sees the same
+//! sequence of events whatever order and however often they arrived, which
+//! makes its output independent of arrival order and delivery count.
+//!
+//! Batches carry `floor_seq`: every seq below it is acknowledged or lost for
+//! good at the shim, so the sequencer never waits for it.
+//!
+//! Bounded: at most `max_held` events held per instance and `max_instances`
+//! instances. A hole that is still open after `gap_timeout_nanos` (or when
+//! the hold is full) is skipped: the held events are released in order and
+//! the skipped seqs counted. The least recently active instance is forgotten
+//! past `max_instances` (its held events are released first).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use hermes_proto::v1::{Event, ShimInfo};
+
+/// Limits of the sequencer.
+#[derive(Debug, Clone)]
+pub struct SequencerConfig {
+    /// Events held per instance while waiting for a missing seq.
+    pub max_held: usize,
+    /// Instances tracked.
+    pub max_instances: usize,
+    /// How long a hole may stay open before it is skipped.
+    pub gap_timeout_nanos: u64,
+}
+
+impl Default for SequencerConfig {
+    fn default() -> Self {
+        Self {
+            max_held: 100_000,
+            max_instances: 65_536,
+            gap_timeout_nanos: 5_000_000_000,
+        }
+    }
+}
+
+/// Counters of the sequencer; all monotonic.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SequencerStats {
+    /// Events dropped as redeliveries.
+    pub duplicates: u64,
+    /// Seqs given up on (never arrived within the gap timeout or hold bound).
+    pub skipped: u64,
+    /// Events released to the correlator.
+    pub released: u64,
+}
+
+/// An event ready for the correlator, with its shim's identity.
+pub type Ready = (Arc<ShimInfo>, Event);
+
+struct Instance {
+    shim: Arc<ShimInfo>,
+    /// The seq released next.
+    next: u64,
+    /// Early events with their arrival time.
+    held: BTreeMap<u64, (Event, u64)>,
+    last_active: u64,
+}
+
+/// See the module docs.
+pub struct Sequencer {
+    config: SequencerConfig,
+    instances: HashMap<String, Instance>,
+    stats: SequencerStats,
+}
+
+impl Sequencer {
+    pub fn new(config: SequencerConfig) -> Self {
+        Self {
+            config,
+            instances: HashMap::new(),
+            stats: SequencerStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &SequencerStats {
+        &self.stats
+    }
+
+    /// Events held, over all instances.
+    pub fn held(&self) -> usize {
+        self.instances.values().map(|i| i.held.len()).sum()
+    }
+
+    /// Takes one event of `shim`'s stream that arrived at `now` in a batch
+    /// with `floor_seq`; appends what became ready, in order, to `ready`.
+    pub fn push(
+        &mut self,
+        shim: &ShimInfo,
+        floor_seq: u64,
+        event: Event,
+        now: u64,
+        ready: &mut Vec<Ready>,
+    ) {
+        if !self.instances.contains_key(&shim.instance_id)
+            && self.instances.len() >= self.config.max_instances
+        {
+            self.forget_least_active(ready);
+        }
+        let instance = self
+            .instances
+            .entry(shim.instance_id.clone())
+            .or_insert_with(|| Instance {
+                shim: Arc::new(shim.clone()),
+                next: 1,
+                held: BTreeMap::new(),
+                last_active: now,
+            });
+        instance.last_active = now;
+        if *instance.shim != *shim {
+            instance.shim = Arc::new(shim.clone());
+        }
+        if floor_seq > instance.next {
+            // Everything below the floor is settled at the shim: stop waiting.
+            skip_to(instance, floor_seq, &mut self.stats, ready);
+        }
+        if event.seq < instance.next || instance.held.contains_key(&event.seq) {
+            self.stats.duplicates += 1;
+            return;
+        }
+        instance.held.insert(event.seq, (event, now));
+        release(instance, &mut self.stats, ready);
+        if instance.held.len() > self.config.max_held
+            && let Some(first) = instance.held.keys().next().copied()
+        {
+            skip_to(instance, first, &mut self.stats, ready);
+        }
+    }
+
+    /// Skips holes older than the gap timeout at wall-clock `now`.
+    pub fn expire(&mut self, now: u64, ready: &mut Vec<Ready>) {
+        let timeout = self.config.gap_timeout_nanos;
+        let mut ids: Vec<&String> = self.instances.keys().collect();
+        ids.sort();
+        let ids: Vec<String> = ids.into_iter().cloned().collect();
+        for id in ids {
+            if let Some(instance) = self.instances.get_mut(&id)
+                && let Some((&first, (_, arrived))) = instance.held.iter().next()
+                && now.saturating_sub(*arrived) >= timeout
+            {
+                skip_to(instance, first, &mut self.stats, ready);
+            }
+        }
+    }
+
+    /// Releases everything held (shutdown), in order, skipping the holes.
+    pub fn flush_all(&mut self, ready: &mut Vec<Ready>) {
+        let mut ids: Vec<String> = self.instances.keys().cloned().collect();
+        ids.sort();
+        for id in ids {
+            if let Some(instance) = self.instances.get_mut(&id) {
+                while let Some(first) = instance.held.keys().next().copied() {
+                    skip_to(instance, first, &mut self.stats, ready);
+                }
+            }
+        }
+    }
+
+    fn forget_least_active(&mut self, ready: &mut Vec<Ready>) {
+        let oldest = self
+            .instances
+            .iter()
+            .min_by(|a, b| (a.1.last_active, a.0).cmp(&(b.1.last_active, b.0)))
+            .map(|(k, _)| k.clone());
+        if let Some(mut instance) = oldest.and_then(|k| self.instances.remove(&k)) {
+            while let Some(first) = instance.held.keys().next().copied() {
+                skip_to(&mut instance, first, &mut self.stats, ready);
+            }
+        }
+    }
+}
+
+/// Gives up on every seq below `seq`, then releases what is contiguous.
+fn skip_to(instance: &mut Instance, seq: u64, stats: &mut SequencerStats, ready: &mut Vec<Ready>) {
+    if seq > instance.next {
+        // Held events below the floor are still released, in order.
+        let below: Vec<u64> = instance.held.range(..seq).map(|(k, _)| *k).collect();
+        stats.skipped += (seq - instance.next) - below.len() as u64;
+        for k in below {
+            if let Some((event, _)) = instance.held.remove(&k) {
+                stats.released += 1;
+                ready.push((instance.shim.clone(), event));
+            }
+        }
+        instance.next = seq;
+    }
+    release(instance, stats, ready);
+}
+
+/// Releases the contiguous run starting at `next`.
+fn release(instance: &mut Instance, stats: &mut SequencerStats, ready: &mut Vec<Ready>) {
+    while let Some((event, _)) = instance.held.remove(&instance.next) {
+        instance.next += 1;
+        stats.released += 1;
+        ready.push((instance.shim.clone(), event));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shim(id: &str) -> ShimInfo {
+        ShimInfo {
+            instance_id: id.into(),
+            ..Default::default()
+        }
+    }
+
+    fn ev(seq: u64) -> Event {
+        Event {
+            seq,
+            hook: format!("h{seq}"),
+            ..Default::default()
+        }
+    }
+
+    fn seqs(ready: &[Ready]) -> Vec<u64> {
+        ready.iter().map(|(_, e)| e.seq).collect()
+    }
+
+    #[test]
+    fn releases_in_order_and_drops_redeliveries() {
+        let mut s = Sequencer::new(SequencerConfig::default());
+        let mut out = Vec::new();
+        for seq in [3, 1, 1, 2, 3, 5, 4, 2] {
+            s.push(&shim("a"), 0, ev(seq), 0, &mut out);
+        }
+        assert_eq!(seqs(&out), vec![1, 2, 3, 4, 5]);
+        assert_eq!(s.stats().duplicates, 3);
+        assert_eq!(s.held(), 0);
+    }
+
+    #[test]
+    fn instances_are_independent() {
+        let mut s = Sequencer::new(SequencerConfig::default());
+        let mut out = Vec::new();
+        s.push(&shim("a"), 0, ev(2), 0, &mut out);
+        s.push(&shim("b"), 0, ev(1), 0, &mut out);
+        assert_eq!(seqs(&out), vec![1]);
+        assert_eq!(out[0].0.instance_id, "b");
+    }
+
+    #[test]
+    fn floor_skips_what_the_shim_will_never_send() {
+        let mut s = Sequencer::new(SequencerConfig::default());
+        let mut out = Vec::new();
+        // A restarted collector first sees seq 501; the shim says 1..=500 are settled.
+        s.push(&shim("a"), 501, ev(502), 0, &mut out);
+        assert!(out.is_empty());
+        s.push(&shim("a"), 501, ev(501), 0, &mut out);
+        assert_eq!(seqs(&out), vec![501, 502]);
+        assert_eq!(s.stats().skipped, 500);
+    }
+
+    #[test]
+    fn holes_are_skipped_after_the_gap_timeout() {
+        let mut s = Sequencer::new(SequencerConfig {
+            gap_timeout_nanos: 100,
+            ..Default::default()
+        });
+        let mut out = Vec::new();
+        s.push(&shim("a"), 0, ev(1), 0, &mut out);
+        s.push(&shim("a"), 0, ev(3), 10, &mut out);
+        s.expire(50, &mut out);
+        assert_eq!(seqs(&out), vec![1]);
+        s.expire(110, &mut out);
+        assert_eq!(seqs(&out), vec![1, 3]);
+        assert_eq!(s.stats().skipped, 1);
+        s.push(&shim("a"), 0, ev(2), 120, &mut out);
+        assert_eq!(
+            s.stats().duplicates,
+            1,
+            "a skipped seq arriving late is not replayed out of order"
+        );
+    }
+
+    #[test]
+    fn hold_is_bounded() {
+        let mut s = Sequencer::new(SequencerConfig {
+            max_held: 3,
+            ..Default::default()
+        });
+        let mut out = Vec::new();
+        for seq in 2..=5 {
+            s.push(&shim("a"), 0, ev(seq), 0, &mut out);
+        }
+        assert_eq!(seqs(&out), vec![2, 3, 4, 5]);
+        assert!(s.held() <= 3);
+        assert_eq!(s.stats().skipped, 1);
+    }
+
+    #[test]
+    fn instances_are_bounded() {
+        let mut s = Sequencer::new(SequencerConfig {
+            max_instances: 2,
+            ..Default::default()
+        });
+        let mut out = Vec::new();
+        s.push(&shim("a"), 0, ev(2), 0, &mut out);
+        s.push(&shim("b"), 0, ev(1), 1, &mut out);
+        s.push(&shim("c"), 0, ev(1), 2, &mut out);
+        assert_eq!(s.instances.len(), 2);
+        assert_eq!(
+            seqs(&out),
+            vec![1, 2, 1],
+            "a's held event is released when a is forgotten"
+        );
+    }
+
+    #[test]
+    fn flush_all_releases_everything_held() {
+        let mut s = Sequencer::new(SequencerConfig::default());
+        let mut out = Vec::new();
+        s.push(&shim("a"), 0, ev(4), 0, &mut out);
+        s.push(&shim("a"), 0, ev(2), 0, &mut out);
+        s.flush_all(&mut out);
+        assert_eq!(seqs(&out), vec![2, 4]);
+        assert_eq!(s.held(), 0);
+    }
+}
