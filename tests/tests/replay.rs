@@ -394,3 +394,73 @@ proptest! {
         prop_assert!(got == expected, "{name}: output differs for this arrival order");
     }
 }
+
+#[test]
+fn content_level_adds_messages_arguments_and_answers() {
+    let records = load("basic.jsonl");
+    let spans = correlate(&to_events(&records, CaptureLevel::Content));
+    check_tree(&spans);
+    let chats = named(&spans, "chat fake-model-1");
+    let input: Json =
+        serde_json::from_str(&string(chats[0], "gen_ai.input.messages")).expect("input JSON");
+    assert_eq!(input[0]["role"], "user");
+    assert_eq!(
+        input[0]["parts"][0]["content"],
+        "Please run echo hermes-hook-test"
+    );
+    let system: Json =
+        serde_json::from_str(&string(chats[0], "gen_ai.system_instructions")).expect("system JSON");
+    assert!(
+        system[0]["content"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("You are Hermes Agent"))
+    );
+    let output: Json =
+        serde_json::from_str(&string(chats[0], "gen_ai.output.messages")).expect("output JSON");
+    assert_eq!(output[0]["parts"][0]["type"], "tool_call");
+    assert_eq!(output[0]["parts"][0]["name"], "terminal");
+    assert_eq!(
+        output[0]["parts"][0]["arguments"]["command"],
+        "echo hermes-hook-test"
+    );
+    let second: Json =
+        serde_json::from_str(&string(chats[1], "gen_ai.input.messages")).expect("input JSON");
+    assert_eq!(
+        second[2]["parts"][0]["type"], "tool_call_response",
+        "{second}"
+    );
+    let tool = named(&spans, "execute_tool terminal")[0];
+    let args: Json =
+        serde_json::from_str(&string(tool, "gen_ai.tool.call.arguments")).expect("args JSON");
+    assert_eq!(
+        args,
+        serde_json::json!({"command": "echo hermes-hook-test"})
+    );
+    assert!(string(tool, "gen_ai.tool.call.result").contains("hermes-hook-test"));
+    let root = named(&spans, "invoke_agent hermes")[0];
+    assert_eq!(
+        string(root, "hermes.turn.user_message"),
+        "Please run echo hermes-hook-test"
+    );
+    assert!(string(root, "hermes.turn.final_answer").starts_with("Final answer"));
+
+    // The default level carries none of it.
+    let spans = correlate(&to_events(&records, CaptureLevel::Metadata));
+    for FinishedSpan { span, .. } in &spans {
+        for key in [
+            "gen_ai.input.messages",
+            "gen_ai.output.messages",
+            "gen_ai.system_instructions",
+            "gen_ai.tool.call.arguments",
+            "gen_ai.tool.call.result",
+            "hermes.turn.user_message",
+            "hermes.turn.final_answer",
+        ] {
+            assert!(
+                attr(span, key).is_none(),
+                "{key} on {} at level metadata",
+                span.name
+            );
+        }
+    }
+}

@@ -20,6 +20,7 @@
 //!   and flushed as spans with `hermes.incomplete=true`, never dropped.
 
 mod attrs;
+mod content;
 pub mod ids;
 pub mod sequencer;
 
@@ -102,11 +103,15 @@ struct OpenAttempt {
     base_url: String,
     api_call_count: u64,
     max_tokens: Option<u64>,
+    /// `gen_ai.input.messages` and `gen_ai.system_instructions` (content).
+    input: (Option<String>, Option<String>),
 }
 
 struct OpenTool {
     start: u64,
     name: String,
+    /// `gen_ai.tool.call.arguments` (content).
+    arguments: Option<String>,
 }
 
 struct OpenApproval {
@@ -147,6 +152,9 @@ struct Turn {
     input_tokens: u64,
     output_tokens: u64,
     events: Vec<span::Event>,
+    /// `hermes.turn.user_message` / `.final_answer` (content).
+    user_message: Option<String>,
+    final_answer: Option<String>,
     attempts: HashMap<(String, u32), OpenAttempt>,
     /// End of the latest closed attempt per api_request_id (start of the next
     /// attempt when its `pre_api_request` is missing).
@@ -248,12 +256,18 @@ impl Correlator {
                     {
                         turn.model = b.model.clone();
                     }
+                    if let Some(text) = event.content.get(content::USER_MESSAGE) {
+                        turn.user_message = Some(content::text(text));
+                    }
                 }
                 self.attach_session_start(&ids.session_id);
             }
             (hooks::POST_LLM_CALL, _) => {
                 if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
                     turn.end = Some(turn.end.map_or(t, |e| e.max(t)));
+                    if let Some(text) = event.content.get(content::ASSISTANT_RESPONSE) {
+                        turn.final_answer = Some(content::text(text));
+                    }
                 }
             }
             (hooks::ON_SESSION_END, body) => {
@@ -291,6 +305,10 @@ impl Correlator {
                             base_url: api.base_url.clone(),
                             api_call_count: api.api_call_count,
                             max_tokens: api.max_tokens,
+                            input: event
+                                .content
+                                .get(content::REQUEST)
+                                .map_or((None, None), |r| content::chat_input(r)),
                         },
                     );
                 }
@@ -298,7 +316,8 @@ impl Correlator {
             (hooks::POST_API_REQUEST | hooks::API_REQUEST_ERROR, Some(Body::Api(api))) => {
                 let failed = event.hook == hooks::API_REQUEST_ERROR;
                 if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
-                    let span = close_attempt(turn, &ids.api_request_id, api, failed, t);
+                    let span =
+                        close_attempt(turn, &ids.api_request_id, api, failed, t, &event.content);
                     out.push(span);
                 }
             }
@@ -308,8 +327,15 @@ impl Correlator {
                         Some(Body::Tool(b)) => b.tool_name.clone(),
                         _ => String::new(),
                     };
-                    turn.tools
-                        .insert(ids.tool_call_id.clone(), OpenTool { start: t, name });
+                    let arguments = event.content.get(content::ARGS).cloned();
+                    turn.tools.insert(
+                        ids.tool_call_id.clone(),
+                        OpenTool {
+                            start: t,
+                            name,
+                            arguments,
+                        },
+                    );
                 }
             }
             (hooks::POST_TOOL_CALL, body) => {
@@ -319,7 +345,13 @@ impl Correlator {
                 };
                 if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
                     let open = turn.tools.remove(&ids.tool_call_id);
-                    let span = close_tool(turn, &ids.tool_call_id, open, &tool, t);
+                    let mut span = close_tool(turn, &ids.tool_call_id, open, &tool, t);
+                    if let Some(result) = event.content.get(content::RESULT) {
+                        span.span.attributes.push(attrs::kv(
+                            "gen_ai.tool.call.result",
+                            any_value::Value::StringValue(content::text(result)),
+                        ));
+                    }
                     out.push(span);
                 }
             }
@@ -582,6 +614,8 @@ impl Correlator {
             input_tokens: 0,
             output_tokens: 0,
             events: Vec::new(),
+            user_message: None,
+            final_answer: None,
             attempts: HashMap::new(),
             last_attempt_end: HashMap::new(),
             tools: HashMap::new(),
@@ -876,6 +910,12 @@ impl Correlator {
             .uint("hermes.turn.tool_calls", turn.tool_calls)
             .uint("hermes.turn.usage.input_tokens", turn.input_tokens)
             .uint("hermes.turn.usage.output_tokens", turn.output_tokens);
+        if let Some(text) = &turn.user_message {
+            a.str("hermes.turn.user_message", text);
+        }
+        if let Some(text) = &turn.final_answer {
+            a.str("hermes.turn.final_answer", text);
+        }
         if incomplete || !turn.started {
             a.bool("hermes.incomplete", true);
         }
@@ -956,6 +996,7 @@ fn close_attempt(
     api: &v1::ApiCall,
     failed: bool,
     t: u64,
+    captured: &HashMap<String, String>,
 ) -> FinishedSpan {
     let attempt = api.attempt.max(1);
     let open = turn.attempts.remove(&(api_request_id.to_owned(), attempt));
@@ -1011,6 +1052,25 @@ fn close_attempt(
         if let Some(port) = port {
             a.int("server.port", i64::from(port));
         }
+    }
+    // Content: the request of the pre event, else of the error event.
+    let input = match open.as_ref().map(|o| &o.input) {
+        Some((None, None)) | None => captured
+            .get(content::REQUEST)
+            .map_or((None, None), |r| content::chat_input(r)),
+        Some(input) => input.clone(),
+    };
+    if let Some(messages) = &input.0 {
+        a.str("gen_ai.input.messages", messages);
+    }
+    if let Some(system) = &input.1 {
+        a.str("gen_ai.system_instructions", system);
+    }
+    if let Some(output) = captured
+        .get(content::RESPONSE)
+        .and_then(|r| content::chat_output(r))
+    {
+        a.str("gen_ai.output.messages", &output);
     }
     let mut status = None;
     let mut events = Vec::new();
@@ -1100,6 +1160,12 @@ fn incomplete_attempt(
         .uint("hermes.api_call_count", open.api_call_count)
         .uint("hermes.attempt", u64::from(attempt))
         .bool("hermes.incomplete", true);
+    if let Some(messages) = &open.input.0 {
+        a.str("gen_ai.input.messages", messages);
+    }
+    if let Some(system) = &open.input.1 {
+        a.str("gen_ai.system_instructions", system);
+    }
     FinishedSpan {
         resource: turn.resource.clone(),
         span: Span {
@@ -1143,6 +1209,9 @@ fn close_tool(
         .str("gen_ai.tool.type", "function")
         .str("hermes.tool.status", &tool.status)
         .opt_uint("hermes.tool.duration_ms", tool.duration_ms);
+    if let Some(arguments) = open.as_ref().and_then(|o| o.arguments.as_deref()) {
+        a.str("gen_ai.tool.call.arguments", arguments);
+    }
     let status = if tool.status == "error" {
         a.str(
             "error.type",
