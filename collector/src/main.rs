@@ -181,8 +181,11 @@ fn init_logging(log: &config::LogConfig) {
     let base = std::env::var("RUST_LOG").unwrap_or_else(|_| log.level.clone());
     let directive = format!("{base},h2=warn,hyper=warn,hyper_util=warn,tonic=warn,tower=warn");
     let filter = EnvFilter::try_new(&directive).unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colors only for a terminal: piped or collected logs stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match log.format {
         config::LogFormat::Json => builder.json().try_init(),
