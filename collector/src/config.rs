@@ -39,10 +39,15 @@ impl ConfigError {
 pub struct Config {
     /// Where shims connect.
     pub receiver: ReceiverConfig,
+    /// Health probes and Prometheus metrics over HTTP.
+    pub admin: AdminConfig,
     /// Correlation limits and timers.
     pub correlator: CorrelatorConfig,
     /// Batching in front of the exporters.
     pub batch: BatchConfig,
+    /// What every span goes through before export: extra attribute sets
+    /// (OpenInference, Langfuse), redaction, truncation.
+    pub processing: hermes_processor::ProcessorConfig,
     /// Where spans go. With none configured, the embedded default runs: spans
     /// appended to a JSON-lines file and each finished turn printed.
     pub exporters: ExportersConfig,
@@ -73,7 +78,24 @@ impl Default for ReceiverConfig {
             listen: "127.0.0.1:4319".to_owned(),
             max_message_bytes: 16 * 1024 * 1024,
             max_events_per_batch: 8192,
-            queue_batches: 1024,
+            queue_batches: 64,
+        }
+    }
+}
+
+/// The admin HTTP server: `GET /livez`, `/readyz`, `/metrics`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Address of the admin server. Use `0.0.0.0:13133` in containers so
+    /// the kubelet's probes reach it.
+    pub listen: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:13133".to_owned(),
         }
     }
 }
@@ -113,6 +135,9 @@ impl Default for CorrelatorConfig {
 pub struct BatchConfig {
     /// Most spans in one export request.
     pub max_spans: usize,
+    /// Most encoded bytes in one export request (approximately); keep it under
+    /// the backend's limit (4 MiB for most OTLP/gRPC servers).
+    pub max_bytes: usize,
     /// Longest a finished span waits for its batch to fill.
     pub timeout_ms: u64,
     /// Capacity of the channel from the correlator to the exporters, in
@@ -124,8 +149,9 @@ impl Default for BatchConfig {
     fn default() -> Self {
         Self {
             max_spans: 512,
+            max_bytes: 3 * 1024 * 1024,
             timeout_ms: 200,
-            queue: 1024,
+            queue: 64,
         }
     }
 }
@@ -308,6 +334,12 @@ impl Config {
                 format!("`{}` is not host:port ({e})", self.receiver.listen),
             )
         })?;
+        self.admin.listen.parse::<SocketAddr>().map_err(|e| {
+            ConfigError::new(
+                "admin.listen",
+                format!("`{}` is not host:port ({e})", self.admin.listen),
+            )
+        })?;
         positive(
             "receiver.max_message_bytes",
             self.receiver.max_message_bytes as u64,
@@ -325,6 +357,7 @@ impl Config {
         positive("correlator.tick_ms", self.correlator.tick_ms)?;
         positive("correlator.gap_timeout_ms", self.correlator.gap_timeout_ms)?;
         positive("batch.max_spans", self.batch.max_spans as u64)?;
+        positive("batch.max_bytes", self.batch.max_bytes as u64)?;
         positive("batch.timeout_ms", self.batch.timeout_ms)?;
         positive("batch.queue", self.batch.queue as u64)?;
         if let Some(otlp) = &self.exporters.otlp {
@@ -382,6 +415,9 @@ impl Config {
                 "must be below 30000 (Kubernetes' default termination grace period)",
             ));
         }
+        self.processing
+            .validate()
+            .map_err(|e| ConfigError::new(format!("processing.{}", e.path()), e.to_string()))?;
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|e| ConfigError::new("log.level", format!("`{}`: {e}", self.log.level)))?;
         Ok(())
@@ -427,6 +463,7 @@ mod tests {
     fn bad_values_name_their_path() {
         let cases = [
             ("receiver:\n  listen: nowhere\n", "receiver.listen"),
+            ("admin:\n  listen: 13133\n", "admin.listen"),
             ("batch:\n  max_spans: 0\n", "batch.max_spans"),
             ("batch:\n  max_spans: lots\n", "batch.max_spans"),
             (
@@ -438,6 +475,14 @@ mod tests {
                 "exporters.otlp.protocol",
             ),
             ("shutdown:\n  grace_ms: 60000\n", "shutdown.grace_ms"),
+            (
+                "processing:\n  redaction:\n    value_patterns: ['ok', '(unclosed']\n",
+                "processing.redaction.value_patterns[1]",
+            ),
+            (
+                "processing:\n  attribute_sets: [phoenix]\n",
+                "processing.attribute_sets[0]",
+            ),
         ];
         for (yaml, path) in cases {
             let e = Config::from_yaml(yaml).unwrap_err();

@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+mod admin;
 mod config;
 mod pipeline;
 
@@ -61,6 +62,9 @@ struct RunArgs {
     /// Override `receiver.listen`.
     #[arg(long)]
     listen: Option<String>,
+    /// Override `admin.listen` (health probes and metrics).
+    #[arg(long)]
+    admin_listen: Option<String>,
     /// Override `exporters.otlp.endpoint` (adds an OTLP exporter).
     #[arg(long)]
     otlp_endpoint: Option<String>,
@@ -111,6 +115,9 @@ fn load(args: &RunArgs) -> Result<Config, ConfigError> {
     };
     if let Some(listen) = &args.listen {
         config.receiver.listen = listen.clone();
+    }
+    if let Some(listen) = &args.admin_listen {
+        config.admin.listen = listen.clone();
     }
     if let Some(endpoint) = &args.otlp_endpoint {
         let otlp = config
@@ -262,14 +269,32 @@ fn build_sinks(config: &Config) -> anyhow::Result<Vec<Sink>> {
 async fn serve(config: Config) -> anyhow::Result<()> {
     let addr: SocketAddr = config.receiver.listen.parse().context("receiver.listen")?;
     let sinks = build_sinks(&config)?;
+    let processor =
+        hermes_processor::SpanProcessor::new(&config.processing).context("processing")?;
     let shutdown = CancellationToken::new();
     let exporter_shutdown = CancellationToken::new();
 
+    // Bind first: a taken port fails the start before anything runs.
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let admin_addr: SocketAddr = config.admin.listen.parse().context("admin.listen")?;
+    let admin_listener = tokio::net::TcpListener::bind(admin_addr)
+        .await
+        .with_context(|| format!("cannot listen on {admin_addr} (admin)"))?;
+    let readiness = Arc::new(admin::Readiness::default());
+    let admin_shutdown = CancellationToken::new();
+
     let (ingest_tx, ingest_rx) = mpsc::channel(config.receiver.queue_batches);
     let (export_tx, export_rx) = mpsc::channel(config.batch.queue);
+    let queues = vec![
+        admin::QueueProbe::from_sender("ingest", &ingest_tx),
+        admin::QueueProbe::from_sender("export", &export_tx),
+    ];
 
     let settings = hermes_exporter::ExporterSettings {
         max_batch_spans: config.batch.max_spans,
+        max_batch_bytes: config.batch.max_bytes,
         batch_timeout: Duration::from_millis(config.batch.timeout_ms),
         retry: hermes_exporter::RetrySettings {
             max_elapsed: Duration::from_secs(
@@ -287,6 +312,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let stage = hermes_exporter::ExporterStage::new(sinks, settings);
     let exporter_stats = stage.stats();
     let exporter = tokio::spawn(stage.run(export_rx, exporter_shutdown.clone()));
+    readiness.set_exporter_running(true);
 
     let correlator = Correlator::new(hermes_correlator::Config {
         max_open_turns: config.correlator.max_open_turns,
@@ -310,6 +336,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         export_tx,
         sequencer,
         correlator,
+        processor,
         Duration::from_millis(config.correlator.tick_ms),
         pipeline_stats.clone(),
     ));
@@ -320,10 +347,22 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         max_events_per_batch: config.receiver.max_events_per_batch,
     };
     let ingest = Ingest::new(ingest_tx, limits, receiver_stats.clone(), shutdown.clone());
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
+    let admin_state = admin::AdminState::new(
+        receiver_stats.clone(),
+        pipeline_stats.clone(),
+        exporter_stats.clone(),
+        readiness.clone(),
+        queues,
+    );
+    let admin_local = admin_listener.local_addr().context("admin address")?;
+    let admin_task = tokio::spawn(admin::serve(
+        admin_listener,
+        admin_state,
+        admin_shutdown.clone(),
+    ));
+    tracing::info!(listen = %admin_local, "serving /livez, /readyz, /metrics");
     let local = listener.local_addr().context("listener address")?;
+    readiness.set_receiver_bound(true);
     tracing::info!(listen = %local, "receiving Hermes events");
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let server_shutdown = shutdown.clone();
@@ -337,6 +376,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     );
 
     wait_for_signal().await;
+    readiness.set_draining();
     let grace = Duration::from_millis(config.shutdown.grace_ms);
     let deadline = tokio::time::Instant::now() + grace;
     tracing::info!(
@@ -367,6 +407,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             );
         }
     }
+    // The admin server goes last: /livez answers and /readyz says 503
+    // throughout the drain.
+    admin_shutdown.cancel();
+    let _ = admin_task.await;
     let sent: u64 = exporter_stats.sinks().iter().map(|s| s.spans_sent()).sum();
     let failed: u64 = exporter_stats
         .sinks()

@@ -4,7 +4,8 @@
 //! It owns the receiving end of the ingest channel and the sending end of the
 //! export channel. Events pass the [`Sequencer`] (capture order restored,
 //! redeliveries dropped), then the correlator, timers run every `tick`, and
-//! finished spans
+//! finished spans pass the [`SpanProcessor`] (attribute sets, redaction,
+//! truncation) and
 //! go to the exporters as OTLP `ResourceSpans`. Awaiting a place in the
 //! export channel is the backpressure: when the exporters fall behind, this
 //! stage stops reading, the ingest channel fills, and the receiver stops
@@ -19,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hermes_correlator::sequencer::{Ready, Sequencer};
 use hermes_correlator::{Correlator, FinishedSpan, to_resource_spans};
+use hermes_processor::SpanProcessor;
 use hermes_receiver::Ingested;
 use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
 use tokio::sync::mpsc;
@@ -43,6 +45,7 @@ pub async fn run(
     export: mpsc::Sender<Vec<ResourceSpans>>,
     mut sequencer: Sequencer,
     mut correlator: Correlator,
+    processor: SpanProcessor,
     tick: Duration,
     stats: Arc<PipelineStats>,
 ) {
@@ -72,7 +75,7 @@ pub async fn run(
         publish(&sequencer, &correlator, &stats);
         if !out.is_empty()
             && export
-                .send(to_resource_spans(std::mem::take(&mut out)))
+                .send(processed(&processor, std::mem::take(&mut out)))
                 .await
                 .is_err()
         {
@@ -88,7 +91,7 @@ pub async fn run(
     publish(&sequencer, &correlator, &stats);
     if !out.is_empty() {
         let n = out.len();
-        if export.send(to_resource_spans(out)).await.is_err() {
+        if export.send(processed(&processor, out)).await.is_err() {
             tracing::error!(
                 spans = n,
                 "exporter stage is gone; spans closed at shutdown are lost"
@@ -117,6 +120,14 @@ fn publish(sequencer: &Sequencer, correlator: &Correlator, stats: &PipelineStats
     stats
         .held_events
         .store(sequencer.held() as u64, Ordering::Relaxed);
+}
+
+/// Groups spans by resource and applies attribute sets, redaction and
+/// truncation.
+fn processed(processor: &SpanProcessor, spans: Vec<FinishedSpan>) -> Vec<ResourceSpans> {
+    let mut batch = to_resource_spans(spans);
+    processor.process(&mut batch);
+    batch
 }
 
 fn now_unix_nanos() -> u64 {

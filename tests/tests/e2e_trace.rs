@@ -47,6 +47,7 @@ impl Collector {
         cmd.current_dir(cwd)
             .arg("--listen")
             .arg(&listen)
+            .args(["--admin-listen", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::piped())
@@ -61,6 +62,39 @@ impl Collector {
             endpoint: format!("http://{listen}"),
         }
     }
+
+    /// `GET path` on the admin server (address from the collector's log).
+    fn admin_get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let log = self.guard.stderr_text();
+        let addr = log
+            .lines()
+            .find(|l| l.contains("serving /livez"))
+            .and_then(|l| l.split("listen=").nth(1))
+            .map(|a| a.trim().to_string())
+            .unwrap_or_else(|| panic!("no admin address in the log:\n{log}"));
+        let mut stream = std::net::TcpStream::connect(&addr).expect("connect admin");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("response");
+        response
+    }
+}
+
+/// The value of a Prometheus sample line starting with `series`.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
 }
 
 /// A Hermes home configured for `server` with our plugin enabled.
@@ -203,6 +237,42 @@ fn turn_becomes_a_nested_trace_over_otlp_grpc() {
         !work.path().join("hermes-spans.jsonl").exists(),
         "no embedded default when OTLP is configured"
     );
+
+    // Self-telemetry agrees with what the backend got.
+    let ready = collector.admin_get("/readyz");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    let metrics = collector.admin_get("/metrics");
+    let received = receiver.spans().len() as f64;
+    assert_eq!(
+        metric(
+            &metrics,
+            "hermes_collector_exporter_sent_spans_total{exporter=\"otlp_grpc\"}"
+        ),
+        received,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "hermes_collector_exporter_send_failed_spans_total{exporter=\"otlp_grpc\"}"
+        ),
+        0.0
+    );
+    assert_eq!(metric(&metrics, "hermes_collector_spans_total"), received);
+    let events = metric(&metrics, "hermes_collector_receiver_accepted_events_total");
+    assert!(
+        events >= 10.0,
+        "a turn with a tool is at least 10 hook calls: {events}"
+    );
+    assert_eq!(
+        metric(&metrics, "hermes_collector_correlator_events_total"),
+        events,
+        "every accepted event was correlated"
+    );
+    assert_eq!(
+        metric(&metrics, "hermes_collector_shim_dropped_events_total"),
+        0.0
+    );
 }
 
 #[test]
@@ -338,4 +408,100 @@ fn read_span_file(path: &Path) -> Vec<(opentelemetry_proto::tonic::resource::v1:
         }
     }
     out
+}
+
+/// Content capture with the default redaction rules and the extra attribute
+/// sets: a secret in a tool's arguments never reaches the backend nor the
+/// collector's output, while the content and the Phoenix/Langfuse
+/// attributes do.
+#[test]
+fn content_is_redacted_and_mapped_for_phoenix_and_langfuse() {
+    const SECRET: &str = "sk-e2eSECRETabcdefghijklmnop";
+    const BEARER: &str = "tok3n.e2e.SECRET";
+    let server = FakeOpenAi::start(json!([
+        {"tool_calls": [{"name": "terminal", "arguments": {"command": format!("echo key={SECRET} auth='Bearer {BEARER}'")}}],
+         "usage": {"prompt_tokens": 1212, "completion_tokens": 17}},
+        {"content": "The command printed hermes-e2e.", "usage": {"prompt_tokens": 1300, "completion_tokens": 21}}
+    ]));
+    let receiver = OtlpReceiver::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    let config = work.path().join("collector.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "exporters:\n  otlp:\n    endpoint: {}\n  console:\n    enabled: true\nprocessing:\n  attribute_sets: [gen_ai, openinference, langfuse]\n",
+            receiver.endpoint()
+        ),
+    )
+    .expect("write config");
+    let collector = Collector::start(
+        work.path(),
+        &["--config", config.to_str().expect("utf-8 path")],
+    );
+    let home = hermes_with_plugin(&server);
+    let out = home.run_chat(
+        "Please run the command",
+        &[
+            ("HERMES_COLLECTOR_ENDPOINT", &collector.endpoint),
+            ("HERMES_COLLECTOR_CAPTURE", "content"),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for_turn(
+        |t| receiver.wait_for(|spans| spans.iter().any(|(_, s)| s.is_root()), t),
+        &collector,
+    );
+    let tree = receiver.store().tree();
+    tree.assert_well_formed();
+    let everything = format!("{:?}", receiver.spans());
+    assert!(
+        !everything.contains(SECRET) && !everything.contains(BEARER),
+        "a secret reached the backend"
+    );
+    let tool = tree.expect_one("execute_tool terminal");
+    let args = tool
+        .str_attr("gen_ai.tool.call.arguments")
+        .expect("arguments captured");
+    assert!(args.contains("<redacted>"), "{args}");
+    assert!(
+        serde_json::from_str::<Value>(args).is_ok(),
+        "still JSON: {args}"
+    );
+    assert_eq!(tool.str_attr("openinference.span.kind"), Some("TOOL"));
+    assert_eq!(tool.str_attr("langfuse.observation.type"), Some("tool"));
+    let chats = tree.find_all("chat fake-model");
+    assert!(
+        chats
+            .iter()
+            .all(|c| c.str_attr("openinference.span.kind") == Some("LLM"))
+    );
+    assert!(
+        chats
+            .iter()
+            .all(|c| c.str_attr("langfuse.observation.type") == Some("generation"))
+    );
+    assert!(
+        chats.iter().all(|c| c.has_attr("gen_ai.input.messages")),
+        "{}",
+        tree.render()
+    );
+    let root = tree.roots()[0];
+    assert_eq!(
+        root.str_attr("hermes.turn.user_message"),
+        Some("Please run the command")
+    );
+    assert_eq!(root.str_attr("openinference.span.kind"), Some("AGENT"));
+    let logs = format!(
+        "{}{}",
+        collector.guard.stdout_text(),
+        collector.guard.stderr_text()
+    );
+    assert!(
+        !logs.contains(SECRET) && !logs.contains(BEARER),
+        "a secret reached the collector's output"
+    );
 }

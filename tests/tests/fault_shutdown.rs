@@ -33,7 +33,7 @@ fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
     std::fs::write(
         &config,
         format!(
-            "receiver:\n  listen: 127.0.0.1:{port}\nexporters:\n  otlp:\n    endpoint: {}\nshutdown:\n  grace_ms: {grace_ms}\n",
+            "receiver:\n  listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:0\nexporters:\n  otlp:\n    endpoint: {}\nshutdown:\n  grace_ms: {grace_ms}\n",
             receiver.endpoint()
         ),
     )

@@ -2,8 +2,11 @@
 //!
 //! This module owns [`Batcher`], a pure accumulator (no clock, no I/O; the
 //! stage decides when a batch is old enough). Invariants:
-//! * a batch holds at most `max_spans` spans; an incoming message that does
-//!   not fit is split at span granularity, so no span is ever dropped here;
+//! * a batch holds at most `max_spans` spans and about `max_bytes` encoded
+//!   bytes (kept under the 4 MiB message limit of common OTLP/gRPC
+//!   backends); an incoming message that does not fit is split at span
+//!   granularity, so no span is ever dropped here (a single span larger than
+//!   `max_bytes` travels alone);
 //! * `ResourceSpans` with an equal `Resource` and resource `schema_url` are
 //!   merged into one, and within it `ScopeSpans` with an equal scope and scope
 //!   `schema_url` are merged into one; span order is preserved;
@@ -12,21 +15,31 @@
 use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use prost::Message;
 
 /// Accumulates spans into batches of at most `max_spans`.
 #[derive(Debug)]
 pub(crate) struct Batcher {
     max_spans: usize,
+    max_bytes: usize,
     current: Vec<ResourceSpans>,
     spans: usize,
+    /// Encoded size of the current batch, approximately (spans plus the
+    /// resources and scopes they bring).
+    bytes: usize,
 }
 
+/// Protobuf framing per repeated message (tag and length), upper bound.
+const FRAMING: usize = 6;
+
 impl Batcher {
-    pub(crate) fn new(max_spans: usize) -> Self {
+    pub(crate) fn new(max_spans: usize, max_bytes: usize) -> Self {
         Self {
             max_spans: max_spans.max(1),
+            max_bytes: max_bytes.max(1),
             current: Vec::new(),
             spans: 0,
+            bytes: 0,
         }
     }
 
@@ -50,20 +63,44 @@ impl Batcher {
                     mut spans,
                     schema_url: scope_schema_url,
                 } = ss;
-                while !spans.is_empty() {
-                    let room = self.max_spans - self.spans;
-                    let rest = if spans.len() > room {
-                        spans.split_off(room)
-                    } else {
-                        Vec::new()
-                    };
-                    let chunk = std::mem::replace(&mut spans, rest);
-                    self.add(&resource, &schema_url, &scope, &scope_schema_url, chunk);
-                    if self.spans >= self.max_spans
-                        && let Some(batch) = self.take()
-                    {
-                        full.push(batch);
+                let mut chunk = Vec::new();
+                let mut chunk_bytes = 0;
+                for span in spans.drain(..) {
+                    let size = span.encoded_len() + FRAMING;
+                    let over_count = self.spans + chunk.len() >= self.max_spans;
+                    let over_bytes = self.bytes + chunk_bytes + size > self.max_bytes;
+                    if (over_count || over_bytes) && self.spans + chunk.len() > 0 {
+                        let done = std::mem::take(&mut chunk);
+                        self.add(
+                            &resource,
+                            &schema_url,
+                            &scope,
+                            &scope_schema_url,
+                            done,
+                            chunk_bytes,
+                        );
+                        chunk_bytes = 0;
+                        if let Some(batch) = self.take() {
+                            full.push(batch);
+                        }
                     }
+                    chunk_bytes += size;
+                    chunk.push(span);
+                }
+                if !chunk.is_empty() {
+                    self.add(
+                        &resource,
+                        &schema_url,
+                        &scope,
+                        &scope_schema_url,
+                        chunk,
+                        chunk_bytes,
+                    );
+                }
+                if self.spans >= self.max_spans
+                    && let Some(batch) = self.take()
+                {
+                    full.push(batch);
                 }
             }
         }
@@ -76,6 +113,7 @@ impl Batcher {
             return None;
         }
         self.spans = 0;
+        self.bytes = 0;
         Some(std::mem::take(&mut self.current))
     }
 
@@ -86,8 +124,10 @@ impl Batcher {
         scope: &Option<InstrumentationScope>,
         scope_schema_url: &str,
         spans: Vec<Span>,
+        bytes: usize,
     ) {
         self.spans += spans.len();
+        self.bytes += bytes;
         let rs_index = match self
             .current
             .iter()
@@ -95,6 +135,7 @@ impl Batcher {
         {
             Some(i) => i,
             None => {
+                self.bytes += resource.as_ref().map_or(0, Message::encoded_len) + FRAMING;
                 self.current.push(ResourceSpans {
                     resource: resource.clone(),
                     scope_spans: Vec::new(),
@@ -109,11 +150,14 @@ impl Batcher {
             .find(|ss| ss.scope == *scope && ss.schema_url == scope_schema_url)
         {
             Some(ss) => ss.spans.extend(spans),
-            None => scopes.push(ScopeSpans {
-                scope: scope.clone(),
-                spans,
-                schema_url: scope_schema_url.to_owned(),
-            }),
+            None => {
+                self.bytes += scope.as_ref().map_or(0, Message::encoded_len) + FRAMING;
+                scopes.push(ScopeSpans {
+                    scope: scope.clone(),
+                    spans,
+                    schema_url: scope_schema_url.to_owned(),
+                });
+            }
         }
     }
 }
@@ -172,7 +216,7 @@ mod tests {
 
     #[test]
     fn merges_equal_resources_and_scopes() {
-        let mut b = Batcher::new(100);
+        let mut b = Batcher::new(100, usize::MAX);
         assert!(
             b.push(vec![rs("a", "s", &[1]), rs("b", "s", &[2])])
                 .is_empty()
@@ -194,7 +238,7 @@ mod tests {
 
     #[test]
     fn splits_at_max_spans_without_loss() {
-        let mut b = Batcher::new(3);
+        let mut b = Batcher::new(3, usize::MAX);
         let full = b.push(vec![rs("a", "s", &[1, 2, 3, 4, 5, 6, 7])]);
         assert_eq!(full.len(), 2);
         assert_eq!(ids(&full[0]), vec![vec![1], vec![2], vec![3]]);
@@ -205,9 +249,73 @@ mod tests {
 
     #[test]
     fn drops_empty_scopes() {
-        let mut b = Batcher::new(3);
+        let mut b = Batcher::new(3, usize::MAX);
         assert!(b.push(vec![rs("a", "s", &[])]).is_empty());
         assert!(b.is_empty());
         assert!(b.take().is_none());
+    }
+}
+
+#[cfg(test)]
+mod byte_limit_tests {
+    use super::*;
+
+    fn big_span(i: u8, bytes: usize) -> Span {
+        Span {
+            span_id: vec![i; 8],
+            name: "x".repeat(bytes),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn batches_stay_under_the_byte_limit() {
+        let mut b = Batcher::new(1000, 10_000);
+        let spans: Vec<Span> = (0..10).map(|i| big_span(i, 3000)).collect();
+        let mut full = b.push(vec![ResourceSpans {
+            resource: None,
+            scope_spans: vec![ScopeSpans {
+                scope: None,
+                spans,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }]);
+        full.extend(b.take());
+        let sizes: Vec<usize> = full
+            .iter()
+            .map(|batch| {
+                opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest {
+                    resource_spans: batch.clone(),
+                }
+                .encoded_len()
+            })
+            .collect();
+        assert!(sizes.iter().all(|s| *s <= 10_000), "{sizes:?}");
+        let count: usize = full
+            .iter()
+            .flat_map(|b| b.iter())
+            .flat_map(|rs| rs.scope_spans.iter())
+            .map(|ss| ss.spans.len())
+            .sum();
+        assert_eq!(count, 10, "no span dropped");
+        assert_eq!(full.len(), 4, "3 spans of ~3 KB per 10 KB batch: {sizes:?}");
+    }
+
+    #[test]
+    fn a_span_above_the_limit_travels_alone() {
+        let mut b = Batcher::new(1000, 100);
+        let spans = vec![big_span(1, 500), big_span(2, 10)];
+        let mut full = b.push(vec![ResourceSpans {
+            resource: None,
+            scope_spans: vec![ScopeSpans {
+                scope: None,
+                spans,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }]);
+        full.extend(b.take());
+        assert_eq!(full.len(), 2);
     }
 }

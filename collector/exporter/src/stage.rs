@@ -53,6 +53,9 @@ use crate::sink::{ExportOutcome, Sink, span_count};
 pub struct ExporterSettings {
     /// Most spans in one exported batch.
     pub max_batch_spans: usize,
+    /// Most encoded bytes in one exported batch (approximately); keep it
+    /// under the backend's message limit (4 MiB for most OTLP/gRPC servers).
+    pub max_batch_bytes: usize,
     /// Longest time a span waits in a partial batch.
     pub batch_timeout: Duration,
     /// Retry policy of failed exports.
@@ -69,6 +72,7 @@ impl Default for ExporterSettings {
     fn default() -> Self {
         Self {
             max_batch_spans: 512,
+            max_batch_bytes: 3 * 1024 * 1024,
             batch_timeout: Duration::from_millis(200),
             retry: RetrySettings::default(),
             drain_timeout: Duration::from_secs(10),
@@ -233,7 +237,7 @@ impl ExporterStage {
             drain_timeout: settings.drain_timeout,
             drain_deadline: None,
         };
-        let mut batcher = Batcher::new(settings.max_batch_spans);
+        let mut batcher = Batcher::new(settings.max_batch_spans, settings.max_batch_bytes);
         let mut batch_deadline: Option<Instant> = None;
 
         // Normal operation.

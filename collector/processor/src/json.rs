@@ -1,0 +1,278 @@
+//! A small JSON document model for attribute values that hold JSON text.
+//!
+//! Owns parsing (through `serde_json`) and compact writing of [`Json`].
+//! Unlike `serde_json::Value` without its `preserve_order` feature (which
+//! this crate must not switch on for the whole workspace), objects keep their
+//! members in document order, duplicates included, so a rewritten document
+//! differs from the original only where the processor changed it.
+//!
+//! Invariants: [`Json::write`] produces compact JSON that `serde_json`
+//! parses back to the same tree, and [`Json::text_len`] is exactly the byte
+//! length [`Json::write`] produces (the truncation budget relies on it).
+
+use std::fmt::{self, Write as _};
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+
+/// One JSON value.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Json {
+    Null,
+    Bool(bool),
+    Number(serde_json::Number),
+    String(String),
+    Array(Vec<Json>),
+    /// Members in document order.
+    Object(Vec<(String, Json)>),
+}
+
+/// Whether `text` may hold a JSON object or array: the cheap test done before
+/// trying to parse it.
+pub(crate) fn looks_like_container(text: &str) -> bool {
+    matches!(
+        text.trim_start().as_bytes().first(),
+        Some(b'{') | Some(b'[')
+    )
+}
+
+/// Parses `text` when it is a JSON object or array.
+pub(crate) fn parse_container(text: &str) -> Option<Json> {
+    if !looks_like_container(text) {
+        return None;
+    }
+    match serde_json::from_str::<Json>(text) {
+        Ok(v @ (Json::Array(_) | Json::Object(_))) => Some(v),
+        _ => None,
+    }
+}
+
+/// Whether `text` is a JSON object or array, without building a tree.
+pub(crate) fn is_container(text: &str) -> bool {
+    looks_like_container(text) && serde_json::from_str::<de::IgnoredAny>(text).is_ok()
+}
+
+impl Json {
+    /// Appends the compact JSON text of `self` to `out`.
+    pub(crate) fn write(&self, out: &mut String) {
+        match self {
+            Json::Null => out.push_str("null"),
+            Json::Bool(true) => out.push_str("true"),
+            Json::Bool(false) => out.push_str("false"),
+            Json::Number(n) => write_number(n, out),
+            Json::String(s) => write_str(s, out),
+            Json::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    item.write(out);
+                }
+                out.push(']');
+            }
+            Json::Object(members) => {
+                out.push('{');
+                for (i, (key, value)) in members.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write_str(key, out);
+                    out.push(':');
+                    value.write(out);
+                }
+                out.push('}');
+            }
+        }
+    }
+
+    /// The compact JSON text of `self`.
+    pub(crate) fn to_text(&self) -> String {
+        let mut out = String::with_capacity(self.text_len());
+        self.write(&mut out);
+        out
+    }
+
+    /// The byte length of [`Json::write`]'s output.
+    pub(crate) fn text_len(&self) -> usize {
+        match self {
+            Json::Null => 4,
+            Json::Bool(true) => 4,
+            Json::Bool(false) => 5,
+            Json::Number(n) => {
+                let mut text = String::new();
+                write_number(n, &mut text);
+                text.len()
+            }
+            Json::String(s) => str_len(s),
+            Json::Array(items) => {
+                2 + items.iter().map(Json::text_len).sum::<usize>() + items.len().saturating_sub(1)
+            }
+            Json::Object(members) => {
+                2 + members
+                    .iter()
+                    .map(|(k, v)| str_len(k) + 1 + v.text_len())
+                    .sum::<usize>()
+                    + members.len().saturating_sub(1)
+            }
+        }
+    }
+}
+
+/// Appends a number as `serde_json` writes it (integers in decimal, floats
+/// in their shortest round-trip form, e.g. `1.0`, `1e300`).
+fn write_number(n: &serde_json::Number, out: &mut String) {
+    if n.is_f64() {
+        // Serializing a finite float cannot fail; `0` keeps the document
+        // valid should that ever change.
+        match serde_json::to_string(n) {
+            Ok(text) => out.push_str(&text),
+            Err(_) => out.push('0'),
+        }
+    } else {
+        // Writing into a String cannot fail.
+        let _ = write!(out, "{n}");
+    }
+}
+
+/// Bytes `c` takes inside a JSON string literal (the escapes `serde_json`
+/// uses: short forms for `"`, `\`, `\b`, `\f`, `\n`, `\r`, `\t`, `\u00XX` for
+/// other control characters, everything else verbatim).
+pub(crate) fn escaped_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\u{8}' | '\u{c}' | '\n' | '\r' | '\t' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// Byte length of `s` written as a JSON string literal, quotes included.
+pub(crate) fn str_len(s: &str) -> usize {
+    2 + s.chars().map(escaped_len).sum::<usize>()
+}
+
+/// Appends `s` as a JSON string literal.
+pub(crate) fn write_str(s: &str, out: &mut String) {
+    out.push('"');
+    write_escaped(s, out);
+    out.push('"');
+}
+
+/// Appends the escaped contents of `s` (no quotes).
+pub(crate) fn write_escaped(s: &str, out: &mut String) {
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        let short = match c {
+            '"' => "\\\"",
+            '\\' => "\\\\",
+            '\u{8}' => "\\b",
+            '\u{c}' => "\\f",
+            '\n' => "\\n",
+            '\r' => "\\r",
+            '\t' => "\\t",
+            c if (c as u32) < 0x20 => "",
+            _ => continue,
+        };
+        out.push_str(&s[start..i]);
+        if short.is_empty() {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push_str(short);
+        }
+        start = i + c.len_utf8();
+    }
+    out.push_str(&s[start..]);
+}
+
+impl<'de> Deserialize<'de> for Json {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(JsonVisitor)
+    }
+}
+
+struct JsonVisitor;
+
+impl<'de> Visitor<'de> for JsonVisitor {
+    type Value = Json;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Json, E> {
+        Ok(Json::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Json, E> {
+        Ok(Json::Number(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Json, E> {
+        Ok(Json::Number(v.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Json, E> {
+        serde_json::Number::from_f64(v)
+            .map(Json::Number)
+            .ok_or_else(|| E::custom("non-finite number"))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Json, E> {
+        Ok(Json::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Json, E> {
+        Ok(Json::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Json::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
+        let mut members = Vec::with_capacity(map.size_hint().unwrap_or(0));
+        while let Some((key, value)) = map.next_entry::<String, Json>()? {
+            members.push((key, value));
+        }
+        Ok(Json::Object(members))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn round_trips_in_document_order_with_exact_length() {
+        let text = r#"{"z":1,"a":[true,false,null,-2.5,"q\"\\\n\u0001é…"],"z":{"k":"v"}}"#;
+        let v = parse_container(text).unwrap();
+        let out = v.to_text();
+        assert_eq!(out, text);
+        assert_eq!(v.text_len(), out.len());
+        let reparsed: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(reparsed["a"][4], "q\"\\\n\u{1}é…");
+    }
+
+    #[test]
+    fn only_objects_and_arrays_are_containers() {
+        assert!(parse_container("  [1]").is_some());
+        assert!(parse_container("\"s\"").is_none());
+        assert!(parse_container("12").is_none());
+        assert!(parse_container("{broken").is_none());
+        assert!(is_container(" {\"a\": 1} "));
+        assert!(!is_container("{\"a\": 1"));
+    }
+}

@@ -1,0 +1,258 @@
+//! Span processing applied to every batch before export.
+//!
+//! [`SpanProcessor`] owns three steps, always in this order:
+//! 1. **attribute sets** ([`AttributeSet`]): OpenInference and Langfuse
+//!    attributes derived from the `gen_ai.*` ones, so Arize Phoenix and
+//!    Langfuse display the spans natively (`sets.rs`);
+//! 2. **redaction** ([`RedactionConfig`]): key rules and value patterns over
+//!    every attribute value, inside JSON text too (`redact.rs`);
+//! 3. **truncation** (`max_attribute_bytes`): every string value cut to the
+//!    limit, JSON kept valid, the cut keys listed in
+//!    `hermes.truncated_attributes` (`truncate.rs`).
+//!
+//! Sets run first so that their copies of content are redacted and cut like
+//! the originals; redaction runs before truncation so that a cut can never
+//! split a secret into a part the patterns no longer recognize.
+//!
+//! The processor is pure and synchronous: no I/O, no clock, no locks; it is
+//! `Send + Sync` and counts its work in [`ProcessorStats`] (atomics). It is
+//! built from a [`ProcessorConfig`] that is validated (regexes compiled)
+//! once, at construction.
+//!
+//! Invariants: a span that no set, rule or limit touches comes out
+//! byte-identical; the output of every step is valid OTLP; processing a
+//! processed batch again changes nothing (given a replacement that matches
+//! no rule).
+
+mod config;
+mod json;
+mod redact;
+mod sets;
+mod truncate;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, Span};
+
+pub use config::{
+    AttributeSet, ConfigError, DEFAULT_KEY_NAMES, DEFAULT_REPLACEMENT, DEFAULT_VALUE_PATTERNS,
+    MIN_ATTRIBUTE_BYTES, ProcessorConfig, RedactionConfig,
+};
+
+use redact::Redactor;
+
+/// The attribute listing the keys a span (or resource) had cut by
+/// truncation: a string array. Event attributes are listed as
+/// `{event name}/{key}`, link attributes as `link/{key}`.
+pub const TRUNCATED_ATTRIBUTES: &str = "hermes.truncated_attributes";
+
+/// A config compiled into what the processor runs.
+#[derive(Debug)]
+pub(crate) struct Compiled {
+    openinference: bool,
+    langfuse: bool,
+    redactor: Redactor,
+    max_attribute_bytes: Option<usize>,
+}
+
+impl Compiled {
+    pub(crate) fn new(config: &ProcessorConfig) -> Result<Self, ConfigError> {
+        config.validate_plain()?;
+        Ok(Self {
+            openinference: config.has(AttributeSet::OpenInference),
+            langfuse: config.has(AttributeSet::Langfuse),
+            redactor: Redactor::new(&config.redaction)?,
+            max_attribute_bytes: config.max_attribute_bytes,
+        })
+    }
+}
+
+/// Counters of the processor's work since it was built. Cumulative,
+/// monotonic, bounded label set (none): fit for self-telemetry.
+#[derive(Debug, Default)]
+pub struct ProcessorStats {
+    spans: AtomicU64,
+    redacted_attributes: AtomicU64,
+    truncated_attributes: AtomicU64,
+}
+
+/// A copy of [`ProcessorStats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessorStatsSnapshot {
+    /// Spans processed.
+    pub spans: u64,
+    /// Attributes (span, event, link, scope, resource) whose value a
+    /// redaction rule changed.
+    pub redacted_attributes: u64,
+    /// Attributes whose value was cut to `max_attribute_bytes`.
+    pub truncated_attributes: u64,
+}
+
+impl ProcessorStats {
+    /// Spans processed.
+    pub fn spans(&self) -> u64 {
+        self.spans.load(Ordering::Relaxed)
+    }
+
+    /// Attributes whose value a redaction rule changed.
+    pub fn redacted_attributes(&self) -> u64 {
+        self.redacted_attributes.load(Ordering::Relaxed)
+    }
+
+    /// Attributes whose value was cut to `max_attribute_bytes`.
+    pub fn truncated_attributes(&self) -> u64 {
+        self.truncated_attributes.load(Ordering::Relaxed)
+    }
+
+    /// All counters.
+    pub fn snapshot(&self) -> ProcessorStatsSnapshot {
+        ProcessorStatsSnapshot {
+            spans: self.spans(),
+            redacted_attributes: self.redacted_attributes(),
+            truncated_attributes: self.truncated_attributes(),
+        }
+    }
+
+    fn add(counter: &AtomicU64, n: u64) {
+        if n > 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Attribute sets, redaction and truncation for span batches; see the crate
+/// docs.
+#[derive(Debug)]
+pub struct SpanProcessor {
+    compiled: Compiled,
+    stats: Arc<ProcessorStats>,
+}
+
+impl SpanProcessor {
+    /// Validates `config` and compiles its rules.
+    pub fn new(config: &ProcessorConfig) -> Result<Self, ConfigError> {
+        Ok(Self {
+            compiled: Compiled::new(config)?,
+            stats: Arc::default(),
+        })
+    }
+
+    /// The processor's counters; clone the `Arc` to read them from elsewhere
+    /// (e.g. a metrics endpoint).
+    pub fn stats(&self) -> &Arc<ProcessorStats> {
+        &self.stats
+    }
+
+    /// Processes every span, event, link, scope and resource of a batch in
+    /// place.
+    pub fn process(&self, batch: &mut [ResourceSpans]) {
+        let mut scratch = String::new();
+        for resource_spans in batch {
+            if let Some(resource) = resource_spans.resource.as_mut() {
+                let mut cut = Vec::new();
+                self.attributes(&mut resource.attributes, None, &mut cut, &mut scratch);
+                mark_truncated(&mut resource.attributes, cut);
+            }
+            for scope_spans in &mut resource_spans.scope_spans {
+                if let Some(scope) = scope_spans.scope.as_mut() {
+                    self.attributes(&mut scope.attributes, None, &mut Vec::new(), &mut scratch);
+                }
+                for span in &mut scope_spans.spans {
+                    self.span(span, &mut scratch);
+                }
+            }
+        }
+    }
+
+    /// Processes one span (its attributes, events and links) in place.
+    pub fn process_span(&self, span: &mut Span) {
+        self.span(span, &mut String::new());
+    }
+
+    fn span(&self, span: &mut Span, scratch: &mut String) {
+        let c = &self.compiled;
+        sets::derive(span, c.openinference, c.langfuse);
+        let mut cut = Vec::new();
+        self.attributes(&mut span.attributes, None, &mut cut, scratch);
+        for event in &mut span.events {
+            self.attributes(&mut event.attributes, Some(&event.name), &mut cut, scratch);
+        }
+        for link in &mut span.links {
+            self.attributes(&mut link.attributes, Some("link"), &mut cut, scratch);
+        }
+        mark_truncated(&mut span.attributes, cut);
+        self.stats.spans.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Redacts then truncates one attribute list; the keys of cut
+    /// attributes go to `cut`, as `{prefix}/{key}` when there is a prefix.
+    fn attributes(
+        &self,
+        attrs: &mut [KeyValue],
+        prefix: Option<&str>,
+        cut: &mut Vec<String>,
+        scratch: &mut String,
+    ) {
+        let c = &self.compiled;
+        let redacted = c.redactor.redact_attributes(attrs, scratch);
+        ProcessorStats::add(&self.stats.redacted_attributes, redacted);
+        let Some(limit) = c.max_attribute_bytes else {
+            return;
+        };
+        let mut truncated = 0;
+        for kv in attrs.iter_mut() {
+            if kv.key == TRUNCATED_ATTRIBUTES {
+                continue;
+            }
+            if let Some(value) = kv.value.as_mut()
+                && truncate::truncate_any(value, limit)
+            {
+                truncated += 1;
+                cut.push(match prefix {
+                    Some(p) => format!("{p}/{}", kv.key),
+                    None => kv.key.clone(),
+                });
+            }
+        }
+        ProcessorStats::add(&self.stats.truncated_attributes, truncated);
+    }
+}
+
+/// Adds `keys` to the `hermes.truncated_attributes` array of `attrs`
+/// (creating it, or extending one a previous pass left).
+fn mark_truncated(attrs: &mut Vec<KeyValue>, keys: Vec<String>) {
+    if keys.is_empty() {
+        return;
+    }
+    let values = keys
+        .into_iter()
+        .map(|k| AnyValue {
+            value: Some(Value::StringValue(k)),
+        })
+        .collect::<Vec<_>>();
+    let existing = attrs.iter_mut().find(|kv| kv.key == TRUNCATED_ATTRIBUTES);
+    if let Some(KeyValue {
+        value: Some(AnyValue {
+            value: Some(Value::ArrayValue(array)),
+        }),
+        ..
+    }) = existing
+    {
+        for v in values {
+            if !array.values.contains(&v) {
+                array.values.push(v);
+            }
+        }
+        return;
+    }
+    attrs.retain(|kv| kv.key != TRUNCATED_ATTRIBUTES);
+    attrs.push(KeyValue {
+        key: TRUNCATED_ATTRIBUTES.to_owned(),
+        value: Some(AnyValue {
+            value: Some(Value::ArrayValue(ArrayValue { values })),
+        }),
+        ..Default::default()
+    });
+}

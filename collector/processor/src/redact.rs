@@ -1,0 +1,386 @@
+//! Redaction: replacing secrets and personal data in attribute values.
+//!
+//! Owns the compiled rules ([`Redactor`]) and their application to OTLP
+//! attribute lists. Two kinds of rules:
+//! - key rules: an attribute, key-value list entry or JSON object member
+//!   whose key matches gets its whole value replaced;
+//! - value patterns: every match inside a string is replaced, all patterns in
+//!   one pass of one combined regex.
+//!
+//! A string holding a JSON object or array is parsed and walked (key rules on
+//! its members, patterns on every string and key, nested JSON text inside
+//! strings too, up to [`MAX_JSON_NESTING`] levels), then written back
+//! compact; a string that is not JSON gets the patterns over its text.
+//!
+//! Invariants: a value that no rule touches is left exactly as it was (no
+//! re-serialization, no allocation beyond key normalization scratch); a
+//! redacted JSON value is still valid JSON; applying the rules twice gives
+//! the same result as once (unless the replacement itself matches a rule).
+
+use std::borrow::Cow;
+
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
+use regex::{NoExpand, Regex};
+
+use crate::config::{ConfigError, RedactionConfig};
+use crate::json::{self, Json};
+
+/// How many levels of JSON text inside JSON strings are parsed (e.g. tool
+/// call arguments encoded as a string inside a message list).
+pub(crate) const MAX_JSON_NESTING: u8 = 4;
+
+/// Compiled redaction rules.
+#[derive(Debug)]
+pub(crate) struct Redactor {
+    keys: Vec<KeyGlob>,
+    values: Option<Regex>,
+    replacement: String,
+}
+
+/// A key rule, normalized: lowercase, without `-` and `_`, split at `*`.
+#[derive(Debug)]
+struct KeyGlob {
+    /// The literal pieces between wildcards, in order.
+    parts: Vec<String>,
+    /// No leading `*`: the first part must be a prefix.
+    anchored_start: bool,
+    /// No trailing `*`: the last part must be a suffix.
+    anchored_end: bool,
+}
+
+impl KeyGlob {
+    fn new(index: usize, rule: &str) -> Result<Self, ConfigError> {
+        let mut normalized = String::new();
+        normalize_into(rule, &mut normalized);
+        let parts: Vec<String> = normalized
+            .split('*')
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if parts.is_empty() {
+            return Err(ConfigError::InvalidKeyName {
+                index,
+                name: rule.to_owned(),
+                reason: if normalized.is_empty() {
+                    "is empty"
+                } else {
+                    "would match every key"
+                },
+            });
+        }
+        Ok(Self {
+            parts,
+            anchored_start: !normalized.starts_with('*'),
+            anchored_end: !normalized.ends_with('*'),
+        })
+    }
+
+    /// Whether the normalized key `key` matches.
+    fn matches(&self, key: &str) -> bool {
+        let n = self.parts.len();
+        let mut rest = key;
+        for (i, part) in self.parts.iter().enumerate() {
+            let first = i == 0;
+            let last = i + 1 == n;
+            if first && self.anchored_start {
+                match rest.strip_prefix(part.as_str()) {
+                    Some(r) => rest = r,
+                    None => return false,
+                }
+                if last && self.anchored_end {
+                    return rest.is_empty();
+                }
+            } else if last && self.anchored_end {
+                return rest.ends_with(part.as_str());
+            } else {
+                match rest.find(part.as_str()) {
+                    Some(at) => rest = &rest[at + part.len()..],
+                    None => return false,
+                }
+            }
+        }
+        !self.anchored_end || rest.is_empty()
+    }
+}
+
+/// Lowercases `key` and drops `-` and `_`, into `out` (cleared first).
+fn normalize_into(key: &str, out: &mut String) {
+    out.clear();
+    for c in key.chars() {
+        if c == '-' || c == '_' {
+            continue;
+        }
+        if c.is_ascii() {
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.extend(c.to_lowercase());
+        }
+    }
+}
+
+impl Redactor {
+    pub(crate) fn new(config: &RedactionConfig) -> Result<Self, ConfigError> {
+        let keys = config
+            .key_names
+            .iter()
+            .enumerate()
+            .map(|(i, rule)| KeyGlob::new(i, rule))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (index, pattern) in config.value_patterns.iter().enumerate() {
+            let re = Regex::new(pattern)
+                .map_err(|source| ConfigError::InvalidValuePattern { index, source })?;
+            if re.is_match("") {
+                return Err(ConfigError::EmptyMatchingValuePattern {
+                    index,
+                    pattern: pattern.clone(),
+                });
+            }
+        }
+        let values = if config.value_patterns.is_empty() {
+            None
+        } else {
+            // One alternation, each pattern in its own group so its inline
+            // flags (`(?i)`) stay local to it.
+            let combined = config
+                .value_patterns
+                .iter()
+                .map(|p| format!("(?:{p})"))
+                .collect::<Vec<_>>()
+                .join("|");
+            Some(
+                Regex::new(&combined)
+                    .map_err(|source| ConfigError::ValuePatternsTooLarge { source })?,
+            )
+        };
+        Ok(Self {
+            keys,
+            values,
+            replacement: config.replacement.clone(),
+        })
+    }
+
+    /// Whether the redactor has no rule at all.
+    pub(crate) fn is_noop(&self) -> bool {
+        self.keys.is_empty() && self.values.is_none()
+    }
+
+    /// Whether `key` (or its last dot-separated segment) matches a key rule.
+    /// `scratch` is reused for the normalized key.
+    pub(crate) fn key_matches(&self, key: &str, scratch: &mut String) -> bool {
+        if self.keys.is_empty() {
+            return false;
+        }
+        normalize_into(key, scratch);
+        if self.keys.iter().any(|g| g.matches(scratch)) {
+            return true;
+        }
+        match key.rsplit_once('.') {
+            Some((_, last)) if !last.is_empty() => {
+                normalize_into(last, scratch);
+                self.keys.iter().any(|g| g.matches(scratch))
+            }
+            _ => false,
+        }
+    }
+
+    /// Redacts an attribute list in place; returns how many attributes
+    /// changed.
+    pub(crate) fn redact_attributes(&self, attrs: &mut [KeyValue], scratch: &mut String) -> u64 {
+        if self.is_noop() {
+            return 0;
+        }
+        attrs
+            .iter_mut()
+            .map(|kv| u64::from(self.redact_key_value(kv, scratch)))
+            .sum()
+    }
+
+    fn redact_key_value(&self, kv: &mut KeyValue, scratch: &mut String) -> bool {
+        if self.key_matches(&kv.key, scratch) {
+            let Some(value) = kv.value.as_mut() else {
+                return false;
+            };
+            return match &value.value {
+                None => false,
+                Some(Value::StringValue(s)) if s.is_empty() || *s == self.replacement => false,
+                Some(_) => {
+                    value.value = Some(Value::StringValue(self.replacement.clone()));
+                    true
+                }
+            };
+        }
+        match kv.value.as_mut() {
+            Some(v) => self.redact_any(v, scratch),
+            None => false,
+        }
+    }
+
+    fn redact_any(&self, v: &mut AnyValue, scratch: &mut String) -> bool {
+        match &mut v.value {
+            Some(Value::StringValue(s)) => match self.redact_str(s, 0, scratch) {
+                Some(new) => {
+                    *s = new;
+                    true
+                }
+                None => false,
+            },
+            Some(Value::ArrayValue(array)) => {
+                let mut changed = false;
+                for item in &mut array.values {
+                    changed |= self.redact_any(item, scratch);
+                }
+                changed
+            }
+            Some(Value::KvlistValue(list)) => {
+                let mut changed = false;
+                for kv in &mut list.values {
+                    changed |= self.redact_key_value(kv, scratch);
+                }
+                changed
+            }
+            _ => false,
+        }
+    }
+
+    /// The redacted form of `s`, or `None` when no rule applies.
+    pub(crate) fn redact_str(&self, s: &str, depth: u8, scratch: &mut String) -> Option<String> {
+        if depth < MAX_JSON_NESTING
+            && let Some(mut doc) = json::parse_container(s)
+        {
+            return self
+                .redact_json(&mut doc, depth, scratch)
+                .then(|| doc.to_text());
+        }
+        match self.apply_patterns(s) {
+            Cow::Owned(new) => Some(new),
+            Cow::Borrowed(_) => None,
+        }
+    }
+
+    fn apply_patterns<'a>(&self, s: &'a str) -> Cow<'a, str> {
+        match &self.values {
+            Some(re) => re.replace_all(s, NoExpand(&self.replacement)),
+            None => Cow::Borrowed(s),
+        }
+    }
+
+    /// Redacts a parsed JSON document in place; returns whether it changed.
+    fn redact_json(&self, v: &mut Json, depth: u8, scratch: &mut String) -> bool {
+        match v {
+            Json::String(s) => match self.redact_str(s, depth + 1, scratch) {
+                Some(new) => {
+                    *s = new;
+                    true
+                }
+                None => false,
+            },
+            Json::Array(items) => {
+                let mut changed = false;
+                for item in items {
+                    changed |= self.redact_json(item, depth, scratch);
+                }
+                changed
+            }
+            Json::Object(members) => {
+                let mut changed = false;
+                for (key, value) in members {
+                    if self.key_matches(key, scratch) {
+                        let already = match value {
+                            Json::Null => true,
+                            Json::String(s) => s.is_empty() || *s == self.replacement,
+                            _ => false,
+                        };
+                        if !already {
+                            *value = Json::String(self.replacement.clone());
+                            changed = true;
+                        }
+                    } else {
+                        changed |= self.redact_json(value, depth, scratch);
+                    }
+                    if let Cow::Owned(new_key) = self.apply_patterns(key) {
+                        *key = new_key;
+                        changed = true;
+                    }
+                }
+                changed
+            }
+            Json::Null | Json::Bool(_) | Json::Number(_) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn redactor() -> Redactor {
+        Redactor::new(&RedactionConfig::default()).unwrap()
+    }
+
+    #[test]
+    fn key_rules_ignore_case_separators_and_honour_wildcards() {
+        let r = redactor();
+        let mut s = String::new();
+        for key in [
+            "api_key",
+            "API-Key",
+            "apiKey",
+            "Authorization",
+            "http.request.header.authorization",
+            "x-api-key",
+            "openai_api_key",
+            "OPENAI-API-KEY",
+            "github_token",
+            "accessToken",
+            "client_secret",
+            "Set-Cookie",
+            "password",
+        ] {
+            assert!(r.key_matches(key, &mut s), "{key} should match");
+        }
+        for key in [
+            "gen_ai.usage.input_tokens",
+            "gen_ai.request.max_tokens",
+            "llm.token_count.prompt",
+            "hermes.turn_id",
+            "session.id",
+            "tokens",
+            "secretary",
+            "gen_ai.tool.call.arguments",
+        ] {
+            assert!(!r.key_matches(key, &mut s), "{key} should not match");
+        }
+    }
+
+    #[test]
+    fn globs_with_inner_wildcards() {
+        let g = KeyGlob::new(0, "a*b*c").unwrap();
+        assert!(g.matches("abc"));
+        assert!(g.matches("axxbyyc"));
+        assert!(!g.matches("axxbyycd"));
+        assert!(!g.matches("xabc"));
+        let g = KeyGlob::new(0, "*mid*").unwrap();
+        assert!(g.matches("amidb"));
+        assert!(g.matches("mid"));
+        assert!(!g.matches("mi"));
+        assert!(KeyGlob::new(3, "**").is_err());
+        assert!(KeyGlob::new(3, "-_").is_err());
+    }
+
+    #[test]
+    fn patterns_leave_ordinary_words_alone() {
+        let r = redactor();
+        let mut s = String::new();
+        assert_eq!(
+            r.redact_str("task-management-system-design-notes", 0, &mut s),
+            None
+        );
+        assert_eq!(
+            r.redact_str("key sk-abcdefghijklmnop1234 here", 0, &mut s)
+                .as_deref(),
+            Some("key <redacted> here")
+        );
+    }
+}

@@ -1,0 +1,339 @@
+//! Truncation: cutting string attribute values to `max_attribute_bytes`.
+//!
+//! Owns the cutting rule. A value longer than the limit becomes:
+//! - when it is a JSON object or array: a valid JSON document of at most
+//!   `limit` bytes, written compact. Whole elements and members are kept
+//!   from the start; the first one that does not fit is cut recursively
+//!   (strings end with `…`); an array that lost elements ends with a `"…"`
+//!   element, an object that lost members ends with `"_truncated":true`;
+//! - otherwise: its longest prefix of at most `limit` bytes that ends on a
+//!   UTF-8 character boundary.
+//!
+//! Invariants: the result is at most `limit` bytes; a JSON input gives a JSON
+//! output (for any `limit` ≥ 2); the result of a value within the limit is
+//! the value itself.
+
+use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value::Value};
+
+use crate::json::{self, Json};
+
+/// Marker ending a cut string, and the element ending an array that lost
+/// elements (as a JSON string).
+pub(crate) const ELLIPSIS: &str = "…";
+/// `"…"` as a JSON string literal.
+const ELLIPSIS_JSON: &str = "\"…\"";
+/// The member ending an object that lost members.
+const TRUNCATED_MEMBER: &str = "\"_truncated\":true";
+
+/// `s` cut to at most `limit` bytes (see the module docs), or `None` when it
+/// already fits.
+pub(crate) fn truncate_str(s: &str, limit: usize) -> Option<String> {
+    if s.len() <= limit {
+        return None;
+    }
+    if let Some(doc) = json::parse_container(s) {
+        let mut out = String::with_capacity(limit);
+        if fit(&doc, limit, &mut out) {
+            return Some(out);
+        }
+    }
+    Some(s[..floor_char_boundary(s, limit)].to_owned())
+}
+
+/// The largest index ≤ `at` that is a character boundary of `s`.
+fn floor_char_boundary(s: &str, at: usize) -> usize {
+    if at >= s.len() {
+        return s.len();
+    }
+    let mut i = at;
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Cuts every string (and bytes) value inside `v` to `limit`; returns
+/// whether anything was cut.
+pub(crate) fn truncate_any(v: &mut AnyValue, limit: usize) -> bool {
+    match &mut v.value {
+        Some(Value::StringValue(s)) => match truncate_str(s, limit) {
+            Some(new) => {
+                *s = new;
+                true
+            }
+            None => false,
+        },
+        Some(Value::BytesValue(b)) if b.len() > limit => {
+            b.truncate(limit);
+            true
+        }
+        Some(Value::ArrayValue(array)) => {
+            let mut cut = false;
+            for item in &mut array.values {
+                cut |= truncate_any(item, limit);
+            }
+            cut
+        }
+        Some(Value::KvlistValue(list)) => {
+            let mut cut = false;
+            for kv in &mut list.values {
+                if let Some(value) = kv.value.as_mut() {
+                    cut |= truncate_any(value, limit);
+                }
+            }
+            cut
+        }
+        _ => false,
+    }
+}
+
+/// Appends to `out` the best rendering of `v` in at most `budget` bytes;
+/// returns `false` (with `out` unchanged) when not even a minimal form fits.
+fn fit(v: &Json, budget: usize, out: &mut String) -> bool {
+    if v.text_len() <= budget {
+        v.write(out);
+        return true;
+    }
+    match v {
+        Json::String(s) => fit_str(s, budget, out),
+        Json::Array(items) => fit_array(items, budget, out),
+        Json::Object(members) => fit_object(members, budget, out),
+        // Scalars cannot be shortened.
+        Json::Null | Json::Bool(_) | Json::Number(_) => false,
+    }
+}
+
+/// A string literal too long for `budget`: a prefix ending with `…`.
+fn fit_str(s: &str, budget: usize, out: &mut String) -> bool {
+    if budget < 2 {
+        return false;
+    }
+    // `"` + prefix + `…"`
+    let Some(room) = budget.checked_sub(2 + ELLIPSIS.len()) else {
+        out.push_str("\"\"");
+        return true;
+    };
+    let mut used = 0;
+    let mut end = 0;
+    for (i, c) in s.char_indices() {
+        let n = json::escaped_len(c);
+        if used + n > room {
+            break;
+        }
+        used += n;
+        end = i + c.len_utf8();
+    }
+    out.push('"');
+    json::write_escaped(&s[..end], out);
+    out.push_str(ELLIPSIS);
+    out.push('"');
+    true
+}
+
+/// An array too long for `budget`: whole elements from the start, the first
+/// that does not fit cut, then `"…"` when elements were lost.
+fn fit_array(items: &[Json], budget: usize, out: &mut String) -> bool {
+    if budget < 2 {
+        return false;
+    }
+    // `["…"]`
+    if budget < 2 + ELLIPSIS_JSON.len() {
+        out.push_str("[]");
+        return true;
+    }
+    let start = out.len();
+    out.push('[');
+    // Room kept for `,"…"]` (the comma only after an element).
+    let tail = |any: bool| usize::from(any) + ELLIPSIS_JSON.len() + 1;
+    let mut lost = true;
+    for (i, item) in items.iter().enumerate() {
+        let any = i > 0;
+        let used = out.len() - start;
+        let sep = usize::from(any);
+        if used + sep + item.text_len() + tail(true) <= budget {
+            if any {
+                out.push(',');
+            }
+            item.write(out);
+            continue;
+        }
+        // The element does not fit whole: cut it, then stop. The last
+        // element needs no marker after it, only `]`.
+        let last = i + 1 == items.len();
+        let reserve = if last { 1 } else { tail(true) };
+        if let Some(room) = budget.checked_sub(used + sep + reserve) {
+            let mark = out.len();
+            if any {
+                out.push(',');
+            }
+            if fit(item, room, out) {
+                lost = !last;
+            } else {
+                out.truncate(mark);
+            }
+        }
+        break;
+    }
+    if lost {
+        if out.len() - start > 1 {
+            out.push(',');
+        }
+        out.push_str(ELLIPSIS_JSON);
+    }
+    out.push(']');
+    true
+}
+
+/// An object too long for `budget`: whole members from the start, the value
+/// of the first that does not fit cut, then `"_truncated":true` when members
+/// were lost.
+fn fit_object(members: &[(String, Json)], budget: usize, out: &mut String) -> bool {
+    if budget < 2 {
+        return false;
+    }
+    // `{"_truncated":true}`
+    if budget < 2 + TRUNCATED_MEMBER.len() {
+        out.push_str("{}");
+        return true;
+    }
+    let start = out.len();
+    out.push('{');
+    // Room kept for `,"_truncated":true}` (the comma only after a member).
+    let tail = |any: bool| usize::from(any) + TRUNCATED_MEMBER.len() + 1;
+    let mut lost = true;
+    for (i, (key, value)) in members.iter().enumerate() {
+        let any = i > 0;
+        let used = out.len() - start;
+        let sep = usize::from(any);
+        let key_len = json::str_len(key) + 1;
+        if used + sep + key_len + value.text_len() + tail(true) <= budget {
+            if any {
+                out.push(',');
+            }
+            json::write_str(key, out);
+            out.push(':');
+            value.write(out);
+            continue;
+        }
+        let last = i + 1 == members.len();
+        let reserve = if last { 1 } else { tail(true) };
+        if let Some(room) = budget.checked_sub(used + sep + key_len + reserve) {
+            let mark = out.len();
+            if any {
+                out.push(',');
+            }
+            json::write_str(key, out);
+            out.push(':');
+            if fit(value, room, out) {
+                lost = !last;
+            } else {
+                out.truncate(mark);
+            }
+        }
+        break;
+    }
+    if lost {
+        if out.len() - start > 1 {
+            out.push(',');
+        }
+        out.push_str(TRUNCATED_MEMBER);
+    }
+    out.push('}');
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cut(s: &str, limit: usize) -> String {
+        truncate_str(s, limit).unwrap_or_else(|| s.to_owned())
+    }
+
+    #[test]
+    fn plain_text_is_cut_on_a_char_boundary() {
+        assert_eq!(cut("héllo", 2), "h");
+        assert_eq!(cut("héllo", 3), "hé");
+        assert_eq!(cut("héllo", 10), "héllo");
+        assert_eq!(truncate_str("abc", 3), None);
+    }
+
+    #[test]
+    fn json_cuts_keep_structure_and_markers() {
+        let doc = r#"{"a":"0123456789","b":[1,2,3,4,5,6,7,8,9],"c":{"d":"x"}}"#;
+        assert_eq!(cut(doc, 40), r#"{"a":"0123456789","_truncated":true}"#);
+        assert_eq!(cut(doc, 30), r#"{"a":"0…","_truncated":true}"#);
+        assert_eq!(
+            cut(doc, 50),
+            r#"{"a":"0123456789","b":[1,"…"],"_truncated":true}"#
+        );
+        assert_eq!(
+            cut(doc, 54),
+            r#"{"a":"0123456789","b":[1,2,3,"…"],"_truncated":true}"#
+        );
+        assert_eq!(
+            cut("[\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"]", 12),
+            "[\"aaaaa…\"]"
+        );
+        assert_eq!(cut("[1,2,3,4,5,6,7,8,9,10]", 12), "[1,2,\"…\"]");
+        assert_eq!(cut("[1,2,3,4,5,6,7,8,9,10]", 13), "[1,2,3,\"…\"]");
+        // A pretty-printed document that fits once compact.
+        assert_eq!(cut("{\n  \"a\": 1,\n  \"b\": 2\n}", 16), r#"{"a":1,"b":2}"#);
+    }
+
+    #[test]
+    fn tiny_budgets_still_give_json() {
+        for limit in 2..24 {
+            for doc in [
+                r#"{"k":"vvvvvvvvvvvvvvvvvvvvvvvvv"}"#,
+                r#"["vvvvvvvvvvvvvvvvvvvvvvvvvv"]"#,
+            ] {
+                let out = cut(doc, limit);
+                assert!(out.len() <= limit, "{limit}: {out}");
+                serde_json::from_str::<serde_json::Value>(&out)
+                    .unwrap_or_else(|e| panic!("{limit}: {out}: {e}"));
+            }
+        }
+    }
+
+    fn arb_json() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(serde_json::Value::from),
+            ".{0,40}".prop_map(serde_json::Value::String),
+        ];
+        leaf.prop_recursive(5, 128, 10, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..10).prop_map(serde_json::Value::Array),
+                prop::collection::vec((".{0,12}", inner), 0..10)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn any_budget_from_two_gives_valid_json(doc in arb_json(), limit in 2usize..400) {
+            let doc = match doc {
+                v @ (serde_json::Value::Array(_) | serde_json::Value::Object(_)) => v,
+                other => serde_json::Value::Array(vec![other]),
+            };
+            let text = doc.to_string();
+            let out = cut(&text, limit);
+            if text.len() <= limit {
+                prop_assert_eq!(&out, &text);
+            } else {
+                prop_assert!(out.len() <= limit, "{} bytes > {}", out.len(), limit);
+            }
+            let parsed: Result<serde_json::Value, _> = serde_json::from_str(&out);
+            prop_assert!(parsed.is_ok(), "{} -> {}", text, out);
+        }
+    }
+}
