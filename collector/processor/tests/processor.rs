@@ -642,12 +642,12 @@ redaction:
 }
 
 #[test]
-fn the_readme_example_is_the_defaults_with_every_set() {
+fn the_documented_example_is_the_defaults_with_every_set() {
     #[derive(serde::Deserialize)]
     struct File {
         processing: ProcessorConfig,
     }
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../../docs/TRACE_MODEL.md");
     let start = readme.find("```yaml\nprocessing:").unwrap() + "```yaml\n".len();
     let end = start + readme[start..].find("```").unwrap();
     let file: File = serde_yaml::from_str(&readme[start..end]).unwrap();
