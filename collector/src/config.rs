@@ -312,10 +312,13 @@ impl Config {
     }
 
     /// Reads and parses a file.
+    /// Reads a file, replaces `${VAR}`/`${VAR:-default}` from the
+    /// environment, then parses and validates it.
     pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ConfigError::new("<file>", format!("cannot read {}: {e}", path.display()))
         })?;
+        let text = crate::interpolate::interpolate(&text, &|name| std::env::var(name).ok())?;
         Self::from_yaml(&text)
     }
 
@@ -445,8 +448,9 @@ mod tests {
 
     #[test]
     fn example_config_parses() {
-        let text = include_str!("../../config/collector.yaml");
-        let c = Config::from_yaml(text).unwrap();
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/collector.yaml");
+        let c = Config::from_file(&path).unwrap();
         assert_eq!(c, Config::default(), "the example documents the defaults");
     }
 

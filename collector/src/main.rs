@@ -13,6 +13,7 @@
 
 mod admin;
 mod config;
+mod interpolate;
 mod pipeline;
 
 use std::net::SocketAddr;

@@ -1,0 +1,121 @@
+//! `${VAR}` and `${VAR:-default}` in the configuration file, replaced from
+//! the environment before the YAML is parsed; `$$` is a literal `$` (write
+//! `$$` for a `$` in a regex, for instance). Lines that are comments are left
+//! alone.
+//!
+//! The environment is read through a lookup function, so tests never set
+//! process variables. A variable that is unset (and has no default) is an
+//! error naming the variable and the key on its line.
+
+use crate::config::ConfigError;
+
+/// Replaces the references in `text` using `lookup`.
+pub fn interpolate(
+    text: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, ConfigError> {
+    let mut out = String::with_capacity(text.len());
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        if line.trim_start().starts_with('#') {
+            // Comment lines may talk about `${VAR}`; they are left alone.
+            out.push_str(line);
+            continue;
+        }
+        let mut rest = line;
+        while let Some(pos) = rest.find('$') {
+            out.push_str(&rest[..pos]);
+            let after = &rest[pos + 1..];
+            if let Some(tail) = after.strip_prefix('$') {
+                out.push('$');
+                rest = tail;
+            } else if let Some(body) = after.strip_prefix('{') {
+                let Some(end) = body.find('}') else {
+                    return Err(error(line, index, "an unterminated `${`"));
+                };
+                let reference = &body[..end];
+                let (name, default) = match reference.split_once(":-") {
+                    Some((name, default)) => (name, Some(default)),
+                    None => (reference, None),
+                };
+                if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    return Err(error(
+                        line,
+                        index,
+                        &format!("`${{{reference}}}` is not a variable reference"),
+                    ));
+                }
+                match lookup(name)
+                    .filter(|v| !v.is_empty())
+                    .or(default.map(str::to_owned))
+                {
+                    Some(value) => out.push_str(&value),
+                    None => {
+                        return Err(error(
+                            line,
+                            index,
+                            &format!("environment variable {name} is not set"),
+                        ));
+                    }
+                }
+                rest = &body[end + 1..];
+            } else {
+                out.push('$');
+                rest = after;
+            }
+        }
+        out.push_str(rest);
+    }
+    Ok(out)
+}
+
+/// An error for line `index` (0-based), naming the YAML key written on it.
+fn error(line: &str, index: usize, reason: &str) -> ConfigError {
+    let key = line
+        .trim_start()
+        .trim_start_matches("- ")
+        .split(':')
+        .next()
+        .unwrap_or("")
+        .trim();
+    let path = if key.is_empty() || key.contains('$') {
+        format!("line {}", index + 1)
+    } else {
+        format!("line {} ({key})", index + 1)
+    };
+    ConfigError {
+        path,
+        reason: reason.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "TOKEN" => Some("s3cret".into()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn references_are_replaced() {
+        let text = "a: ${TOKEN}\nb: ${MISSING:-fallback}\nc: ${EMPTY:-used}\nd: $$notvar $5\n";
+        assert_eq!(
+            interpolate(text, &env).unwrap(),
+            "a: s3cret\nb: fallback\nc: used\nd: $notvar $5\n"
+        );
+    }
+
+    #[test]
+    fn unset_variable_names_the_key() {
+        let e = interpolate("exporters:\n  otlp:\n    endpoint: ${OTLP_URL}\n", &env).unwrap_err();
+        assert_eq!(e.path, "line 3 (endpoint)");
+        assert!(e.reason.contains("OTLP_URL"), "{e}");
+        let e = interpolate("x: ${bad name}\n", &env).unwrap_err();
+        assert!(e.reason.contains("not a variable reference"));
+        assert!(interpolate("x: ${TOKEN\n", &env).is_err());
+    }
+}

@@ -1,0 +1,104 @@
+//! The collector binary's command line: `validate`, and bad configuration
+//! refused with exit code 64 naming the key, before any port is bound.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+use std::time::Duration;
+
+use hermes_e2e::{cargo_bin, free_port, repo_root, run_with_timeout};
+
+fn collector(args: &[&str], env: &[(&str, &str)]) -> hermes_e2e::RunOutput {
+    let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+    cmd.args(args).current_dir(repo_root());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run_with_timeout(&mut cmd, Duration::from_secs(30))
+}
+
+#[test]
+fn the_example_config_validates() {
+    let out = collector(&["validate", "--config", "config/collector.yaml"], &[]);
+    assert!(out.success(), "{}", out.describe());
+    assert!(out.stdout().contains("valid"));
+}
+
+#[test]
+fn invalid_configs_exit_64_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("receiver:\n  listen: nowhere\n", "receiver.listen"),
+        ("batch:\n  max_spans: 0\n", "batch.max_spans"),
+        (
+            "exporters:\n  otlp:\n    endpoint: http://x:4317\n    endpont: y\n",
+            "exporters.otlp.endpont",
+        ),
+        (
+            "processing:\n  redaction:\n    value_patterns: ['(unclosed']\n",
+            "processing.redaction.value_patterns[0]",
+        ),
+        (
+            "exporters:\n  otlp:\n    endpoint: ${HERMES_TEST_SURELY_UNSET_VAR}\n",
+            "line 3 (endpoint)",
+        ),
+    ];
+    for (i, (yaml, key)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad{i}.yaml"));
+        std::fs::write(&path, yaml).unwrap();
+        let out = collector(&["validate", "--config", path.to_str().unwrap()], &[]);
+        assert_eq!(
+            out.output.status.code(),
+            Some(64),
+            "{yaml}: {}",
+            out.describe()
+        );
+        assert!(
+            out.stderr().contains(key),
+            "{yaml}: stderr lacks {key}: {}",
+            out.stderr()
+        );
+    }
+}
+
+#[test]
+fn bad_config_at_start_exits_64_before_binding() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    std::fs::write(
+        &path,
+        format!("receiver:\n  listen: 127.0.0.1:{port}\nshutdown:\n  grace_ms: 45000\n"),
+    )
+    .unwrap();
+    let out = collector(&["--config", path.to_str().unwrap()], &[]);
+    assert_eq!(out.output.status.code(), Some(64), "{}", out.describe());
+    assert!(
+        out.stderr().contains("shutdown.grace_ms"),
+        "{}",
+        out.stderr()
+    );
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+        "the port was never bound"
+    );
+}
+
+#[test]
+fn environment_references_are_interpolated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, "exporters:\n  otlp:\n    endpoint: ${HERMES_TEST_OTLP:-http://127.0.0.1:4317}\n    headers:\n      authorization: \"Bearer ${HERMES_TEST_TOKEN}\"\n").unwrap();
+    let out = collector(
+        &["validate", "--config", path.to_str().unwrap()],
+        &[("HERMES_TEST_TOKEN", "abc")],
+    );
+    assert!(out.success(), "{}", out.describe());
+    let out = collector(&["validate", "--config", path.to_str().unwrap()], &[]);
+    assert_eq!(out.output.status.code(), Some(64), "{}", out.describe());
+    assert!(
+        out.stderr().contains("HERMES_TEST_TOKEN"),
+        "{}",
+        out.stderr()
+    );
+}
