@@ -15,6 +15,7 @@ mod admin;
 mod config;
 mod interpolate;
 mod pipeline;
+mod view;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -51,6 +52,18 @@ enum Command {
         /// The YAML file to check.
         #[arg(long, short)]
         config: PathBuf,
+    },
+    /// Show turns from the embedded default's span file as waterfalls.
+    View {
+        /// The span file (OTLP JSON lines).
+        #[arg(long, short, default_value = config::DEFAULT_SPAN_FILE)]
+        file: PathBuf,
+        /// How many of the latest turns.
+        #[arg(long, short = 'n', default_value_t = 1)]
+        last: usize,
+        /// Only the trace whose hex id starts with this.
+        #[arg(long)]
+        trace: Option<String>,
     },
 }
 
@@ -94,6 +107,20 @@ fn main() -> ExitCode {
             }
             Err(e) => config_failure(&e),
         },
+        Some(Command::View { file, last, trace }) => {
+            match view::read_spans(&file)
+                .and_then(|spans| view::render(&spans, last, trace.as_deref()))
+            {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("hermes-collector view: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Some(Command::Run(args)) => run(&args),
         None => run(&cli.run),
     }
