@@ -152,6 +152,9 @@ struct Turn {
     input_tokens: u64,
     output_tokens: u64,
     events: Vec<span::Event>,
+    /// `error.type` of the latest API attempt when it failed (cleared by a
+    /// success): a turn that ends without completing reports it.
+    last_attempt_error: Option<String>,
     /// `hermes.turn.user_message` / `.final_answer` (content).
     user_message: Option<String>,
     final_answer: Option<String>,
@@ -243,6 +246,7 @@ impl Correlator {
                 self.session_start(&ids.session_id, t, model, platform);
             }
             (hooks::PRE_LLM_CALL, body) => {
+                self.close_superseded(&ids, &shim.instance_id, out);
                 let turn = self.turn_with(&ids, &resource, t, platform, out);
                 if let Some(turn) = turn {
                     if !turn.started {
@@ -614,6 +618,7 @@ impl Correlator {
             input_tokens: 0,
             output_tokens: 0,
             events: Vec::new(),
+            last_attempt_error: None,
             user_message: None,
             final_answer: None,
             attempts: HashMap::new(),
@@ -681,6 +686,32 @@ impl Correlator {
         }
     }
 
+    /// A new turn of a session starts: an agent runs its turns one after the
+    /// other, so a turn of the same session and agent process still open
+    /// ended without `on_session_end` (Hermes' failure paths fire none).
+    fn close_superseded(&mut self, ids: &v1::Ids, instance_id: &str, out: &mut Vec<FinishedSpan>) {
+        if ids.session_id.is_empty() || self.turns.contains_key(&ids.turn_id) {
+            return;
+        }
+        let mut ended: Vec<String> = self
+            .turns
+            .iter()
+            .filter(|(_, turn)| {
+                turn.session_id == ids.session_id
+                    && resource_instance(&turn.resource) == Some(instance_id)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        ended.sort();
+        for id in ended {
+            if let Some(turn) = self.turns.remove(&id) {
+                let incomplete = turn.end.is_none();
+                let end = turn.end.unwrap_or(turn.last_seen);
+                self.emit_turn(turn, end, incomplete, out);
+            }
+        }
+    }
+
     /// `on_session_finalize`/`reset` (or the shutdown `on_session_end`): closes
     /// every open turn of the session (of the shim instance when the session
     /// id is absent).
@@ -744,6 +775,7 @@ impl Correlator {
         };
         let trace = parent_turn.trace_id;
         let root_session = parent_turn.root_session_id.clone();
+        let task_id = parent_turn.task_id.clone();
         let platform = parent_turn.platform.clone();
         let role = if sub.child_role.is_empty() {
             "subagent".to_owned()
@@ -755,6 +787,7 @@ impl Correlator {
             .str("session.id", &root_session)
             .str("gen_ai.conversation.id", &root_session)
             .str("hermes.turn_id", &ids.parent_turn_id)
+            .str("hermes.task_id", &task_id)
             .str("gen_ai.agent.name", &role)
             .str("hermes.platform", &platform)
             .str("hermes.session_id", &ids.parent_session_id);
@@ -863,10 +896,16 @@ impl Correlator {
     ) {
         let mut end = end.max(turn.start);
         // Close children that never got their end event.
-        let mut attempts: Vec<_> = turn.attempts.drain().collect();
-        attempts.sort_by(|a, b| a.0.cmp(&b.0));
-        for ((api_request_id, attempt), open) in attempts {
-            let span = incomplete_attempt(&turn, &api_request_id, attempt, open, end);
+        let mut attempts: Vec<(String, u32)> = turn.attempts.keys().cloned().collect();
+        attempts.sort();
+        let nothing = HashMap::new();
+        for (api_request_id, attempt) in attempts {
+            let api = v1::ApiCall {
+                attempt,
+                ..Default::default()
+            };
+            let mut span = close_attempt(&mut turn, &api_request_id, &api, false, end, &nothing);
+            mark_incomplete(&mut span.span);
             out.push(span);
         }
         let mut tools: Vec<_> = turn.tools.drain().collect();
@@ -922,8 +961,19 @@ impl Correlator {
         if turn.clock_adjusted {
             a.bool("hermes.clock_adjusted", true);
         }
-        let status = (turn.completed == Some(false) && turn.interrupted != Some(true))
-            .then(|| error_status("turn did not complete"));
+        let status = if turn.interrupted == Some(true) || turn.completed == Some(true) {
+            None
+        } else if let Some(error_type) = &turn.last_attempt_error {
+            // Hermes gave up on the model: the turn failed with its error.
+            a.str("error.type", error_type);
+            Some(error_status(&format!(
+                "the last API attempt failed: {error_type}"
+            )))
+        } else if turn.completed == Some(false) {
+            Some(error_status("turn did not complete"))
+        } else {
+            None
+        };
         turn.events
             .sort_by(|x, y| (x.time_unix_nano, &x.name).cmp(&(y.time_unix_nano, &y.name)));
         out.push(FinishedSpan {
@@ -1103,7 +1153,16 @@ fn close_attempt(
             dropped_attributes_count: 0,
         });
         status = Some(error_status(&api.error_message));
+        turn.last_attempt_error = Some(if error_type.is_empty() {
+            "_OTHER".to_owned()
+        } else {
+            error_type.to_owned()
+        });
     } else {
+        if api.ended_at_unix_nano > 0 || api.usage.is_some() {
+            // A real response (not an attempt closed for lack of one).
+            turn.last_attempt_error = None;
+        }
         a.str("gen_ai.response.model", &api.response_model);
         if !api.finish_reason.is_empty() {
             a.str_array(
@@ -1142,48 +1201,6 @@ fn close_attempt(
             ..Default::default()
         },
     )
-}
-
-fn incomplete_attempt(
-    turn: &Turn,
-    api_request_id: &str,
-    attempt: u32,
-    open: OpenAttempt,
-    end: u64,
-) -> FinishedSpan {
-    let mut a = turn.common();
-    a.str("gen_ai.operation.name", "chat")
-        .str("gen_ai.provider.name", &open.provider)
-        .str("gen_ai.request.model", &open.model)
-        .opt_uint("gen_ai.request.max_tokens", open.max_tokens)
-        .str("hermes.api_request_id", api_request_id)
-        .uint("hermes.api_call_count", open.api_call_count)
-        .uint("hermes.attempt", u64::from(attempt))
-        .bool("hermes.incomplete", true);
-    if let Some(messages) = &open.input.0 {
-        a.str("gen_ai.input.messages", messages);
-    }
-    if let Some(system) = &open.input.1 {
-        a.str("gen_ai.system_instructions", system);
-    }
-    FinishedSpan {
-        resource: turn.resource.clone(),
-        span: Span {
-            trace_id: turn.trace_id.to_vec(),
-            span_id: span_id(SpanKey::Chat {
-                api_request_id,
-                attempt,
-            })
-            .to_vec(),
-            parent_span_id: turn.span_id.to_vec(),
-            name: format!("chat {}", open.model),
-            kind: span::SpanKind::Client as i32,
-            start_time_unix_nano: open.start.max(turn.start),
-            end_time_unix_nano: end.max(open.start.max(turn.start)),
-            attributes: a.0,
-            ..Default::default()
-        },
-    }
 }
 
 fn close_tool(

@@ -541,8 +541,9 @@ fn turn_without_session_end_closes_after_grace_and_ttl() {
     let mut f = Feed::new();
     f.ev("pre_llm_call", 0, ids(TURN), turn_body());
     f.ev("post_llm_call", 100, ids(TURN), turn_body());
-    let other = "s:t2:x";
-    f.ev("pre_llm_call", 100, ids(other), turn_body());
+    // Another agent's turn, still open.
+    let other = v1::Ids { session_id: "other-session".into(), ..ids("s:t2:x") };
+    f.ev("pre_llm_call", 100, other, turn_body());
     f.c.expire(T0 + 1000 * MS, &mut f.out);
     assert!(f.out.is_empty(), "within grace");
     f.c.expire(T0 + 2100 * MS, &mut f.out);
@@ -562,8 +563,10 @@ fn open_turn_limit_evicts_the_oldest() {
         max_open_turns: 2,
         ..Config::default()
     });
+    // Three agents (sessions) with a turn open each.
     for (i, t) in ["s:a:1", "s:b:1", "s:c:1"].iter().enumerate() {
-        f.ev("pre_llm_call", i as u64, ids(t), turn_body());
+        let turn_ids = v1::Ids { session_id: format!("session-{i}"), ..ids(t) };
+        f.ev("pre_llm_call", i as u64, turn_ids, turn_body());
     }
     assert_eq!(f.c.open_turns(), 2);
     assert_eq!(f.c.stats().turns_evicted, 1);
@@ -706,4 +709,69 @@ fn unknown_hooks_become_turn_events() {
     assert_eq!(root.events.len(), 1);
     assert_eq!(root.events[0].name, "hermes.hook.on_human_input_request");
     assert_eq!(f.c.stats().unknown_hooks, 1);
+}
+
+#[test]
+fn next_turn_of_the_session_closes_a_turn_that_never_ended() {
+    let mut f = Feed::new();
+    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    f.ev(
+        "pre_api_request",
+        10,
+        api_ids(API1),
+        Some(Body::Api(api(1, 10, 0))),
+    );
+    f.ev(
+        "api_request_error",
+        50,
+        api_ids(API1),
+        Some(Body::Api(v1::ApiCall {
+            status_code: Some(400),
+            retryable: Some(false),
+            reason: "format_error".into(),
+            ..api(1, 10, 49)
+        })),
+    );
+    // Hermes' failure path fires neither post_llm_call nor on_session_end.
+    assert!(
+        f.out
+            .iter()
+            .all(|s| !s.span.name.starts_with("invoke_agent"))
+    );
+    let next = "20261129_200230_bbf019:task-2:22222222";
+    f.ev("pre_llm_call", 100, ids(next), turn_body());
+    let root = f.span("invoke_agent hermes");
+    assert_eq!(string(root, "hermes.turn_id"), TURN);
+    assert_eq!(boolean(root, "hermes.incomplete"), Some(true));
+    assert_eq!(
+        root.end_time_unix_nano,
+        T0 + 50 * MS,
+        "ends with its last event"
+    );
+    assert_eq!(
+        root.status.as_ref().map(|s| s.code),
+        Some(StatusCode::Error as i32),
+        "the failed attempt fails the turn"
+    );
+    assert_eq!(string(root, "error.type"), "format_error");
+    assert_eq!(f.c.open_turns(), 1);
+}
+
+#[test]
+fn interrupted_attempt_counts_and_keeps_its_server() {
+    let mut f = Feed::new();
+    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    f.ev(
+        "pre_api_request",
+        10,
+        api_ids(API1),
+        Some(Body::Api(api(1, 10, 0))),
+    );
+    f.ev("on_session_end", 90, ids(TURN), end_body(true, true));
+    let chat = f.span("chat fake-model-1");
+    assert_eq!(boolean(chat, "hermes.incomplete"), Some(true));
+    assert_eq!(string(chat, "server.address"), "127.0.0.1");
+    let root = f.span("invoke_agent hermes");
+    assert_eq!(int(root, "hermes.turn.api_attempts"), 1);
+    assert!(root.status.is_none());
 }
