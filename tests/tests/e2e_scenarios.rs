@@ -1,0 +1,1611 @@
+//! End-to-end scenarios: the real `hermes-agent==0.19.0` (CLI or Python
+//! API) with our shim, against the scripted OpenAI server, streaming to the
+//! real `hermes-collector`, which exports to an in-test OTLP receiver. Each
+//! test drives one situation Hermes really produces (retries, parallel tools,
+//! a subagent, several turns, an approval, `--resume`, failed and interrupted
+//! turns) and checks the exact span tree that `docs/TRACE_MODEL.md` and
+//! `shared/docs/SPAN_MODEL.md` require: names, parents, counts, key
+//! attributes, statuses and `session.id` on every span.
+//!
+//! A test marked `#[ignore = "collector bug: …"]` (or shim bug) asserts the
+//! correct trace, which the current collector/shim does not produce yet; run
+//! it with `cargo test -p hermes-e2e --test e2e_scenarios -- --ignored NAME`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use hermes_e2e::hermes::PY_AGENT_PRELUDE;
+use hermes_e2e::{
+    AttrsExt, ChildGuard, FakeOpenAi, HermesHome, OtlpReceiver, SpanExt, SpanTree, cargo_bin,
+    free_port,
+};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// Bound on the collector's start and on the export of a finished run.
+const WAIT: Duration = Duration::from_secs(30);
+/// After the expected spans arrived: time for any unexpected extra span to
+/// arrive too (the collector's batch timeout is 200 ms).
+const SETTLE: Duration = Duration::from_millis(800);
+
+// ---------------------------------------------------------------------------
+// Harness for one scenario
+// ---------------------------------------------------------------------------
+
+/// The collector binary, listening on a free port, exporting over OTLP/gRPC.
+struct Collector {
+    guard: ChildGuard,
+    endpoint: String,
+}
+
+impl Collector {
+    fn start(cwd: &Path, otlp_endpoint: &str) -> Collector {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+        cmd.current_dir(cwd)
+            .arg("--listen")
+            .arg(&listen)
+            // Several collectors run at once: no fixed admin port.
+            .args(["--admin-listen", "127.0.0.1:0"])
+            .arg("--otlp-endpoint")
+            .arg(otlp_endpoint)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut guard =
+            ChildGuard::spawn_named("hermes-collector", &mut cmd).expect("spawn collector");
+        let up = guard.wait_for_stderr(WAIT, |e| e.contains("receiving Hermes events"));
+        assert!(up, "collector did not start:\n{}", guard.stderr_text());
+        Collector {
+            guard,
+            endpoint: format!("http://{listen}"),
+        }
+    }
+}
+
+/// Scripted server, OTLP receiver, collector and a Hermes home with our
+/// plugin enabled and pointed at the collector.
+struct Scenario {
+    server: FakeOpenAi,
+    receiver: OtlpReceiver,
+    collector: Collector,
+    home: HermesHome,
+    _work: TempDir,
+}
+
+/// One `hermes chat -q` run: its output and the session id it printed.
+struct ChatRun {
+    out: Output,
+    session: String,
+}
+
+impl ChatRun {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "status {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.out.status,
+            self.stdout(),
+            String::from_utf8_lossy(&self.out.stderr)
+        )
+    }
+}
+
+impl Scenario {
+    fn start(script: Value) -> Scenario {
+        let server = FakeOpenAi::start(script);
+        let receiver = OtlpReceiver::start();
+        let work = tempfile::tempdir().expect("tempdir");
+        let collector = Collector::start(work.path(), &receiver.endpoint());
+        let home = HermesHome::new(&server.base_url(), server.model());
+        home.enable_plugin("hermes_collector");
+        Scenario {
+            server,
+            receiver,
+            collector,
+            home,
+            _work: work,
+        }
+    }
+
+    fn model(&self) -> &str {
+        self.server.model()
+    }
+
+    /// The shim's environment plus `extra`.
+    fn env<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let mut env = vec![(
+            "HERMES_COLLECTOR_ENDPOINT",
+            self.collector.endpoint.as_str(),
+        )];
+        env.extend_from_slice(extra);
+        env
+    }
+
+    /// `hermes chat -q QUERY -Q -t TOOLSETS ARGS…`; returns the output and
+    /// the printed session id, whatever the exit status.
+    fn chat(&self, query: &str, toolsets: &str, args: &[&str]) -> ChatRun {
+        let out = self
+            .home
+            .run_chat_with(query, toolsets, args, &self.env(&[]));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let session = stderr
+            .lines()
+            .chain(stdout.lines())
+            .find_map(|l| l.split("session_id: ").nth(1))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| panic!("no session id printed:\n{stdout}\n{stderr}"));
+        ChatRun { out, session }
+    }
+
+    /// Runs `PY_AGENT_PRELUDE` + `body` with the venv's Python (must exit 0)
+    /// and returns the JSON object the snippet printed on its `E2E ` line.
+    fn python(&self, body: &str, extra_env: &[(&str, &str)]) -> Value {
+        let code = format!("{PY_AGENT_PRELUDE}\nimport json\n{body}");
+        let out = self.home.run_python(&code, &self.env(extra_env));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "python snippet failed: {}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}\n--- requests ---\n{}",
+            out.status,
+            self.server.describe_requests()
+        );
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("E2E "))
+            .map(|l| serde_json::from_str(l).expect("E2E line is JSON"))
+            .unwrap_or_else(|| panic!("no E2E line:\n{stdout}\n{stderr}"))
+    }
+
+    /// Waits (bounded) until `roots` root spans and at least `spans` spans
+    /// arrived, lets a late extra span arrive, prints and returns the tree.
+    ///
+    /// If they do not arrive in time, stops the collector (which closes
+    /// every open span as incomplete and exports it) and panics showing
+    /// the tree it then exported: the trace was not complete when the agent
+    /// was done.
+    fn collect(&mut self, roots: usize, spans: usize) -> SpanTree {
+        let arrived = self.receiver.wait_for(
+            |received| {
+                received.len() >= spans
+                    && received.iter().filter(|(_, s)| s.is_root()).count() >= roots
+            },
+            WAIT,
+        );
+        if !arrived {
+            let partial = self.receiver.store().tree();
+            self.collector.guard.terminate(WAIT);
+            std::thread::sleep(SETTLE);
+            let tree = self.receiver.store().tree();
+            panic!(
+                "expected {roots} root(s) and {spans} spans within {WAIT:?} after the agent finished; \
+                 got {} span(s):\n{}\n--- after stopping the collector (open state flushed as incomplete) ---\n{}\
+                 --- collector log ---\n{}\n--- requests ---\n{}",
+                partial.len(),
+                partial.render(),
+                tree.render(),
+                self.collector.guard.stderr_text(),
+                self.server.describe_requests()
+            );
+        }
+        std::thread::sleep(SETTLE);
+        let tree = self.receiver.store().tree();
+        println!("received tree:\n{}", tree.render());
+        tree
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Assertions shared by the scenarios
+// ---------------------------------------------------------------------------
+
+/// Well formed (no orphan, children inside their parent, valid ids), and
+/// every span carries the attributes TRACE_MODEL.md puts on every span,
+/// with `session.id` = `gen_ai.conversation.id` = the top-level session.
+fn assert_common(tree: &SpanTree, session: &str) {
+    tree.assert_well_formed();
+    for s in tree.spans() {
+        assert_eq!(
+            s.str_attr("session.id"),
+            Some(session),
+            "{} session.id\n{}",
+            s.name,
+            tree.render()
+        );
+        assert_eq!(
+            s.str_attr("gen_ai.conversation.id"),
+            Some(session),
+            "{} gen_ai.conversation.id\n{}",
+            s.name,
+            tree.render()
+        );
+        for key in ["hermes.turn_id", "hermes.task_id", "gen_ai.agent.name"] {
+            assert!(
+                s.str_attr(key).is_some_and(|v| !v.is_empty()),
+                "{} lacks {key}\n{}",
+                s.name,
+                tree.render()
+            );
+        }
+    }
+}
+
+/// What a turn span (`invoke_agent …`) must say.
+struct TurnExpect {
+    /// `error.type` of a turn that failed (status ERROR).
+    failed_with: Option<&'static str>,
+    completed: Option<bool>,
+    interrupted: Option<bool>,
+    api_attempts: i64,
+    tool_calls: i64,
+    usage: (i64, i64),
+    session_start: bool,
+    incomplete: bool,
+}
+
+impl TurnExpect {
+    /// A turn that completed normally.
+    fn completed(api_attempts: i64, tool_calls: i64, usage: (i64, i64)) -> TurnExpect {
+        TurnExpect {
+            failed_with: None,
+            completed: Some(true),
+            interrupted: Some(false),
+            api_attempts,
+            tool_calls,
+            usage,
+            session_start: false,
+            incomplete: false,
+        }
+    }
+
+    fn first_of_session(mut self) -> TurnExpect {
+        self.session_start = true;
+        self
+    }
+}
+
+fn assert_turn(tree: &SpanTree, turn: &Span, name: &str, model: &str, exp: &TurnExpect) {
+    let ctx = || format!("{name}\n{}", tree.render());
+    assert_eq!(turn.name, name, "{}", ctx());
+    assert_eq!(turn.kind(), SpanKind::Internal, "{}", ctx());
+    assert_eq!(
+        turn.str_attr("gen_ai.operation.name"),
+        Some("invoke_agent"),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        turn.str_attr("gen_ai.request.model"),
+        Some(model),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        turn.bool_attr("hermes.turn.completed"),
+        exp.completed,
+        "hermes.turn.completed of {}",
+        ctx()
+    );
+    assert_eq!(
+        turn.bool_attr("hermes.turn.interrupted"),
+        exp.interrupted,
+        "hermes.turn.interrupted of {}",
+        ctx()
+    );
+    assert_eq!(
+        turn.int_attr("hermes.turn.api_attempts"),
+        Some(exp.api_attempts),
+        "hermes.turn.api_attempts of {}",
+        ctx()
+    );
+    assert_eq!(
+        turn.int_attr("hermes.turn.tool_calls"),
+        Some(exp.tool_calls),
+        "hermes.turn.tool_calls of {}",
+        ctx()
+    );
+    assert_eq!(
+        (
+            turn.int_attr("hermes.turn.usage.input_tokens"),
+            turn.int_attr("hermes.turn.usage.output_tokens")
+        ),
+        (Some(exp.usage.0), Some(exp.usage.1)),
+        "usage of {}",
+        ctx()
+    );
+    assert!(
+        !turn
+            .attributes
+            .iter()
+            .any(|kv| kv.key.starts_with("gen_ai.usage.")),
+        "no gen_ai.usage.* on a turn: {}",
+        ctx()
+    );
+    assert_eq!(
+        turn.bool_attr("hermes.incomplete").unwrap_or(false),
+        exp.incomplete,
+        "hermes.incomplete of {}",
+        ctx()
+    );
+    assert_eq!(
+        turn.events_named("hermes.session.start").len(),
+        usize::from(exp.session_start),
+        "hermes.session.start event on {}",
+        ctx()
+    );
+    let should_fail = exp.failed_with.is_some()
+        || (exp.completed == Some(false) && exp.interrupted != Some(true));
+    assert_eq!(
+        turn.status_code() == StatusCode::Error,
+        should_fail,
+        "status of {}",
+        ctx()
+    );
+    if let Some(error_type) = exp.failed_with {
+        assert_eq!(
+            turn.str_attr("error.type"),
+            Some(error_type),
+            "error.type of {}",
+            ctx()
+        );
+    }
+}
+
+/// A successful `chat {model}` attempt.
+struct ChatExpect<'a> {
+    model: &'a str,
+    port: u16,
+    turn_id: &'a str,
+    api_call: i64,
+    attempt: i64,
+    usage: (i64, i64),
+    finish: &'a str,
+}
+
+impl<'a> ChatExpect<'a> {
+    /// First (only) attempt of API call `api_call`.
+    fn first(
+        model: &'a str,
+        port: u16,
+        turn_id: &'a str,
+        api_call: i64,
+        usage: (i64, i64),
+        finish: &'a str,
+    ) -> ChatExpect<'a> {
+        ChatExpect {
+            model,
+            port,
+            turn_id,
+            api_call,
+            attempt: 1,
+            usage,
+            finish,
+        }
+    }
+}
+
+fn assert_chat_ok(tree: &SpanTree, chat: &Span, exp: &ChatExpect<'_>) {
+    assert_chat_common(
+        tree,
+        chat,
+        exp.model,
+        exp.port,
+        exp.turn_id,
+        exp.api_call,
+        exp.attempt,
+    );
+    let ctx = || format!("{} attempt {}\n{}", chat.name, exp.attempt, tree.render());
+    assert_ne!(chat.status_code(), StatusCode::Error, "{}", ctx());
+    assert_eq!(
+        chat.str_attr("gen_ai.response.model"),
+        Some(exp.model),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        chat.str_array_attr("gen_ai.response.finish_reasons"),
+        Some(vec![exp.finish.to_string()]),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        (
+            chat.int_attr("gen_ai.usage.input_tokens"),
+            chat.int_attr("gen_ai.usage.output_tokens")
+        ),
+        (Some(exp.usage.0), Some(exp.usage.1)),
+        "{}",
+        ctx()
+    );
+    assert!(!chat.has_attr("error.type"), "{}", ctx());
+    assert!(chat.events_named("exception").is_empty(), "{}", ctx());
+    assert!(!chat.has_attr("hermes.incomplete"), "{}", ctx());
+}
+
+/// What a failed attempt must say.
+struct ChatError<'a> {
+    error_type: &'a str,
+    status_code: i64,
+    retryable: bool,
+    exception_type: &'a str,
+    message_contains: &'a str,
+}
+
+fn assert_chat_error(tree: &SpanTree, chat: &Span, base: &ChatExpect<'_>, err: &ChatError<'_>) {
+    assert_chat_common(
+        tree,
+        chat,
+        base.model,
+        base.port,
+        base.turn_id,
+        base.api_call,
+        base.attempt,
+    );
+    let ctx = || format!("{} attempt {}\n{}", chat.name, base.attempt, tree.render());
+    assert_eq!(chat.status_code(), StatusCode::Error, "{}", ctx());
+    assert_eq!(
+        chat.str_attr("error.type"),
+        Some(err.error_type),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        chat.int_attr("http.response.status_code"),
+        Some(err.status_code),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        chat.bool_attr("hermes.retryable"),
+        Some(err.retryable),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        chat.int_attr("hermes.retry_count"),
+        Some(base.attempt - 1),
+        "{}",
+        ctx()
+    );
+    let events = chat.events_named("exception");
+    assert_eq!(events.len(), 1, "one exception event: {}", ctx());
+    assert_eq!(
+        events[0].str_attr("exception.type"),
+        Some(err.exception_type),
+        "{}",
+        ctx()
+    );
+    assert!(
+        events[0]
+            .str_attr("exception.message")
+            .is_some_and(|m| m.contains(err.message_contains)),
+        "{}",
+        ctx()
+    );
+    assert!(
+        !chat.has_attr("gen_ai.usage.input_tokens"),
+        "no usage on a failed attempt: {}",
+        ctx()
+    );
+}
+
+fn assert_chat_common(
+    tree: &SpanTree,
+    chat: &Span,
+    model: &str,
+    port: u16,
+    turn_id: &str,
+    api_call: i64,
+    attempt: i64,
+) {
+    let ctx = || format!("{} attempt {attempt}\n{}", chat.name, tree.render());
+    assert_eq!(chat.name, format!("chat {model}"), "{}", ctx());
+    assert_eq!(chat.kind(), SpanKind::Client, "{}", ctx());
+    assert_eq!(
+        chat.str_attr("gen_ai.operation.name"),
+        Some("chat"),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        chat.str_attr("gen_ai.provider.name"),
+        Some("custom"),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        chat.str_attr("gen_ai.request.model"),
+        Some(model),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        chat.str_attr("server.address"),
+        Some("127.0.0.1"),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        chat.int_attr("server.port"),
+        Some(i64::from(port)),
+        "{}",
+        ctx()
+    );
+    assert_eq!(chat.str_attr("hermes.turn_id"), Some(turn_id), "{}", ctx());
+    assert_eq!(
+        chat.str_attr("hermes.api_request_id"),
+        Some(format!("{turn_id}:api:{api_call}").as_str()),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        chat.int_attr("hermes.api_call_count"),
+        Some(api_call),
+        "{}",
+        ctx()
+    );
+    assert_eq!(chat.int_attr("hermes.attempt"), Some(attempt), "{}", ctx());
+}
+
+/// A successful `execute_tool {name}` span.
+fn assert_tool(tree: &SpanTree, tool: &Span, name: &str, call_id: &str, turn_id: &str) {
+    let ctx = || format!("{} {call_id}\n{}", tool.name, tree.render());
+    assert_eq!(tool.name, format!("execute_tool {name}"), "{}", ctx());
+    assert_eq!(tool.kind(), SpanKind::Internal, "{}", ctx());
+    assert_eq!(
+        tool.str_attr("gen_ai.operation.name"),
+        Some("execute_tool"),
+        "{}",
+        ctx()
+    );
+    assert_eq!(tool.str_attr("gen_ai.tool.name"), Some(name), "{}", ctx());
+    assert_eq!(
+        tool.str_attr("gen_ai.tool.call.id"),
+        Some(call_id),
+        "{}",
+        ctx()
+    );
+    assert_eq!(
+        tool.str_attr("gen_ai.tool.type"),
+        Some("function"),
+        "{}",
+        ctx()
+    );
+    assert_eq!(tool.str_attr("hermes.tool.status"), Some("ok"), "{}", ctx());
+    assert!(
+        tool.int_attr("hermes.tool.duration_ms")
+            .is_some_and(|d| d >= 0),
+        "{}",
+        ctx()
+    );
+    assert_eq!(tool.str_attr("hermes.turn_id"), Some(turn_id), "{}", ctx());
+    assert_ne!(tool.status_code(), StatusCode::Error, "{}", ctx());
+    assert!(!tool.has_attr("hermes.incomplete"), "{}", ctx());
+}
+
+/// The only root of the tree (panics otherwise).
+fn only_root(tree: &SpanTree) -> &Span {
+    let roots = tree.roots();
+    assert_eq!(roots.len(), 1, "exactly one root:\n{}", tree.render());
+    assert_eq!(tree.trace_ids().len(), 1, "one trace:\n{}", tree.render());
+    roots[0]
+}
+
+/// The children of `span`, by start time, as their names.
+fn child_names(tree: &SpanTree, span: &Span) -> Vec<String> {
+    tree.children(span).iter().map(|s| s.name.clone()).collect()
+}
+
+fn turn_id(span: &Span) -> String {
+    span.str_attr("hermes.turn_id")
+        .expect("hermes.turn_id")
+        .to_string()
+}
+
+/// Hermes' session id format: `YYYYMMDD_HHMMSS_6hex`.
+fn looks_like_session_id(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('_').collect();
+    matches!(parts.as_slice(), [d, t, h]
+        if d.len() == 8 && t.len() == 6 && h.len() == 6
+            && d.chars().chain(t.chars()).all(|c| c.is_ascii_digit())
+            && h.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+// ---------------------------------------------------------------------------
+// 1. Retries
+// ---------------------------------------------------------------------------
+
+/// 500, then 429, then an answer: Hermes retries one request (same
+/// `api_request_id`) and the collector makes one `chat` span per attempt,
+/// the failed ones ERROR with the failure's attributes and an exception
+/// event, all under the one turn.
+#[test]
+fn retried_request_gives_one_chat_span_per_attempt() {
+    let mut sc = Scenario::start(json!([
+        {"error": 500},
+        {"error": 429, "retry_after": 0.1},
+        {"content": "Recovered after two failures.",
+         "usage": {"prompt_tokens": 321, "completion_tokens": 12}}
+    ]));
+    let run = sc.chat("Say hello", "terminal", &[]);
+    assert!(run.out.status.success(), "{}", run.describe());
+    assert!(run.stdout().contains("Recovered after two failures."));
+    assert_eq!(sc.server.main_requests().len(), 3);
+
+    let tree = sc.collect(1, 4);
+    assert_common(&tree, &run.session);
+    assert_eq!(tree.len(), 4, "{}", tree.render());
+    let root = only_root(&tree);
+    let model = sc.model().to_string();
+    assert_turn(
+        &tree,
+        root,
+        "invoke_agent hermes",
+        &model,
+        &TurnExpect::completed(3, 0, (321, 12)).first_of_session(),
+    );
+    let tid = turn_id(root);
+    let chats = tree.children_named(root, &format!("chat {model}"));
+    assert_eq!(chats.len(), 3, "{}", tree.render());
+    assert_eq!(tree.children(root).len(), 3, "{}", tree.render());
+    let base = |attempt: i64| ChatExpect {
+        model: &model,
+        port: sc.server.port(),
+        turn_id: &tid,
+        api_call: 1,
+        attempt,
+        usage: (321, 12),
+        finish: "stop",
+    };
+    assert_chat_error(
+        &tree,
+        chats[0],
+        &base(1),
+        &ChatError {
+            error_type: "server_error",
+            status_code: 500,
+            retryable: true,
+            exception_type: "InternalServerError",
+            message_contains: "fake_openai scripted error 500",
+        },
+    );
+    assert_chat_error(
+        &tree,
+        chats[1],
+        &base(2),
+        &ChatError {
+            error_type: "rate_limit",
+            status_code: 429,
+            retryable: true,
+            exception_type: "RateLimitError",
+            message_contains: "fake_openai scripted error 429",
+        },
+    );
+    assert_chat_ok(&tree, chats[2], &base(3));
+    // The attempts follow each other; they never overlap.
+    for pair in chats.windows(2) {
+        assert!(
+            pair[0].end_time_unix_nano <= pair[1].start_time_unix_nano,
+            "attempts overlap:\n{}",
+            tree.render()
+        );
+    }
+    assert_eq!(root.str_attr("hermes.platform"), Some("cli"));
+}
+
+// ---------------------------------------------------------------------------
+// 2. Parallel tools
+// ---------------------------------------------------------------------------
+
+/// Two `read_file` calls on different files in one response: Hermes runs
+/// them concurrently (`post_tool_call` from worker threads, out of order).
+/// Two overlapping `execute_tool read_file` spans with distinct call ids,
+/// both children of the turn, between the two model calls.
+#[test]
+fn parallel_tool_calls_become_sibling_tool_spans() {
+    // The files must exist before the server script names them.
+    let files = tempfile::tempdir().expect("tempdir");
+    let a = files.path().join("alpha.txt");
+    let b = files.path().join("beta.txt");
+    std::fs::write(&a, "alpha contents\n").expect("write");
+    std::fs::write(&b, "beta contents\n").expect("write");
+    let mut sc = Scenario::start(json!([
+        {"tool_calls": [
+            {"name": "read_file", "arguments": {"path": a.to_string_lossy()}},
+            {"name": "read_file", "arguments": {"path": b.to_string_lossy()}}
+         ],
+         "usage": {"prompt_tokens": 500, "completion_tokens": 40}},
+        {"content": "Both files read.", "usage": {"prompt_tokens": 700, "completion_tokens": 9}}
+    ]));
+    let run = sc.chat("Read alpha.txt and beta.txt", "file", &[]);
+    assert!(run.out.status.success(), "{}", run.describe());
+    assert!(
+        run.stdout().contains("Both files read."),
+        "{}",
+        run.describe()
+    );
+    // Hermes really ran both tools: the second request carries both results.
+    let requests = sc.server.main_requests();
+    assert_eq!(requests.len(), 2, "{}", sc.server.describe_requests());
+    let results = hermes_e2e::fake_openai::tool_messages(&requests[1]);
+    assert_eq!(results.len(), 2, "{results:?}");
+
+    let tree = sc.collect(1, 5);
+    assert_common(&tree, &run.session);
+    assert_eq!(tree.len(), 5, "{}", tree.render());
+    let root = only_root(&tree);
+    let model = sc.model().to_string();
+    assert_turn(
+        &tree,
+        root,
+        "invoke_agent hermes",
+        &model,
+        &TurnExpect::completed(2, 2, (1200, 49)).first_of_session(),
+    );
+    let tid = turn_id(root);
+    let chats = tree.children_named(root, &format!("chat {model}"));
+    assert_eq!(chats.len(), 2, "{}", tree.render());
+    let tools = tree.children_named(root, "execute_tool read_file");
+    assert_eq!(tools.len(), 2, "{}", tree.render());
+    assert_eq!(tree.children(root).len(), 4, "{}", tree.render());
+    let ids: BTreeSet<&str> = tools
+        .iter()
+        .map(|t| t.str_attr("gen_ai.tool.call.id").unwrap_or(""))
+        .collect();
+    assert_eq!(
+        ids,
+        BTreeSet::from(["call_1", "call_2"]),
+        "{}",
+        tree.render()
+    );
+    for tool in &tools {
+        let call_id = tool.str_attr("gen_ai.tool.call.id").unwrap_or("");
+        assert_tool(&tree, tool, "read_file", call_id, &tid);
+        assert!(tool.start_time_unix_nano >= chats[0].end_time_unix_nano);
+        assert!(tool.end_time_unix_nano <= chats[1].start_time_unix_nano);
+        assert!(tree.children(tool).is_empty());
+    }
+    // Run concurrently: both had started before either ended.
+    let latest_start = tools.iter().map(|t| t.start_time_unix_nano).max().unwrap();
+    let earliest_end = tools.iter().map(|t| t.end_time_unix_nano).min().unwrap();
+    assert!(
+        latest_start < earliest_end,
+        "the two tool spans overlap:\n{}",
+        tree.render()
+    );
+    let base = |api_call: i64, usage, finish| ChatExpect {
+        model: &model,
+        port: sc.server.port(),
+        turn_id: &tid,
+        api_call,
+        attempt: 1,
+        usage,
+        finish,
+    };
+    assert_chat_ok(&tree, chats[0], &base(1, (500, 40), "tool_calls"));
+    assert_chat_ok(&tree, chats[1], &base(2, (700, 9), "stop"));
+}
+
+// ---------------------------------------------------------------------------
+// 3. Subagent
+// ---------------------------------------------------------------------------
+
+/// Parent asks for `delegate_task`; the child (same server) runs `echo`
+/// and answers; the parent answers. Script entries are consumed in this
+/// order because the delegation is synchronous (`hermes -z`, or the Python
+/// API with a stateless channel).
+fn subagent_script() -> Value {
+    json!([
+        {"tool_calls": [{"name": "delegate_task",
+                         "arguments": {"goal": "Run echo from-child and report its output"}}],
+         "usage": {"prompt_tokens": 111, "completion_tokens": 11}},
+        {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo from-child"}}],
+         "usage": {"prompt_tokens": 200, "completion_tokens": 20}},
+        {"content": "The child printed from-child.",
+         "usage": {"prompt_tokens": 300, "completion_tokens": 30}},
+        {"content": "Parent done: the subagent printed from-child.",
+         "usage": {"prompt_tokens": 444, "completion_tokens": 44}}
+    ])
+}
+
+/// The tree of [`subagent_script`]: returns the top-level session id.
+///
+/// ```text
+/// invoke_agent hermes                      (parent turn)
+/// ├─ chat M                                (delegate_task call)
+/// ├─ execute_tool delegate_task            call_1
+/// │  └─ invoke_agent leaf                  (subagent: child_session_id, agent.id sa-…)
+/// │     └─ invoke_agent leaf               (child turn, hermes.session_id = child session)
+/// │        ├─ chat M
+/// │        ├─ execute_tool terminal        call_2
+/// │        └─ chat M
+/// └─ chat M                                (final answer)
+/// ```
+fn assert_subagent_tree(tree: &SpanTree, sc: &Scenario, platform: Option<&str>) -> String {
+    let root = only_root(tree);
+    let session = root
+        .str_attr("session.id")
+        .expect("session.id on the root")
+        .to_string();
+    assert!(looks_like_session_id(&session), "{session}");
+    assert_common(tree, &session);
+    assert_eq!(tree.len(), 9, "{}", tree.render());
+    let model = sc.model().to_string();
+    let chat_name = format!("chat {model}");
+    let port = sc.server.port();
+
+    // Parent turn.
+    assert_turn(
+        tree,
+        root,
+        "invoke_agent hermes",
+        &model,
+        &TurnExpect::completed(2, 1, (555, 55)).first_of_session(),
+    );
+    assert_eq!(root.str_attr("gen_ai.agent.name"), Some("hermes"));
+    assert_eq!(root.str_attr("hermes.platform"), platform);
+    assert!(!root.has_attr("hermes.session_id"), "{}", tree.render());
+    let tid = turn_id(root);
+    let task_id = root.str_attr("hermes.task_id").unwrap().to_string();
+    assert_eq!(
+        child_names(tree, root),
+        [
+            chat_name.as_str(),
+            "execute_tool delegate_task",
+            chat_name.as_str()
+        ],
+        "{}",
+        tree.render()
+    );
+    let parent_chats = tree.children_named(root, &chat_name);
+    let chat = |turn_id, api_call, usage, finish| {
+        ChatExpect::first(&model, port, turn_id, api_call, usage, finish)
+    };
+    assert_chat_ok(
+        tree,
+        parent_chats[0],
+        &chat(&tid, 1, (111, 11), "tool_calls"),
+    );
+    assert_chat_ok(tree, parent_chats[1], &chat(&tid, 2, (444, 44), "stop"));
+    let delegate = tree.children_named(root, "execute_tool delegate_task")[0];
+    assert_tool(tree, delegate, "delegate_task", "call_1", &tid);
+
+    // Subagent span, under the delegate_task tool span.
+    let subs = tree.children(delegate);
+    assert_eq!(subs.len(), 1, "{}", tree.render());
+    let sub = subs[0];
+    assert_eq!(sub.name, "invoke_agent leaf", "{}", tree.render());
+    assert_eq!(sub.kind(), SpanKind::Internal);
+    assert_eq!(sub.str_attr("gen_ai.operation.name"), Some("invoke_agent"));
+    assert_eq!(sub.str_attr("gen_ai.agent.name"), Some("leaf"));
+    assert_eq!(sub.str_attr("hermes.subagent.status"), Some("completed"));
+    assert!(sub.int_attr("hermes.subagent.duration_ms").is_some());
+    assert_eq!(sub.str_attr("hermes.turn_id"), Some(tid.as_str()));
+    assert_eq!(
+        sub.str_attr("hermes.task_id"),
+        Some(task_id.as_str()),
+        "the subagent span belongs to the parent turn:\n{}",
+        tree.render()
+    );
+    assert_ne!(sub.status_code(), StatusCode::Error);
+    // Content capture is off by default: no goal or summary.
+    assert!(!sub.has_attr("hermes.subagent.goal"), "{}", tree.render());
+    assert!(
+        !sub.has_attr("hermes.subagent.summary"),
+        "{}",
+        tree.render()
+    );
+    let agent_id = sub
+        .str_attr("gen_ai.agent.id")
+        .expect("gen_ai.agent.id")
+        .to_string();
+    assert!(agent_id.starts_with("sa-"), "{agent_id}");
+    let child_session = sub
+        .str_attr("hermes.child_session_id")
+        .expect("hermes.child_session_id")
+        .to_string();
+    assert!(looks_like_session_id(&child_session), "{child_session}");
+    assert_ne!(child_session, session);
+
+    // Child turn, under the subagent span.
+    let child_turns = tree.children(sub);
+    assert_eq!(child_turns.len(), 1, "{}", tree.render());
+    let child = child_turns[0];
+    assert_turn(
+        tree,
+        child,
+        "invoke_agent leaf",
+        &model,
+        &TurnExpect::completed(2, 1, (500, 50)).first_of_session(),
+    );
+    assert_eq!(child.str_attr("gen_ai.agent.name"), Some("leaf"));
+    assert_eq!(child.str_attr("hermes.platform"), Some("subagent"));
+    assert_eq!(
+        child.str_attr("hermes.task_id"),
+        Some(agent_id.as_str()),
+        "the child's task id is the subagent id"
+    );
+    let child_tid = turn_id(child);
+    assert!(child_tid.starts_with(&format!("{child_session}:{agent_id}:")));
+    assert_eq!(
+        child_names(tree, child),
+        [
+            chat_name.as_str(),
+            "execute_tool terminal",
+            chat_name.as_str()
+        ],
+        "{}",
+        tree.render()
+    );
+    let child_chats = tree.children_named(child, &chat_name);
+    assert_chat_ok(
+        tree,
+        child_chats[0],
+        &chat(&child_tid, 1, (200, 20), "tool_calls"),
+    );
+    assert_chat_ok(
+        tree,
+        child_chats[1],
+        &chat(&child_tid, 2, (300, 30), "stop"),
+    );
+    let terminal = tree.children_named(child, "execute_tool terminal")[0];
+    assert_tool(tree, terminal, "terminal", "call_2", &child_tid);
+    for s in std::iter::once(child).chain(tree.descendants(child)) {
+        assert_eq!(
+            s.str_attr("hermes.session_id"),
+            Some(child_session.as_str()),
+            "{} carries the child's own session\n{}",
+            s.name,
+            tree.render()
+        );
+        assert_eq!(s.str_attr("gen_ai.agent.name"), Some("leaf"));
+    }
+    session
+}
+
+/// `hermes -z` with a `delegate_task` call: the child's turn and calls
+/// nest under `invoke_agent leaf` under the `execute_tool delegate_task`
+/// span, all in the parent's trace.
+#[test]
+#[ignore = "shim bug (racy): `hermes -z` leaves through os._exit ~55 ms after on_session_end, skipping the shim's atexit flush, and the shim lingers 50 ms before sending a batch: the parent's last post_api_request/post_llm_call/on_session_end are lost when the exit wins"]
+fn subagent_in_oneshot_nests_under_delegate_task() {
+    let mut sc = Scenario::start(subagent_script());
+    let out = sc.home.hermes(
+        &[
+            "-z",
+            "Delegate running echo from-child to a subagent",
+            "-t",
+            "terminal,delegation",
+        ],
+        &sc.env(&[]),
+        hermes_e2e::hermes::DEFAULT_RUN_TIMEOUT,
+    );
+    assert!(out.success(), "{}", out.describe());
+    assert!(
+        out.stdout().contains("Parent done"),
+        "{}\n{}",
+        out.describe(),
+        sc.server.describe_requests()
+    );
+    assert_eq!(sc.server.main_requests().len(), 4);
+    let tree = sc.collect(1, 9);
+    assert_subagent_tree(&tree, &sc, Some("cli"));
+}
+
+/// The same delegation from the Python API. `hermes -z` makes delegation
+/// synchronous with `declare_stateless_channel()`; a Python host does the
+/// same (otherwise `delegate_task` runs in the background and the result
+/// re-enters a later turn).
+#[test]
+fn subagent_from_python_api_nests_under_delegate_task() {
+    let mut sc = Scenario::start(subagent_script());
+    let result = sc.python(
+        r#"
+from gateway.session_context import declare_stateless_channel
+declare_stateless_channel()
+agent = make_agent(enabled_toolsets=["terminal", "delegation"])
+r = agent.run_conversation("Delegate running echo from-child to a subagent")
+print("E2E " + json.dumps({"session": agent.session_id, "final": r.get("final_response")}))
+"#,
+        &[],
+    );
+    assert!(
+        result["final"]
+            .as_str()
+            .is_some_and(|f| f.contains("Parent done")),
+        "{result}\n{}",
+        sc.server.describe_requests()
+    );
+    assert_eq!(sc.server.main_requests().len(), 4);
+    let tree = sc.collect(1, 9);
+    let session = assert_subagent_tree(&tree, &sc, None);
+    assert_eq!(result["session"].as_str(), Some(session.as_str()));
+}
+
+// ---------------------------------------------------------------------------
+// 4. Several turns on one agent
+// ---------------------------------------------------------------------------
+
+/// Three `run_conversation` calls on one `AIAgent`: three traces (one per
+/// turn), one session, `hermes.session.start` on the first turn only.
+#[test]
+fn three_turns_on_one_agent_are_three_traces_of_one_session() {
+    let mut sc = Scenario::start(json!([
+        {"content": "First answer.", "usage": {"prompt_tokens": 101, "completion_tokens": 1}},
+        {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo turn-two"}}],
+         "usage": {"prompt_tokens": 102, "completion_tokens": 2}},
+        {"content": "Second answer.", "usage": {"prompt_tokens": 103, "completion_tokens": 3}},
+        {"content": "Third answer.", "usage": {"prompt_tokens": 104, "completion_tokens": 4}}
+    ]));
+    let result = sc.python(
+        r#"
+agent = make_agent()
+history = None
+finals = []
+for query in ["Say one", "Run echo turn-two", "Say three"]:
+    r = agent.run_conversation(query, conversation_history=history)
+    history = r.get("messages")
+    finals.append(r.get("final_response"))
+print("E2E " + json.dumps({"session": agent.session_id, "finals": finals}))
+"#,
+        &[],
+    );
+    assert_eq!(
+        result["finals"],
+        json!(["First answer.", "Second answer.", "Third answer."]),
+        "{}",
+        sc.server.describe_requests()
+    );
+    let session = result["session"].as_str().expect("session").to_string();
+
+    let tree = sc.collect(3, 8);
+    assert_common(&tree, &session);
+    assert_eq!(tree.len(), 8, "{}", tree.render());
+    let roots = tree.roots();
+    assert_eq!(roots.len(), 3, "{}", tree.render());
+    assert_eq!(tree.trace_ids().len(), 3, "one trace per turn");
+    let model = sc.model().to_string();
+    let chat_name = format!("chat {model}");
+    let expect = [
+        TurnExpect::completed(1, 0, (101, 1)).first_of_session(),
+        TurnExpect::completed(2, 1, (205, 5)),
+        TurnExpect::completed(1, 0, (104, 4)),
+    ];
+    let mut turn_ids = BTreeSet::new();
+    for (root, exp) in roots.iter().zip(&expect) {
+        assert_turn(&tree, root, "invoke_agent hermes", &model, exp);
+        let tid = turn_id(root);
+        assert!(tid.starts_with(&format!("{session}:")), "{tid}");
+        turn_ids.insert(tid.clone());
+        // Every span of the trace belongs to this turn.
+        let trace = tree.trace(&root.trace_id);
+        for s in &trace {
+            assert_eq!(s.str_attr("hermes.turn_id"), Some(tid.as_str()));
+            assert!(s.is_root() || s.parent_span_id == root.span_id);
+        }
+    }
+    assert_eq!(turn_ids.len(), 3, "distinct turns");
+    let port = sc.server.port();
+    let chat = |tid, api_call, usage, finish| {
+        ChatExpect::first(&model, port, tid, api_call, usage, finish)
+    };
+    // Turn 1: one answer.
+    let t1 = turn_id(roots[0]);
+    assert_eq!(child_names(&tree, roots[0]), [chat_name.as_str()]);
+    let c = tree.children(roots[0]);
+    assert_chat_ok(&tree, c[0], &chat(&t1, 1, (101, 1), "stop"));
+    // Turn 2: call, tool, answer.
+    let t2 = turn_id(roots[1]);
+    assert_eq!(
+        child_names(&tree, roots[1]),
+        [
+            chat_name.as_str(),
+            "execute_tool terminal",
+            chat_name.as_str()
+        ]
+    );
+    let c = tree.children(roots[1]);
+    assert_chat_ok(&tree, c[0], &chat(&t2, 1, (102, 2), "tool_calls"));
+    assert_tool(&tree, c[1], "terminal", "call_1", &t2);
+    assert_chat_ok(&tree, c[2], &chat(&t2, 2, (103, 3), "stop"));
+    // Turn 3.
+    let t3 = turn_id(roots[2]);
+    assert_eq!(child_names(&tree, roots[2]), [chat_name.as_str()]);
+    let c = tree.children(roots[2]);
+    assert_chat_ok(&tree, c[0], &chat(&t3, 1, (104, 4), "stop"));
+    // In order, without overlap.
+    assert!(roots[0].end_time_unix_nano <= roots[1].start_time_unix_nano);
+    assert!(roots[1].end_time_unix_nano <= roots[2].start_time_unix_nano);
+}
+
+// ---------------------------------------------------------------------------
+// 5. Approval
+// ---------------------------------------------------------------------------
+
+/// A dangerous terminal command from the Python API with an approval
+/// callback. Hermes asks for approval (and fires pre/post_approval_*) only
+/// in an interactive CLI, gateway or exec-ask context: `HERMES_INTERACTIVE=1`
+/// selects the CLI path, and `tools.terminal_tool.set_approval_callback`
+/// (per thread) answers instead of a prompt. The `approval {pattern_key}`
+/// span is a child of the tool span.
+#[test]
+fn approval_becomes_a_child_of_the_tool_span() {
+    let scratch_parent = tempfile::tempdir().expect("tempdir");
+    let scratch = scratch_parent.path().join("scratch-approval");
+    std::fs::create_dir_all(&scratch).expect("mkdir");
+    std::fs::write(scratch.join("file.txt"), "x").expect("write");
+    let command = format!("rm -r {}", scratch.display());
+    let mut sc = Scenario::start(json!([
+        {"tool_calls": [{"name": "terminal", "arguments": {"command": command}}],
+         "usage": {"prompt_tokens": 150, "completion_tokens": 15}},
+        {"content": "Removed the scratch directory.",
+         "usage": {"prompt_tokens": 250, "completion_tokens": 25}}
+    ]));
+    let result = sc.python(
+        r#"
+from tools.terminal_tool import set_approval_callback
+asked = []
+def approve(command, description, **kwargs):
+    asked.append({"command": command, "description": description})
+    return "once"
+set_approval_callback(approve)
+agent = make_agent()
+r = agent.run_conversation("Remove the scratch directory")
+print("E2E " + json.dumps({"session": agent.session_id, "asked": asked,
+                           "final": r.get("final_response")}))
+"#,
+        &[("HERMES_INTERACTIVE", "1")],
+    );
+    let asked = result["asked"].as_array().expect("asked");
+    assert_eq!(asked.len(), 1, "the callback was asked once: {result}");
+    assert_eq!(asked[0]["command"].as_str(), Some(command.as_str()));
+    // Pattern-based detection uses the description as the pattern key.
+    let pattern_key = asked[0]["description"].as_str().expect("description");
+    assert_eq!(pattern_key, "delete in root path");
+    assert!(!scratch.exists(), "approved command ran");
+    let session = result["session"].as_str().expect("session").to_string();
+
+    let tree = sc.collect(1, 5);
+    assert_common(&tree, &session);
+    assert_eq!(tree.len(), 5, "{}", tree.render());
+    let root = only_root(&tree);
+    let model = sc.model().to_string();
+    assert_turn(
+        &tree,
+        root,
+        "invoke_agent hermes",
+        &model,
+        &TurnExpect::completed(2, 1, (400, 40)).first_of_session(),
+    );
+    let tid = turn_id(root);
+    let chat_name = format!("chat {model}");
+    assert_eq!(
+        child_names(&tree, root),
+        [
+            chat_name.as_str(),
+            "execute_tool terminal",
+            chat_name.as_str()
+        ],
+        "{}",
+        tree.render()
+    );
+    let tool = tree.children_named(root, "execute_tool terminal")[0];
+    assert_tool(&tree, tool, "terminal", "call_1", &tid);
+    let approvals = tree.children(tool);
+    assert_eq!(approvals.len(), 1, "{}", tree.render());
+    let approval = approvals[0];
+    assert_eq!(approval.name, format!("approval {pattern_key}"));
+    assert_eq!(approval.kind(), SpanKind::Internal);
+    assert_eq!(
+        approval.str_attr("hermes.approval.pattern_key"),
+        Some(pattern_key)
+    );
+    assert_eq!(approval.str_attr("hermes.approval.surface"), Some("cli"));
+    assert_eq!(approval.str_attr("hermes.approval.choice"), Some("once"));
+    assert!(
+        !approval.has_attr("hermes.approval.decided_by"),
+        "decided_by only for smart approvals"
+    );
+    assert_eq!(approval.str_attr("gen_ai.tool.call.id"), Some("call_1"));
+    assert_eq!(approval.str_attr("hermes.turn_id"), Some(tid.as_str()));
+    assert!(
+        !approval.has_attr("hermes.approval.command"),
+        "no command without content capture"
+    );
+    assert!(!approval.has_attr("hermes.incomplete"));
+    assert_ne!(approval.status_code(), StatusCode::Error);
+}
+
+// ---------------------------------------------------------------------------
+// 6. Resume in a second process
+// ---------------------------------------------------------------------------
+
+/// `hermes chat -q` then `hermes chat --resume SESSION -q` in a second
+/// process: two traces of the same session, both complete; the second has
+/// no `hermes.session.start` (Hermes does not fire `on_session_start` after
+/// `--resume`).
+#[test]
+fn resumed_session_continues_in_a_second_trace() {
+    let mut sc = Scenario::start(json!([
+        {"content": "First answer.", "usage": {"prompt_tokens": 120, "completion_tokens": 6}},
+        {"content": "Resumed answer.", "usage": {"prompt_tokens": 220, "completion_tokens": 7}}
+    ]));
+    let first = sc.chat("Say one", "terminal", &[]);
+    assert!(first.out.status.success(), "{}", first.describe());
+    assert!(first.stdout().contains("First answer."));
+    let second = sc.chat("Say two", "terminal", &["--resume", &first.session]);
+    assert!(second.out.status.success(), "{}", second.describe());
+    assert!(second.stdout().contains("Resumed answer."));
+    assert_eq!(second.session, first.session, "resumed the same session");
+    // The resumed request carries the first exchange.
+    let requests = sc.server.main_requests();
+    assert_eq!(requests.len(), 2);
+    let history = hermes_e2e::fake_openai::messages(&requests[1]);
+    assert!(
+        history
+            .iter()
+            .any(|m| m.get("content").and_then(Value::as_str) == Some("First answer.")),
+        "{history:?}"
+    );
+
+    let tree = sc.collect(2, 4);
+    assert_common(&tree, &first.session);
+    assert_eq!(tree.len(), 4, "{}", tree.render());
+    let roots = tree.roots();
+    assert_eq!(roots.len(), 2, "{}", tree.render());
+    assert_eq!(tree.trace_ids().len(), 2);
+    let model = sc.model().to_string();
+    assert_turn(
+        &tree,
+        roots[0],
+        "invoke_agent hermes",
+        &model,
+        &TurnExpect::completed(1, 0, (120, 6)).first_of_session(),
+    );
+    assert_turn(
+        &tree,
+        roots[1],
+        "invoke_agent hermes",
+        &model,
+        &TurnExpect::completed(1, 0, (220, 7)),
+    );
+    let port = sc.server.port();
+    for (root, usage) in roots.iter().zip([(120, 6), (220, 7)]) {
+        assert_eq!(root.str_attr("hermes.platform"), Some("cli"));
+        let tid = turn_id(root);
+        let children = tree.children(root);
+        assert_eq!(children.len(), 1, "{}", tree.render());
+        assert_chat_ok(
+            &tree,
+            children[0],
+            &ChatExpect {
+                model: &model,
+                port,
+                turn_id: &tid,
+                api_call: 1,
+                attempt: 1,
+                usage,
+                finish: "stop",
+            },
+        );
+    }
+    // Two agent processes: two shim instances.
+    let instance = |s: &Span| {
+        tree.resource_of(s)
+            .and_then(|r| r.str_attr("service.instance.id"))
+            .map(String::from)
+    };
+    assert!(instance(roots[0]).is_some());
+    assert_ne!(instance(roots[0]), instance(roots[1]));
+}
+
+// ---------------------------------------------------------------------------
+// 7. Failed and interrupted turns
+// ---------------------------------------------------------------------------
+
+/// A non-retryable 400: Hermes gives up after one attempt and returns
+/// `failed` without firing `post_llm_call` or `on_session_end` (it returns
+/// before its turn finalizer); the CLI then fires `on_session_finalize`,
+/// which closes the turn as incomplete. One ERROR chat span under a turn
+/// that is not marked completed, nothing dangling.
+#[test]
+fn non_retryable_error_fails_the_turn_without_dangling_spans() {
+    let mut sc = Scenario::start(json!([
+        {"error": 400, "message": "bad request from the e2e test"}
+    ]));
+    let run = sc.chat("Say hello", "terminal", &[]);
+    assert!(!run.out.status.success(), "{}", run.describe());
+    assert_eq!(sc.server.main_requests().len(), 1, "no retry of a 400");
+
+    let tree = sc.collect(1, 2);
+    assert_common(&tree, &run.session);
+    assert_eq!(tree.len(), 2, "{}", tree.render());
+    let root = only_root(&tree);
+    let model = sc.model().to_string();
+    // Neither completed nor interrupted is known (no on_session_end): the
+    // turn was closed by on_session_finalize, as incomplete.
+    assert_turn(
+        &tree,
+        root,
+        "invoke_agent hermes",
+        &model,
+        &TurnExpect {
+            failed_with: Some("format_error"),
+            completed: None,
+            interrupted: None,
+            api_attempts: 1,
+            tool_calls: 0,
+            usage: (0, 0),
+            session_start: true,
+            incomplete: true,
+        },
+    );
+    let tid = turn_id(root);
+    let chats = tree.children(root);
+    assert_eq!(chats.len(), 1, "{}", tree.render());
+    assert_chat_error(
+        &tree,
+        chats[0],
+        &ChatExpect {
+            model: &model,
+            port: sc.server.port(),
+            turn_id: &tid,
+            api_call: 1,
+            attempt: 1,
+            usage: (0, 0),
+            finish: "",
+        },
+        &ChatError {
+            error_type: "format_error",
+            status_code: 400,
+            retryable: false,
+            exception_type: "BadRequestError",
+            message_contains: "bad request from the e2e test",
+        },
+    );
+}
+
+/// Three 429s: Hermes' retries (3 attempts) are exhausted and the turn
+/// fails. Three ERROR chat spans of one request, attempts 1..3, under a
+/// turn closed (incomplete) by `on_session_finalize`.
+#[test]
+fn exhausted_retries_fail_the_turn_with_one_span_per_attempt() {
+    let mut sc = Scenario::start(json!([
+        {"error": 429, "retry_after": 0.1},
+        {"error": 429, "retry_after": 0.1},
+        {"error": 429, "retry_after": 0.1}
+    ]));
+    let run = sc.chat("Say hello", "terminal", &[]);
+    assert!(!run.out.status.success(), "{}", run.describe());
+    assert!(
+        run.stdout().contains("failed after 3 retries"),
+        "{}",
+        run.describe()
+    );
+    assert_eq!(sc.server.main_requests().len(), 3);
+
+    let tree = sc.collect(1, 4);
+    assert_common(&tree, &run.session);
+    assert_eq!(tree.len(), 4, "{}", tree.render());
+    let root = only_root(&tree);
+    let model = sc.model().to_string();
+    assert_turn(
+        &tree,
+        root,
+        "invoke_agent hermes",
+        &model,
+        &TurnExpect {
+            failed_with: Some("rate_limit"),
+            completed: None,
+            interrupted: None,
+            api_attempts: 3,
+            tool_calls: 0,
+            usage: (0, 0),
+            session_start: true,
+            incomplete: true,
+        },
+    );
+    let tid = turn_id(root);
+    let chats = tree.children(root);
+    assert_eq!(chats.len(), 3, "{}", tree.render());
+    for (i, chat) in chats.iter().enumerate() {
+        assert_chat_error(
+            &tree,
+            chat,
+            &ChatExpect {
+                model: &model,
+                port: sc.server.port(),
+                turn_id: &tid,
+                api_call: 1,
+                attempt: i as i64 + 1,
+                usage: (0, 0),
+                finish: "",
+            },
+            &ChatError {
+                error_type: "rate_limit",
+                status_code: 429,
+                retryable: true,
+                exception_type: "RateLimitError",
+                message_contains: "fake_openai scripted error 429",
+            },
+        );
+    }
+}
+
+/// The same non-retryable 400 from the Python API, then a second, successful
+/// turn on the same agent. No host fires `on_session_finalize` here (nor
+/// does the messaging gateway after each turn), and Hermes skips
+/// `on_session_end` on its failure paths, so nothing ends the failed turn
+/// explicitly. It must still be exported once the agent has moved on (the
+/// session's next turn started, or its process exited), not only at
+/// `correlator.state_ttl_secs` (1 h by default).
+#[test]
+fn failed_turn_in_python_api_does_not_dangle() {
+    let mut sc = Scenario::start(json!([
+        {"error": 400, "message": "bad request from the e2e test"},
+        {"content": "Second turn worked.", "usage": {"prompt_tokens": 130, "completion_tokens": 3}}
+    ]));
+    let result = sc.python(
+        r#"
+agent = make_agent()
+first = agent.run_conversation("Say hello")
+second = agent.run_conversation("Say hello again")
+print("E2E " + json.dumps({"session": agent.session_id,
+                           "first": {k: first.get(k) for k in ("completed", "failed")},
+                           "second": second.get("final_response")}))
+"#,
+        &[],
+    );
+    assert_eq!(
+        result["first"],
+        json!({"completed": false, "failed": true}),
+        "{result}"
+    );
+    assert_eq!(result["second"].as_str(), Some("Second turn worked."));
+    let session = result["session"].as_str().expect("session").to_string();
+
+    let tree = sc.collect(2, 4);
+    assert_common(&tree, &session);
+    assert_eq!(tree.len(), 4, "{}", tree.render());
+    let roots = tree.roots();
+    assert_eq!(roots.len(), 2, "{}", tree.render());
+    let model = sc.model().to_string();
+    let port = sc.server.port();
+    assert_turn(
+        &tree,
+        roots[0],
+        "invoke_agent hermes",
+        &model,
+        &TurnExpect {
+            failed_with: Some("format_error"),
+            completed: None,
+            interrupted: None,
+            api_attempts: 1,
+            tool_calls: 0,
+            usage: (0, 0),
+            session_start: true,
+            incomplete: true,
+        },
+    );
+    let t1 = turn_id(roots[0]);
+    let chats = tree.children(roots[0]);
+    assert_eq!(chats.len(), 1, "{}", tree.render());
+    assert_chat_error(
+        &tree,
+        chats[0],
+        &ChatExpect::first(&model, port, &t1, 1, (0, 0), ""),
+        &ChatError {
+            error_type: "format_error",
+            status_code: 400,
+            retryable: false,
+            exception_type: "BadRequestError",
+            message_contains: "bad request from the e2e test",
+        },
+    );
+    assert_turn(
+        &tree,
+        roots[1],
+        "invoke_agent hermes",
+        &model,
+        &TurnExpect::completed(1, 0, (130, 3)),
+    );
+    let t2 = turn_id(roots[1]);
+    let chats = tree.children(roots[1]);
+    assert_eq!(chats.len(), 1, "{}", tree.render());
+    assert_chat_ok(
+        &tree,
+        chats[0],
+        &ChatExpect::first(&model, port, &t2, 1, (130, 3), "stop"),
+    );
+    assert!(roots[0].end_time_unix_nano <= roots[1].start_time_unix_nano);
+}
+
+/// `AIAgent.interrupt()` while the model call is in flight (the server
+/// delays its answer): Hermes abandons the attempt (no post_api_request or
+/// api_request_error for it) and ends the turn with `on_session_end(
+/// interrupted=True)`. The open attempt is closed at the turn's end as
+/// incomplete, the turn is interrupted (not an error) and counts it.
+#[test]
+fn interrupted_turn_closes_the_open_attempt() {
+    let mut sc = Scenario::start(json!([
+        {"content": "Too late.", "delay_ms": 15000}
+    ]));
+    let log = sc.server.log_path().to_string_lossy().into_owned();
+    let result = sc.python(
+        r#"
+import threading, time
+agent = make_agent()
+
+def interrupt_when_the_request_is_in_flight():
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            with open(os.environ["E2E_FAKE_LOG"], encoding="utf-8") as fh:
+                if any(json.loads(l).get("kind") == "main" for l in fh if l.strip()):
+                    break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    time.sleep(0.3)
+    agent.interrupt("stopped by the e2e test")
+
+threading.Thread(target=interrupt_when_the_request_is_in_flight, daemon=True).start()
+r = agent.run_conversation("Say something slowly")
+print("E2E " + json.dumps({"session": agent.session_id, "completed": r.get("completed"),
+                           "interrupted": r.get("interrupted"), "failed": r.get("failed")}))
+"#,
+        &[("E2E_FAKE_LOG", &log)],
+    );
+    assert_eq!(result["interrupted"], json!(true), "{result}");
+    let session = result["session"].as_str().expect("session").to_string();
+
+    let tree = sc.collect(1, 2);
+    assert_common(&tree, &session);
+    assert_eq!(tree.len(), 2, "{}", tree.render());
+    let root = only_root(&tree);
+    let model = sc.model().to_string();
+    // Hermes 0.19.0 reports completed=True together with interrupted=True
+    // for an interrupted turn; the span carries what the hook said.
+    assert_turn(
+        &tree,
+        root,
+        "invoke_agent hermes",
+        &model,
+        &TurnExpect {
+            failed_with: None,
+            completed: result["completed"].as_bool(),
+            interrupted: Some(true),
+            api_attempts: 1,
+            tool_calls: 0,
+            usage: (0, 0),
+            session_start: true,
+            incomplete: false,
+        },
+    );
+    let tid = turn_id(root);
+    let chats = tree.children(root);
+    assert_eq!(chats.len(), 1, "{}", tree.render());
+    let chat = chats[0];
+    assert_chat_common(&tree, chat, &model, sc.server.port(), &tid, 1, 1);
+    assert_eq!(
+        chat.bool_attr("hermes.incomplete"),
+        Some(true),
+        "{}",
+        tree.render()
+    );
+    assert!(!chat.has_attr("gen_ai.usage.input_tokens"));
+    assert!(chat.end_time_unix_nano <= root.end_time_unix_nano);
+}
