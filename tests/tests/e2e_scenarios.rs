@@ -204,8 +204,76 @@ impl Scenario {
         std::thread::sleep(SETTLE);
         let tree = self.receiver.store().tree();
         println!("received tree:\n{}", tree.render());
+        if let Some(dir) = std::env::var_os("HERMES_E2E_TREES_DIR") {
+            // For docs/TRACE_MODEL.md: the scenario's tree, compact.
+            let name = std::thread::current()
+                .name()
+                .unwrap_or("scenario")
+                .replace("::", "_");
+            let path = std::path::Path::new(&dir).join(format!("{name}.txt"));
+            let _ = std::fs::write(path, compact(&tree));
+        }
         tree
     }
+}
+
+/// A compact rendering of a tree: names, kinds, statuses and the telling
+/// attributes, children in start order; no ids or times.
+fn compact(tree: &SpanTree) -> String {
+    fn walk(tree: &SpanTree, span: &Span, depth: usize, out: &mut String) {
+        const KEYS: [&str; 12] = [
+            "hermes.attempt",
+            "error.type",
+            "http.response.status_code",
+            "gen_ai.usage.input_tokens",
+            "gen_ai.usage.output_tokens",
+            "gen_ai.tool.call.id",
+            "hermes.tool.status",
+            "hermes.approval.choice",
+            "hermes.subagent.status",
+            "hermes.turn.api_attempts",
+            "hermes.turn.tool_calls",
+            "hermes.incomplete",
+        ];
+        let attrs = span.attr_map();
+        let notes: Vec<String> = KEYS
+            .iter()
+            .filter_map(|k| {
+                attrs
+                    .get(*k)
+                    .map(|v| format!("{}={v}", k.rsplit('.').next().unwrap_or(k)))
+            })
+            .collect();
+        let status = if span.status_code() == StatusCode::Error {
+            " ERROR"
+        } else {
+            ""
+        };
+        let events: Vec<&str> = span.events.iter().map(|e| e.name.as_str()).collect();
+        let events = if events.is_empty() {
+            String::new()
+        } else {
+            format!(" events=[{}]", events.join(","))
+        };
+        out.push_str(&format!(
+            "{}{}{status}  {}{events}\n",
+            "  ".repeat(depth),
+            span.name,
+            notes.join(" ")
+        ));
+        let mut children = tree.children(span);
+        children.sort_by_key(|c| c.start_time_unix_nano);
+        for child in children {
+            walk(tree, child, depth + 1, out);
+        }
+    }
+    let mut out = String::new();
+    let mut roots = tree.roots();
+    roots.sort_by_key(|r| r.start_time_unix_nano);
+    for root in roots {
+        walk(tree, root, 0, &mut out);
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------
