@@ -9,11 +9,16 @@
 //!   A plugin must never raise into Hermes because of its configuration.
 //! - Lookups go through a caller-supplied function, so tests never touch the
 //!   process environment.
+//! - The bearer token never appears in a warning, a `Debug` output or the
+//!   settings handed to Python: [`Token`] is redacted, and the endpoint
+//!   converts to Python as its address only.
 //! - The shim never reads or sets `OTEL_EXPORTER_OTLP_ENDPOINT`: Hermes'
 //!   bundled `nemo-relay` would export prompt content as soon as it is set.
 //! - No capture level registers a `transform_*` hook; `lean` leaves out
 //!   `pre_api_request`, whose sanitized request payload Hermes only builds when
 //!   someone listens.
+
+use std::fmt;
 
 use hermes_proto::hooks;
 
@@ -29,6 +34,17 @@ pub const ENV_QUEUE_EVENTS: &str = "HERMES_COLLECTOR_QUEUE_EVENTS";
 pub const ENV_EXIT_FLUSH_MS: &str = "HERMES_COLLECTOR_EXIT_FLUSH_MS";
 /// `HERMES_COLLECTOR_DISABLED`.
 pub const ENV_DISABLED: &str = "HERMES_COLLECTOR_DISABLED";
+/// `HERMES_COLLECTOR_TOKEN`: the bearer token itself.
+pub const ENV_TOKEN: &str = "HERMES_COLLECTOR_TOKEN";
+/// `HERMES_COLLECTOR_TOKEN_FILE`: a file holding the bearer token.
+pub const ENV_TOKEN_FILE: &str = "HERMES_COLLECTOR_TOKEN_FILE";
+/// `HERMES_COLLECTOR_TLS_CA_FILE`: PEM CA certificate(s) the collector's
+/// certificate must chain to (`https://` endpoints).
+pub const ENV_TLS_CA_FILE: &str = "HERMES_COLLECTOR_TLS_CA_FILE";
+/// `HERMES_COLLECTOR_TLS_CERT_FILE`: PEM client certificate (mutual TLS).
+pub const ENV_TLS_CERT_FILE: &str = "HERMES_COLLECTOR_TLS_CERT_FILE";
+/// `HERMES_COLLECTOR_TLS_KEY_FILE`: PEM private key of the client certificate.
+pub const ENV_TLS_KEY_FILE: &str = "HERMES_COLLECTOR_TLS_KEY_FILE";
 
 /// Default collector gRPC ingest endpoint.
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:4319";
@@ -127,12 +143,116 @@ impl CaptureLevel {
     }
 }
 
+/// A bearer token. Its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    /// A token from its text, surrounding whitespace trimmed; None unless it
+    /// is non-empty visible ASCII (what a header value can carry).
+    pub fn new(text: &str) -> Option<Token> {
+        let text = text.trim();
+        (!text.is_empty() && text.bytes().all(|b| b.is_ascii_graphic()))
+            .then(|| Token(text.to_owned()))
+    }
+
+    /// The token.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// TLS material of an `https://` endpoint (PEM text, read once).
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// CA certificate(s) the collector's certificate must chain to.
+    pub ca_pem: Vec<u8>,
+    /// Client certificate and its private key, for mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsFiles")
+            .field("ca_bytes", &self.ca_pem.len())
+            .field(
+                "client_identity",
+                &self.identity.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// Where and how the sender reaches the collector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CollectorEndpoint {
+    /// `http://host:port` (plaintext HTTP/2), `https://host:port` (TLS) or
+    /// `unix:/path/to/socket`.
+    pub url: String,
+    /// Sent as `authorization: Bearer <token>` on the stream call.
+    pub token: Option<Token>,
+    /// TLS settings; used with `https://` endpoints only.
+    pub tls: Option<TlsFiles>,
+}
+
+impl Default for CollectorEndpoint {
+    fn default() -> Self {
+        CollectorEndpoint::from(DEFAULT_ENDPOINT)
+    }
+}
+
+impl From<String> for CollectorEndpoint {
+    fn from(url: String) -> Self {
+        CollectorEndpoint {
+            url,
+            token: None,
+            tls: None,
+        }
+    }
+}
+
+impl From<&str> for CollectorEndpoint {
+    fn from(url: &str) -> Self {
+        CollectorEndpoint::from(url.to_owned())
+    }
+}
+
+impl fmt::Display for CollectorEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+/// To Python, an endpoint is its address (never its token).
+#[cfg(feature = "python")]
+impl<'py> pyo3::IntoPyObject<'py> for &CollectorEndpoint {
+    type Target = pyo3::types::PyString;
+    type Output = pyo3::Bound<'py, pyo3::types::PyString>;
+    type Error = std::convert::Infallible;
+
+    fn into_pyobject(self, py: pyo3::Python<'py>) -> Result<Self::Output, Self::Error> {
+        Ok(pyo3::types::PyString::new(py, &self.url))
+    }
+}
+
 /// The shim's configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShimConfig {
     /// `HERMES_COLLECTOR_ENDPOINT`: the collector's gRPC ingest, `http://host:port`
-    /// (plaintext HTTP/2; TLS is not supported). Default `http://127.0.0.1:4319`.
-    pub endpoint: String,
+    /// (plaintext HTTP/2) or `unix:/path/to/socket`. Default
+    /// `http://127.0.0.1:4319`; `https://host:port` with
+    /// `HERMES_COLLECTOR_TLS_CA_FILE` (and, for mutual TLS,
+    /// `HERMES_COLLECTOR_TLS_CERT_FILE` + `HERMES_COLLECTOR_TLS_KEY_FILE`).
+    /// With the bearer token of
+    /// `HERMES_COLLECTOR_TOKEN_FILE` (read once, here) or
+    /// `HERMES_COLLECTOR_TOKEN`; the file wins when both are set.
+    pub endpoint: CollectorEndpoint,
     /// `HERMES_COLLECTOR_SERVICE_NAME`: `service.name` of the agent. Default `hermes-agent`.
     pub service_name: String,
     /// `HERMES_COLLECTOR_CAPTURE`: `lean`, `metadata` (default) or `content`.
@@ -150,7 +270,7 @@ pub struct ShimConfig {
 impl Default for ShimConfig {
     fn default() -> Self {
         ShimConfig {
-            endpoint: DEFAULT_ENDPOINT.to_owned(),
+            endpoint: CollectorEndpoint::default(),
             service_name: DEFAULT_SERVICE_NAME.to_owned(),
             capture: CaptureLevel::default(),
             queue_events: DEFAULT_QUEUE_EVENTS,
@@ -206,8 +326,112 @@ impl ShimConfig {
         }
         if let Some(value) = get(ENV_ENDPOINT) {
             match validate_endpoint(&value) {
-                Ok(endpoint) => config.endpoint = endpoint,
+                Ok(endpoint) => config.endpoint.url = endpoint,
                 Err(reason) => warn(ENV_ENDPOINT, &value, reason, DEFAULT_ENDPOINT.into()),
+            }
+        }
+        let token_file = get(ENV_TOKEN_FILE);
+        if let Some(path) = &token_file {
+            match std::fs::read_to_string(path.trim()) {
+                Ok(text) => match Token::new(&text) {
+                    Some(token) => config.endpoint.token = Some(token),
+                    None => warn(
+                        ENV_TOKEN_FILE,
+                        path,
+                        "the file is empty or holds characters other than visible ASCII",
+                        "no token".into(),
+                    ),
+                },
+                Err(_) => warn(
+                    ENV_TOKEN_FILE,
+                    path,
+                    "the file cannot be read",
+                    "no token".into(),
+                ),
+            }
+        }
+        let https = config.endpoint.url.starts_with("https://");
+        let mut tls = None;
+        if let Some(path) = get(ENV_TLS_CA_FILE) {
+            match read_pem(&path) {
+                Some(ca_pem) => {
+                    tls = Some(TlsFiles {
+                        ca_pem,
+                        identity: None,
+                    })
+                }
+                None => warn(
+                    ENV_TLS_CA_FILE,
+                    &path,
+                    "the file cannot be read or holds no PEM block",
+                    "no TLS".into(),
+                ),
+            }
+        }
+        match (get(ENV_TLS_CERT_FILE), get(ENV_TLS_KEY_FILE)) {
+            (None, None) => {}
+            (Some(cert), Some(key)) => match (read_pem(&cert), read_pem(&key), tls.as_mut()) {
+                (Some(cert), Some(key), Some(tls)) => tls.identity = Some((cert, key)),
+                (_, _, None) => warn(
+                    ENV_TLS_CERT_FILE,
+                    &cert,
+                    "a client certificate needs HERMES_COLLECTOR_TLS_CA_FILE too",
+                    "no client certificate".into(),
+                ),
+                _ => warn(
+                    ENV_TLS_CERT_FILE,
+                    &cert,
+                    "the certificate or key file cannot be read or holds no PEM block",
+                    "no client certificate".into(),
+                ),
+            },
+            (Some(cert), None) => warn(
+                ENV_TLS_CERT_FILE,
+                &cert,
+                "HERMES_COLLECTOR_TLS_KEY_FILE is not set",
+                "no client certificate".into(),
+            ),
+            (None, Some(key)) => warn(
+                ENV_TLS_KEY_FILE,
+                &key,
+                "HERMES_COLLECTOR_TLS_CERT_FILE is not set",
+                "no client certificate".into(),
+            ),
+        }
+        match (https, tls) {
+            (true, Some(tls)) => config.endpoint.tls = Some(tls),
+            (true, None) => warn(
+                ENV_ENDPOINT,
+                &config.endpoint.url.clone(),
+                "an https:// endpoint needs HERMES_COLLECTOR_TLS_CA_FILE; nothing is sent",
+                "no connection".into(),
+            ),
+            (false, Some(_)) => warn(
+                ENV_TLS_CA_FILE,
+                &config.endpoint.url.clone(),
+                "TLS settings apply to https:// endpoints only",
+                "no TLS".into(),
+            ),
+            (false, None) => {}
+        }
+        if let Some(value) = get(ENV_TOKEN) {
+            if token_file.is_some() {
+                warn(
+                    ENV_TOKEN,
+                    REDACTED,
+                    "HERMES_COLLECTOR_TOKEN_FILE is set too, and wins",
+                    "the file's token".into(),
+                );
+            } else {
+                match Token::new(&value) {
+                    Some(token) => config.endpoint.token = Some(token),
+                    None => warn(
+                        ENV_TOKEN,
+                        REDACTED,
+                        "characters other than visible ASCII",
+                        "no token".into(),
+                    ),
+                }
             }
         }
         if let Some(value) = get(ENV_SERVICE_NAME) {
@@ -258,14 +482,31 @@ fn parse_bool(value: &str) -> Option<bool> {
     }
 }
 
-/// Accepts `http://host[:port][/]`; returns it trimmed.
+/// Stands for a token in warnings.
+const REDACTED: &str = "<redacted>";
+
+/// The content of a file holding at least one PEM block.
+fn read_pem(path: &str) -> Option<Vec<u8>> {
+    std::fs::read(path.trim())
+        .ok()
+        .filter(|bytes| bytes.windows(11).any(|w| w == b"-----BEGIN "))
+}
+
+/// Accepts `http(s)://host[:port][/]` or `unix:/path`; returns it trimmed.
 fn validate_endpoint(value: &str) -> Result<String, &'static str> {
     let value = value.trim();
+    if let Some(path) = value.strip_prefix("unix:") {
+        let path = path.strip_prefix("//").unwrap_or(path);
+        if path.is_empty() {
+            return Err("unix: needs a socket path (unix:/path/to/socket)");
+        }
+        return Ok(value.to_owned());
+    }
     let endpoint =
         tonic::transport::Endpoint::from_shared(value.to_owned()).map_err(|_| "not a valid URI")?;
     let uri = endpoint.uri();
-    if uri.scheme_str() != Some("http") {
-        return Err("expected an http:// URI (plaintext gRPC; TLS is not supported)");
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err("expected an http:// or https:// URI, or unix:/path");
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err("the URI has no host");
@@ -291,7 +532,8 @@ mod tests {
         let (config, warnings) = parse(&[]);
         assert!(warnings.is_empty());
         assert_eq!(config, ShimConfig::default());
-        assert_eq!(config.endpoint, "http://127.0.0.1:4319");
+        assert_eq!(config.endpoint.url, "http://127.0.0.1:4319");
+        assert_eq!(config.endpoint.token, None);
         assert_eq!(config.service_name, "hermes-agent");
         assert_eq!(config.capture, CaptureLevel::Metadata);
         assert_eq!(config.queue_events, 65_536);
@@ -310,7 +552,7 @@ mod tests {
             (ENV_DISABLED, "yes"),
         ]);
         assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(config.endpoint, "http://10.1.2.3:5000");
+        assert_eq!(config.endpoint.url, "http://10.1.2.3:5000");
         assert_eq!(config.service_name, "svc");
         assert_eq!(config.capture, CaptureLevel::Content);
         assert_eq!(config.queue_events, 16);
@@ -349,6 +591,117 @@ mod tests {
         assert_eq!(warnings.len(), 1);
         let (_, warnings) = parse(&[(ENV_QUEUE_EVENTS, "99999999999")]);
         assert_eq!(warnings.len(), 1);
+    }
+
+    #[test]
+    fn unix_socket_endpoints() {
+        let (config, warnings) = parse(&[(ENV_ENDPOINT, " unix:/run/hermes/ingest.sock ")]);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(config.endpoint.url, "unix:/run/hermes/ingest.sock");
+        let (_, warnings) = parse(&[(ENV_ENDPOINT, "unix:")]);
+        assert_eq!(warnings.len(), 1);
+    }
+
+    #[test]
+    fn token_from_the_environment_or_a_file() {
+        let (config, warnings) = parse(&[(ENV_TOKEN, " s3cret\n")]);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            config.endpoint.token.as_ref().map(Token::expose),
+            Some("s3cret")
+        );
+        assert!(!format!("{config:?}").contains("s3cret"), "{config:?}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let path = file.to_string_lossy().into_owned();
+        let (config, warnings) = parse(&[(ENV_TOKEN_FILE, &path), (ENV_TOKEN, "s3cret")]);
+        assert_eq!(
+            config.endpoint.token.as_ref().map(Token::expose),
+            Some("from-file"),
+            "the file wins"
+        );
+        assert_eq!(warnings.len(), 1);
+        assert_eq!(warnings[0].var, ENV_TOKEN);
+        assert!(
+            !warnings[0].to_string().contains("s3cret"),
+            "{}",
+            warnings[0]
+        );
+    }
+
+    #[test]
+    fn bad_tokens_warn_without_showing_them() {
+        let (config, warnings) = parse(&[(ENV_TOKEN, "two s3cret words")]);
+        assert_eq!(config.endpoint.token, None);
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            !warnings[0].to_string().contains("s3cret"),
+            "{}",
+            warnings[0]
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        for path in [empty, dir.path().join("missing")] {
+            let (config, warnings) = parse(&[(ENV_TOKEN_FILE, &path.to_string_lossy())]);
+            assert_eq!(config.endpoint.token, None);
+            assert_eq!(warnings.len(), 1, "{path:?}");
+            assert_eq!(warnings[0].var, ENV_TOKEN_FILE);
+        }
+    }
+
+    #[test]
+    fn tls_files_for_https_endpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let pem = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(
+                &path,
+                format!("-----BEGIN {name}-----\nAA==\n-----END {name}-----\n"),
+            )
+            .unwrap();
+            path.to_string_lossy().into_owned()
+        };
+        let (ca, cert, key) = (pem("CA"), pem("CERT"), pem("KEY"));
+        let (config, warnings) = parse(&[
+            (ENV_ENDPOINT, "https://collector:4319"),
+            (ENV_TLS_CA_FILE, &ca),
+            (ENV_TLS_CERT_FILE, &cert),
+            (ENV_TLS_KEY_FILE, &key),
+        ]);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let tls = config.endpoint.tls.as_ref().unwrap();
+        assert!(tls.ca_pem.starts_with(b"-----BEGIN CA"));
+        assert!(tls.identity.is_some());
+        assert!(!format!("{config:?}").contains("BEGIN KEY"), "{config:?}");
+
+        // https without a CA: warned, and nothing will be sent in plaintext.
+        let (config, warnings) = parse(&[(ENV_ENDPOINT, "https://collector:4319")]);
+        assert_eq!(config.endpoint.url, "https://collector:4319");
+        assert_eq!(config.endpoint.tls, None);
+        assert_eq!(warnings.len(), 1);
+        // TLS files with a plaintext endpoint, a certificate without its key,
+        // a file that is not PEM: warned.
+        let (config, warnings) = parse(&[(ENV_TLS_CA_FILE, &ca)]);
+        assert_eq!(config.endpoint.tls, None);
+        assert_eq!(warnings.len(), 1);
+        let (config, warnings) = parse(&[
+            (ENV_ENDPOINT, "https://collector:4319"),
+            (ENV_TLS_CA_FILE, &ca),
+            (ENV_TLS_CERT_FILE, &cert),
+        ]);
+        assert_eq!(config.endpoint.tls.as_ref().unwrap().identity, None);
+        assert_eq!(warnings.len(), 1);
+        let not_pem = dir.path().join("not-pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let (_, warnings) = parse(&[
+            (ENV_ENDPOINT, "https://collector:4319"),
+            (ENV_TLS_CA_FILE, &not_pem.to_string_lossy()),
+        ]);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
     }
 
     #[test]

@@ -44,6 +44,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::derived::DerivedMetrics;
 use crate::pipeline::PipelineStats;
 
 /// Prefix of every metric name.
@@ -165,8 +166,12 @@ impl AdminState {
         exporter: Arc<ExporterStats>,
         readiness: Arc<Readiness>,
         queues: Vec<QueueProbe>,
+        derived: &DerivedMetrics,
     ) -> Self {
-        let mut registry = Registry::with_prefix(METRIC_PREFIX);
+        let mut root = Registry::default();
+        // Metrics derived from spans keep their semconv names, unprefixed.
+        derived.register(&mut root);
+        let registry = root.sub_registry_with_prefix(METRIC_PREFIX);
         registry.register(
             "build",
             "Build information of the collector",
@@ -180,7 +185,7 @@ impl AdminState {
         }));
         Self {
             readiness,
-            registry: Arc::new(registry),
+            registry: Arc::new(root),
         }
     }
 
@@ -272,6 +277,12 @@ impl Collector for StatsCollector {
             "receiver_refused_batches",
             "Event batches refused (invalid or over the limits).",
             load(&r.batches_refused),
+        )?;
+        counter(
+            e,
+            "receiver_auth_failures",
+            "Ingest stream calls refused for a missing or wrong bearer token.",
+            load(&r.auth_failures),
         )?;
         counter(
             e,
@@ -591,6 +602,7 @@ mod tests {
                 QueueProbe::from_sender("ingest", &ingest_tx),
                 QueueProbe::from_sender("export", &export_tx),
             ],
+            &DerivedMetrics::default(),
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

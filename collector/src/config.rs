@@ -3,13 +3,17 @@
 //! before any port is bound.
 //!
 //! Parsing is pure (no I/O besides reading the file named on the command
-//! line). Unknown keys are errors. Every error names the key path, and the
-//! binary exits with code 64 (`EX_USAGE`) on it.
+//! line). Validation reads only what the collector needs before it binds:
+//! the ingest bearer token (its file or environment variable), the TLS
+//! files, and the directory of a Unix socket. Unknown keys are errors. Every error names the
+//! key path, and the binary exits with code 64 (`EX_USAGE`) on it. The token
+//! itself is never part of an error or of the configuration's `Debug`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use hermes_receiver::{BearerToken, ListenAddr};
 use serde::Deserialize;
 
 /// Exit code for bad configuration or usage (`EX_USAGE` of sysexits.h).
@@ -61,7 +65,9 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReceiverConfig {
-    /// Address of the gRPC ingest (shims' `HERMES_COLLECTOR_ENDPOINT`).
+    /// Address of the gRPC ingest (shims' `HERMES_COLLECTOR_ENDPOINT`):
+    /// `host:port`, or `unix:/path/to/socket` for a Unix domain socket
+    /// (created with mode 0600, a stale one replaced, removed at shutdown).
     pub listen: String,
     /// Largest accepted message, bytes.
     pub max_message_bytes: usize,
@@ -70,6 +76,104 @@ pub struct ReceiverConfig {
     /// Capacity of the channel from the receiver to the correlator, batches.
     /// When full, the receiver stops reading (backpressure to the shims).
     pub queue_batches: usize,
+    /// Bearer token the shims must present. None by default.
+    pub auth: AuthConfig,
+    /// TLS on the ingest listener, mutual with `client_ca_file`. None by
+    /// default (plaintext HTTP/2).
+    pub tls: Option<TlsConfig>,
+}
+
+/// TLS on the ingest listener. The files are read at startup.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain the collector presents, leaf first.
+    pub cert_file: PathBuf,
+    /// PEM private key of that certificate (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// PEM CA certificate(s) that client certificates must chain to: with
+    /// it, a client without such a certificate cannot connect (mutual TLS).
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// Reads the files and builds the server's TLS settings, checked. Errors
+    /// name the key of the file at fault (or `receiver.tls` when the pieces
+    /// do not fit together); they never contain the key.
+    pub fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig, ConfigError> {
+        let pem = hermes_receiver::TlsPem {
+            cert: read_pem("receiver.tls.cert_file", &self.cert_file)?,
+            key: read_pem("receiver.tls.key_file", &self.key_file)?,
+            client_ca: self
+                .client_ca_file
+                .as_deref()
+                .map(|path| read_pem("receiver.tls.client_ca_file", path))
+                .transpose()?,
+        };
+        pem.server_config()
+            .map_err(|e| ConfigError::new("receiver.tls", e.to_string()))
+    }
+}
+
+/// Reads a file that must hold at least one PEM block.
+fn read_pem(key: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| ConfigError::new(key, format!("cannot read {}: {e}", path.display())))?;
+    if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(ConfigError::new(
+            key,
+            format!("{} holds no PEM block", path.display()),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Where the ingest's bearer token comes from: at most one of the two. With
+/// neither, every stream call is accepted.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// File whose content, surrounding whitespace trimmed, is the token
+    /// (e.g. a mounted Kubernetes Secret). Read once at startup.
+    pub token_file: Option<PathBuf>,
+    /// Name of the environment variable holding the token.
+    pub token_env: Option<String>,
+}
+
+impl AuthConfig {
+    /// Reads the token, if one is configured, looking environment variables
+    /// up through `env`. Errors name the key; they never contain the token.
+    pub fn token(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<BearerToken>, ConfigError> {
+        match (&self.token_file, &self.token_env) {
+            (None, None) => Ok(None),
+            (Some(_), Some(_)) => Err(ConfigError::new(
+                "receiver.auth",
+                "set token_file or token_env, not both",
+            )),
+            (Some(path), None) => {
+                const KEY: &str = "receiver.auth.token_file";
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError::new(KEY, format!("cannot read {}: {e}", path.display()))
+                })?;
+                BearerToken::new(&text)
+                    .map(Some)
+                    .map_err(|e| ConfigError::new(KEY, format!("{}: {e}", path.display())))
+            }
+            (None, Some(name)) => {
+                const KEY: &str = "receiver.auth.token_env";
+                let text = env(name).ok_or_else(|| {
+                    ConfigError::new(KEY, format!("the environment variable {name} is not set"))
+                })?;
+                BearerToken::new(&text)
+                    .map(Some)
+                    .map_err(|e| ConfigError::new(KEY, format!("{name}: {e}")))
+            }
+        }
+    }
 }
 
 impl Default for ReceiverConfig {
@@ -78,7 +182,9 @@ impl Default for ReceiverConfig {
             listen: "127.0.0.1:4319".to_owned(),
             max_message_bytes: 16 * 1024 * 1024,
             max_events_per_batch: 8192,
-            queue_batches: 64,
+            queue_batches: 16,
+            auth: AuthConfig::default(),
+            tls: None,
         }
     }
 }
@@ -284,12 +390,28 @@ pub enum LogFormat {
     Json,
 }
 
+impl ReceiverConfig {
+    /// `listen`, parsed.
+    pub fn listen_addr(&self) -> Result<ListenAddr, ConfigError> {
+        self.listen
+            .parse::<ListenAddr>()
+            .map_err(|e| ConfigError::new("receiver.listen", e.to_string()))
+    }
+}
+
 /// File name of the embedded default's span file.
 pub const DEFAULT_SPAN_FILE: &str = "hermes-spans.jsonl";
 
 impl Config {
     /// Parses YAML text and validates it.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let config = Self::parse_yaml(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses YAML text without validating it.
+    fn parse_yaml(text: &str) -> Result<Self, ConfigError> {
         let config: Config = if text.trim().is_empty() {
             Config::default()
         } else {
@@ -307,7 +429,6 @@ impl Config {
                 )
             })?
         };
-        config.validate()?;
         Ok(config)
     }
 
@@ -329,14 +450,35 @@ impl Config {
             && self.exporters.console.is_none()
     }
 
-    /// Checks values serde cannot check. Pure: no I/O.
+    /// Checks values serde cannot check, with the process environment.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.receiver.listen.parse::<SocketAddr>().map_err(|e| {
-            ConfigError::new(
-                "receiver.listen",
-                format!("`{}` is not host:port ({e})", self.receiver.listen),
-            )
-        })?;
+        self.validate_with(&|name| std::env::var(name).ok())
+    }
+
+    /// Checks values serde cannot check. Its only I/O: reading the bearer
+    /// token (environment variables through `env`) and the TLS files, and
+    /// looking for the directory of a Unix socket.
+    pub fn validate_with(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let listen = self.receiver.listen_addr()?;
+        if let ListenAddr::Unix(path) = &listen {
+            let dir = match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => Path::new("."),
+            };
+            if !dir.is_dir() {
+                return Err(ConfigError::new(
+                    "receiver.listen",
+                    format!(
+                        "the directory {} of the socket does not exist",
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+        self.receiver.auth.token(env)?;
+        if let Some(tls) = &self.receiver.tls {
+            tls.server_config()?;
+        }
         self.admin.listen.parse::<SocketAddr>().map_err(|e| {
             ConfigError::new(
                 "admin.listen",
@@ -492,5 +634,130 @@ mod tests {
             let e = Config::from_yaml(yaml).unwrap_err();
             assert_eq!(e.path, path, "{yaml} -> {e}");
         }
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn token_file_is_read_trimmed_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "s3cret-token\n").unwrap();
+        let yaml = format!("receiver:\n  auth:\n    token_file: {}\n", file.display());
+        let c = Config::parse_yaml(&yaml).unwrap();
+        c.validate_with(&no_env).unwrap();
+        assert!(c.receiver.auth.token(&no_env).unwrap().is_some());
+
+        // Empty, unreadable, or with characters a header cannot carry.
+        for content in ["", " \n", "two words"] {
+            std::fs::write(&file, content).unwrap();
+            let e = c.validate_with(&no_env).unwrap_err();
+            assert_eq!(e.path, "receiver.auth.token_file", "{content:?}: {e}");
+        }
+        std::fs::write(&file, "two s3cret-words").unwrap();
+        let e = c.validate_with(&no_env).unwrap_err();
+        assert!(
+            !e.to_string().contains("s3cret"),
+            "never shows the token: {e}"
+        );
+        let missing = dir.path().join("missing");
+        let yaml = format!(
+            "receiver:\n  auth:\n    token_file: {}\n",
+            missing.display()
+        );
+        let e = Config::parse_yaml(&yaml)
+            .unwrap()
+            .validate_with(&no_env)
+            .unwrap_err();
+        assert_eq!(e.path, "receiver.auth.token_file", "{e}");
+        assert!(e.reason.contains("cannot read"), "{e}");
+    }
+
+    #[test]
+    fn token_env_is_looked_up() {
+        let c = Config::parse_yaml("receiver:\n  auth:\n    token_env: INGEST_TOKEN\n").unwrap();
+        let e = c.validate_with(&no_env).unwrap_err();
+        assert_eq!(e.path, "receiver.auth.token_env");
+        assert!(e.reason.contains("INGEST_TOKEN"), "{e}");
+        let set = |name: &str| (name == "INGEST_TOKEN").then(|| "abc123".to_owned());
+        c.validate_with(&set).unwrap();
+        let empty = |_: &str| Some(String::new());
+        assert_eq!(
+            c.validate_with(&empty).unwrap_err().path,
+            "receiver.auth.token_env"
+        );
+        assert!(!format!("{c:?}").contains("abc123"));
+    }
+
+    #[test]
+    fn token_file_and_env_exclude_each_other() {
+        let c = Config::parse_yaml(
+            "receiver:\n  auth:\n    token_file: /etc/hostname\n    token_env: X\n",
+        )
+        .unwrap();
+        let e = c.validate_with(&|_| Some("x".into())).unwrap_err();
+        assert_eq!(e.path, "receiver.auth");
+        let e = Config::from_yaml("receiver:\n  auth:\n    token: x\n").unwrap_err();
+        assert_eq!(e.path, "receiver.auth.token");
+    }
+
+    #[test]
+    fn tls_files_are_checked_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_pem = dir.path().join("not.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let bad_pem = dir.path().join("bad.pem");
+        std::fs::write(
+            &bad_pem,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let missing = dir.path().join("missing.pem");
+        let tls = |cert: &Path, key: &Path, ca: Option<&Path>| {
+            let mut yaml = format!(
+                "receiver:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
+                cert.display(),
+                key.display()
+            );
+            if let Some(ca) = ca {
+                yaml.push_str(&format!("    client_ca_file: {}\n", ca.display()));
+            }
+            Config::from_yaml(&yaml).unwrap_err()
+        };
+        assert_eq!(tls(&missing, &bad_pem, None).path, "receiver.tls.cert_file");
+        assert_eq!(tls(&bad_pem, &not_pem, None).path, "receiver.tls.key_file");
+        assert_eq!(
+            tls(&bad_pem, &bad_pem, Some(&missing)).path,
+            "receiver.tls.client_ca_file"
+        );
+        let e = tls(&bad_pem, &bad_pem, None);
+        assert_eq!(e.path, "receiver.tls", "{e}");
+        let e = Config::from_yaml("receiver:\n  tls:\n    cert_file: x\n").unwrap_err();
+        assert!(e.reason.contains("key_file"), "{e}");
+    }
+
+    #[test]
+    fn unix_listen_needs_an_existing_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = format!(
+            "receiver:\n  listen: unix:{}/ingest.sock\n",
+            dir.path().display()
+        );
+        let c = Config::from_yaml(&ok).unwrap();
+        assert_eq!(
+            c.receiver.listen_addr().unwrap(),
+            ListenAddr::Unix(dir.path().join("ingest.sock"))
+        );
+        let bad = format!(
+            "receiver:\n  listen: unix:{}/nowhere/ingest.sock\n",
+            dir.path().display()
+        );
+        let e = Config::from_yaml(&bad).unwrap_err();
+        assert_eq!(e.path, "receiver.listen");
+        assert!(e.reason.contains("does not exist"), "{e}");
+        let e = Config::from_yaml("receiver:\n  listen: 'unix:'\n").unwrap_err();
+        assert_eq!(e.path, "receiver.listen");
     }
 }

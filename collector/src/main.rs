@@ -13,6 +13,7 @@
 
 mod admin;
 mod config;
+mod derived;
 mod interpolate;
 mod pipeline;
 mod view;
@@ -29,7 +30,7 @@ use config::{Config, ConfigError, EXIT_CONFIG};
 use hermes_correlator::Correlator;
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_exporter::Sink;
-use hermes_receiver::{Ingest, Limits, ReceiverStats};
+use hermes_receiver::{Ingest, Limits, ListenAddr, Listener, ReceiverStats};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -295,7 +296,21 @@ fn build_sinks(config: &Config) -> anyhow::Result<Vec<Sink>> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    let addr: SocketAddr = config.receiver.listen.parse().context("receiver.listen")?;
+    let listen = config.receiver.listen_addr()?;
+    // Read again (validated before): the token lives only in the service.
+    let token = config
+        .receiver
+        .auth
+        .token(&|name| std::env::var(name).ok())?;
+    let tls = match &config.receiver.tls {
+        Some(tls) => Some(tls.server_config()?),
+        None => None,
+    };
+    let mutual_tls = config
+        .receiver
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.client_ca_file.is_some());
     let sinks = build_sinks(&config)?;
     let processor =
         hermes_processor::SpanProcessor::new(&config.processing).context("processing")?;
@@ -303,9 +318,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let exporter_shutdown = CancellationToken::new();
 
     // Bind first: a taken port fails the start before anything runs.
-    let listener = tokio::net::TcpListener::bind(addr)
+    let listener = Listener::bind(&listen)
         .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
+        .with_context(|| format!("cannot listen on {listen}"))?;
     let admin_addr: SocketAddr = config.admin.listen.parse().context("admin.listen")?;
     let admin_listener = tokio::net::TcpListener::bind(admin_addr)
         .await
@@ -355,6 +370,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         ..Default::default()
     });
     let pipeline_stats = Arc::new(pipeline::PipelineStats::default());
+    let derived = derived::DerivedMetrics::default();
     let sequencer = Sequencer::new(SequencerConfig {
         gap_timeout_nanos: config.correlator.gap_timeout_ms.saturating_mul(1_000_000),
         ..Default::default()
@@ -362,9 +378,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let pipeline = tokio::spawn(pipeline::run(
         ingest_rx,
         export_tx,
-        sequencer,
-        correlator,
-        processor,
+        pipeline::Steps {
+            sequencer,
+            correlator,
+            derived: derived.clone(),
+            processor,
+        },
         Duration::from_millis(config.correlator.tick_ms),
         pipeline_stats.clone(),
     ));
@@ -374,13 +393,26 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         max_message_bytes: config.receiver.max_message_bytes,
         max_events_per_batch: config.receiver.max_events_per_batch,
     };
-    let ingest = Ingest::new(ingest_tx, limits, receiver_stats.clone(), shutdown.clone());
+    if let ListenAddr::Tcp(addr) = &listen
+        && !addr.ip().is_loopback()
+        && tls.is_none()
+    {
+        tracing::warn!(
+            listen = %addr,
+            authenticated = token.is_some(),
+            "the ingest listens beyond loopback in plaintext: events (and the bearer token, if any) can be read on the network; see docs/SECURITY.md"
+        );
+    }
+    let authenticated = token.is_some();
+    let ingest =
+        Ingest::new(ingest_tx, limits, receiver_stats.clone(), shutdown.clone()).with_token(token);
     let admin_state = admin::AdminState::new(
         receiver_stats.clone(),
         pipeline_stats.clone(),
         exporter_stats.clone(),
         readiness.clone(),
         queues,
+        &derived,
     );
     let admin_local = admin_listener.local_addr().context("admin address")?;
     let admin_task = tokio::spawn(admin::serve(
@@ -391,17 +423,14 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(listen = %admin_local, "serving /livez, /readyz, /metrics");
     let local = listener.local_addr().context("listener address")?;
     readiness.set_receiver_bound(true);
-    tracing::info!(listen = %local, "receiving Hermes events");
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let server_shutdown = shutdown.clone();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(ingest.into_server())
-            .serve_with_incoming_shutdown(
-                incoming,
-                async move { server_shutdown.cancelled().await },
-            ),
+    tracing::info!(
+        listen = %local,
+        authenticated,
+        tls = tls.is_some(),
+        mutual_tls,
+        "receiving Hermes events"
     );
+    let server = tokio::spawn(ingest.serve(listener, tls, shutdown.clone()));
 
     wait_for_signal().await;
     readiness.set_draining();

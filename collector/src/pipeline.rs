@@ -21,6 +21,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hermes_correlator::sequencer::{Ready, Sequencer};
 use hermes_correlator::{Correlator, FinishedSpan, to_resource_spans};
 use hermes_processor::SpanProcessor;
+
+use crate::derived::DerivedMetrics;
 use hermes_receiver::Ingested;
 use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
 use tokio::sync::mpsc;
@@ -38,17 +40,31 @@ pub struct PipelineStats {
     pub expired: AtomicU64,
 }
 
-/// Runs the stage until the ingest channel closes. Returns the correlator's
-/// final statistics.
+/// What the stage runs, in order: events through the sequencer and the
+/// correlator; finished spans recorded in the derived metrics, then through
+/// the processor.
+pub struct Steps {
+    pub sequencer: Sequencer,
+    pub correlator: Correlator,
+    pub derived: DerivedMetrics,
+    pub processor: SpanProcessor,
+}
+
+/// Runs the stage until the ingest channel closes, ticking timers every
+/// `tick`.
 pub async fn run(
     mut ingest: mpsc::Receiver<Ingested>,
     export: mpsc::Sender<Vec<ResourceSpans>>,
-    mut sequencer: Sequencer,
-    mut correlator: Correlator,
-    processor: SpanProcessor,
+    steps: Steps,
     tick: Duration,
     stats: Arc<PipelineStats>,
 ) {
+    let Steps {
+        mut sequencer,
+        mut correlator,
+        derived,
+        processor,
+    } = steps;
     let mut ready: Vec<Ready> = Vec::new();
     let mut timer = tokio::time::interval(tick);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -75,7 +91,7 @@ pub async fn run(
         publish(&sequencer, &correlator, &stats);
         if !out.is_empty()
             && export
-                .send(processed(&processor, std::mem::take(&mut out)))
+                .send(processed(&processor, &derived, std::mem::take(&mut out)))
                 .await
                 .is_err()
         {
@@ -91,7 +107,11 @@ pub async fn run(
     publish(&sequencer, &correlator, &stats);
     if !out.is_empty() {
         let n = out.len();
-        if export.send(processed(&processor, out)).await.is_err() {
+        if export
+            .send(processed(&processor, &derived, out))
+            .await
+            .is_err()
+        {
             tracing::error!(
                 spans = n,
                 "exporter stage is gone; spans closed at shutdown are lost"
@@ -122,9 +142,16 @@ fn publish(sequencer: &Sequencer, correlator: &Correlator, stats: &PipelineStats
         .store(sequencer.held() as u64, Ordering::Relaxed);
 }
 
-/// Groups spans by resource and applies attribute sets, redaction and
-/// truncation.
-fn processed(processor: &SpanProcessor, spans: Vec<FinishedSpan>) -> Vec<ResourceSpans> {
+/// Records the derived metrics, groups spans by resource and applies
+/// attribute sets, redaction and truncation.
+fn processed(
+    processor: &SpanProcessor,
+    derived: &DerivedMetrics,
+    spans: Vec<FinishedSpan>,
+) -> Vec<ResourceSpans> {
+    for finished in &spans {
+        derived.record(&finished.span);
+    }
     let mut batch = to_resource_spans(spans);
     processor.process(&mut batch);
     batch

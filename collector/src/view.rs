@@ -35,7 +35,7 @@ pub enum ViewError {
         line: usize,
         source: serde_json::Error,
     },
-        #[error("no span in the file yet")]
+    #[error("no span in the file yet")]
     Empty,
     #[error("no trace {0} in the file")]
     NoTrace(String),
@@ -84,7 +84,7 @@ pub fn render(spans: &[Span], last: usize, trace: Option<&str>) -> Result<String
     for s in spans {
         unique.insert((&s.trace_id, &s.span_id), s);
     }
-        if unique.is_empty() {
+    if unique.is_empty() {
         return Err(ViewError::Empty);
     }
     let mut traces: HashMap<&[u8], Vec<&Span>> = HashMap::new();
@@ -416,7 +416,7 @@ invoke_agent hermes                          |███████████�
         assert_eq!(render(&spans, 1, Some("abab")).unwrap(), expected);
         assert!(matches!(
             render(&spans, 1, Some("ff")),
-                        Err(ViewError::NoTrace(_))
+            Err(ViewError::NoTrace(_))
         ));
         assert!(matches!(render(&[], 1, None), Err(ViewError::Empty)));
         std::fs::remove_dir_all(&dir).unwrap();

@@ -1048,7 +1048,7 @@ fn assert_subagent_tree(tree: &SpanTree, sc: &Scenario, platform: Option<&str>) 
 /// nest under `invoke_agent leaf` under the `execute_tool delegate_task`
 /// span, all in the parent's trace.
 #[test]
-#[ignore = "shim bug (racy): `hermes -z` leaves through os._exit ~55 ms after on_session_end, skipping the shim's atexit flush, and the shim lingers 50 ms before sending a batch: the parent's last post_api_request/post_llm_call/on_session_end are lost when the exit wins"]
+
 fn subagent_in_oneshot_nests_under_delegate_task() {
     let mut sc = Scenario::start(subagent_script());
     let out = sc.home.hermes(

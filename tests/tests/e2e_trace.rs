@@ -273,6 +273,53 @@ fn turn_becomes_a_nested_trace_over_otlp_grpc() {
         metric(&metrics, "hermes_collector_shim_dropped_events_total"),
         0.0
     );
+
+    // Metrics derived from the spans: token usage and durations by semconv.
+    let sample = |name: &str, part: &str, label: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains(part) && l.contains(label))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}{part}..{label} in:\n{metrics}"))
+    };
+    let prompt: i64 = USAGE.iter().map(|u| u.0).sum();
+    assert_eq!(
+        sample(
+            "gen_ai_client_token_usage",
+            "_sum{",
+            "gen_ai_token_type=\"input\""
+        ),
+        prompt as f64
+    );
+    assert_eq!(
+        sample(
+            "gen_ai_client_token_usage",
+            "_count{",
+            "gen_ai_token_type=\"output\""
+        ),
+        2.0
+    );
+    assert_eq!(
+        sample(
+            "gen_ai_client_operation_duration",
+            "_count{",
+            "gen_ai_operation_name=\"chat\""
+        ),
+        2.0
+    );
+    assert_eq!(
+        sample(
+            "hermes_tool_duration",
+            "_count{",
+            "gen_ai_tool_name=\"terminal\""
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample("hermes_turn_duration", "_count{", "outcome=\"completed\""),
+        1.0
+    );
 }
 
 #[test]

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
+use hermes_proto::hooks;
 use hermes_proto::v1::{Event, ShimInfo};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -140,6 +141,16 @@ fn convert_item(py: Python<'_>, item: HookItem, capture: CaptureLevel) -> Event 
 
 impl Convert for PyConverter {
     type Item = HookItem;
+
+    fn is_urgent(item: &HookItem) -> bool {
+        matches!(
+            &*item.hook,
+            hooks::POST_LLM_CALL
+                | hooks::ON_SESSION_END
+                | hooks::ON_SESSION_FINALIZE
+                | hooks::SUBAGENT_STOP
+        )
+    }
 
     fn convert(&mut self, items: Vec<HookItem>) -> Vec<Event> {
         if !self.gate.enter() {

@@ -1,12 +1,14 @@
 //! One gRPC stream to the collector.
 //!
-//! Owns: a task that connects, opens `EventIngest/Stream`, forwards the
-//! batches written to [`Conn::out`] and reports acks and the end of the
-//! stream as [`ConnEvent`]s.
+//! Owns: a task that connects (TCP, or a Unix socket for `unix:/path`
+//! endpoints), opens `EventIngest/Stream` with the bearer token if one is
+//! configured, forwards the batches written to [`Conn::out`] and reports acks
+//! and the end of the stream as [`ConnEvent`]s.
 //!
 //! Invariants: the task never outlives its [`Conn`] (dropping the handle
 //! aborts it and closes the request stream); it reports [`ConnEvent::Closed`]
-//! at most once and as its last event; it never logs.
+//! at most once and as its last event; it never logs. The token travels as
+//! a sensitive header (never indexed by HPACK, redacted in `Debug`).
 
 use std::time::Duration;
 
@@ -15,7 +17,10 @@ use hermes_proto::v1::{Ack, EventBatch};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+use crate::config::CollectorEndpoint;
 
 /// Why a stream could not be opened or ended.
 #[derive(Debug, thiserror::Error)]
@@ -23,8 +28,9 @@ pub enum ConnError {
     /// TCP connect or HTTP/2 handshake failed.
     #[error("connect: {0}")]
     Connect(#[source] tonic::transport::Error),
-    /// The collector refused or ended the stream with a status.
-    #[error("stream: {0}")]
+    /// The collector refused or ended the stream with a status
+    /// (`stream: Unauthenticated: invalid bearer token`).
+    #[error("stream: {:?}: {}", .0.code(), .0.message())]
     Status(#[source] tonic::Status),
     /// The collector closed the stream without a status.
     #[error("stream closed by the collector")]
@@ -82,23 +88,72 @@ impl Default for ConnOptions {
     }
 }
 
-/// Builds the endpoint for `url`.
-pub fn endpoint(url: &str, options: &ConnOptions) -> Result<Endpoint, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(url.to_owned())?
+/// Why an endpoint cannot be used at all.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// The address is not a valid URI.
+    #[error("endpoint: {0}")]
+    Endpoint(#[source] tonic::transport::Error),
+    /// The token cannot travel in a header (never shown).
+    #[error("the bearer token cannot be sent as a header")]
+    Token,
+    /// An `https://` endpoint without a CA to check the collector against.
+    #[error("an https:// endpoint needs HERMES_COLLECTOR_TLS_CA_FILE")]
+    NoCa,
+    /// The TLS material is not usable.
+    #[error("TLS: {0}")]
+    Tls(#[source] tonic::transport::Error),
+}
+
+/// Where to connect, and the credentials of the stream call.
+#[derive(Debug, Clone)]
+pub struct Target {
+    endpoint: Endpoint,
+    authorization: Option<MetadataValue<Ascii>>,
+}
+
+/// Builds the target for `endpoint`: `http://host:port`, `https://host:port`
+/// (TLS, checked against the configured CA, with the client certificate if
+/// any), or `unix:/path` (tonic connects to the socket; the request's
+/// authority is a placeholder).
+pub fn target(endpoint: &CollectorEndpoint, options: &ConnOptions) -> Result<Target, TargetError> {
+    let authorization = match &endpoint.token {
+        Some(token) => {
+            let mut value = MetadataValue::try_from(format!("Bearer {}", token.expose()))
+                .map_err(|_| TargetError::Token)?;
+            value.set_sensitive(true);
+            Some(value)
+        }
+        None => None,
+    };
+    let mut target = Endpoint::from_shared(endpoint.url.clone())
+        .map_err(TargetError::Endpoint)?
         .connect_timeout(options.connect_timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(options.keepalive_interval)
         .keep_alive_timeout(options.keepalive_timeout)
-        .keep_alive_while_idle(true))
+        .keep_alive_while_idle(true);
+    if endpoint.url.starts_with("https://") {
+        let tls = endpoint.tls.as_ref().ok_or(TargetError::NoCa)?;
+        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+        if let Some((cert, key)) = &tls.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        target = target.tls_config(config).map_err(TargetError::Tls)?;
+    }
+    Ok(Target {
+        endpoint: target,
+        authorization,
+    })
 }
 
 impl Conn {
     /// Starts connecting on the current runtime.
-    pub fn open(endpoint: Endpoint, options: &ConnOptions) -> Conn {
+    pub fn open(target: Target, options: &ConnOptions) -> Conn {
         let (out, out_rx) = mpsc::channel(options.out_capacity.max(1));
         let (events_tx, events) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
-            let end = drive(endpoint, out_rx, &events_tx).await;
+            let end = drive(target, out_rx, &events_tx).await;
             let _ = events_tx.send(ConnEvent::Closed(end));
         });
         Conn { out, events, task }
@@ -106,16 +161,22 @@ impl Conn {
 }
 
 async fn drive(
-    endpoint: Endpoint,
+    target: Target,
     out_rx: mpsc::Receiver<EventBatch>,
     events: &mpsc::UnboundedSender<ConnEvent>,
 ) -> ConnError {
-    let channel = match endpoint.connect().await {
+    let channel = match target.endpoint.connect().await {
         Ok(channel) => channel,
         Err(e) => return ConnError::Connect(e),
     };
     let mut client = EventIngestClient::new(channel);
-    let response = match client.stream(ReceiverStream::new(out_rx)).await {
+    let mut request = tonic::Request::new(ReceiverStream::new(out_rx));
+    if let Some(authorization) = target.authorization {
+        request
+            .metadata_mut()
+            .insert("authorization", authorization);
+    }
+    let response = match client.stream(request).await {
         Ok(response) => response,
         Err(status) => return ConnError::Status(status),
     };
@@ -131,5 +192,240 @@ async fn drive(
             Ok(None) => return ConnError::Ended,
             Err(status) => return ConnError::Status(status),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use hermes_proto::v1::event_ingest_server::{EventIngest, EventIngestServer};
+    use hermes_proto::v1::{Event, ShimInfo};
+    use tokio_stream::Stream;
+    use tonic::{Request, Response, Status, Streaming};
+
+    use super::*;
+    use crate::config::Token;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// Accepts only `Bearer right-token`; acks every batch.
+    #[derive(Clone, Default)]
+    struct TokenIngest {
+        calls: Arc<AtomicUsize>,
+    }
+
+    #[tonic::async_trait]
+    impl EventIngest for TokenIngest {
+        type StreamStream = Pin<Box<dyn Stream<Item = Result<Ack, Status>> + Send + 'static>>;
+
+        async fn stream(
+            &self,
+            request: Request<Streaming<EventBatch>>,
+        ) -> Result<Response<Self::StreamStream>, Status> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let authorization = request.metadata().get("authorization");
+            if authorization.is_none_or(|v| v != "Bearer right-token") {
+                return Err(Status::unauthenticated("invalid bearer token"));
+            }
+            let mut inbound = request.into_inner();
+            let (tx, rx) = mpsc::channel(8);
+            tokio::spawn(async move {
+                while let Ok(Some(batch)) = inbound.message().await {
+                    let seq = batch.events.first().map_or(0, |e| e.seq);
+                    let ack = Ack {
+                        first_seq: seq,
+                        last_seq: seq,
+                    };
+                    if tx.send(Ok(ack)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        }
+    }
+
+    fn serve_tcp(service: TokenIngest) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let _ = tonic::transport::Server::builder()
+                .serve_with_incoming(
+                    EventIngestServer::new(service),
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                )
+                .await;
+        });
+        url
+    }
+
+    fn endpoint(url: &str, token: Option<&str>) -> CollectorEndpoint {
+        CollectorEndpoint {
+            url: url.to_owned(),
+            token: token.and_then(Token::new),
+            tls: None,
+        }
+    }
+
+    fn batch(seq: u64) -> EventBatch {
+        EventBatch {
+            shim: Some(ShimInfo::default()),
+            events: vec![Event {
+                seq,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// Opens a connection, writes one batch, returns its first ack or how
+    /// the stream ended.
+    async fn one_batch(endpoint: &CollectorEndpoint) -> Result<Ack, ConnError> {
+        let options = ConnOptions::default();
+        let mut conn = Conn::open(target(endpoint, &options).unwrap(), &options);
+        conn.out.send(batch(7)).await.unwrap();
+        loop {
+            match tokio::time::timeout(WAIT, conn.events.recv()).await {
+                Ok(Some(ConnEvent::Connected)) => {}
+                Ok(Some(ConnEvent::Ack(ack))) => return Ok(ack),
+                Ok(Some(ConnEvent::Closed(e))) => return Err(e),
+                Ok(None) => return Err(ConnError::Ended),
+                Err(_) => panic!("no answer within {WAIT:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_token_stays_out_of_debug_output() {
+        let endpoint = endpoint("http://127.0.0.1:1", Some("right-token"));
+        let target = target(&endpoint, &ConnOptions::default()).unwrap();
+        assert!(!format!("{endpoint:?}").contains("right-token"));
+        assert!(!format!("{target:?}").contains("right-token"));
+    }
+
+    #[test]
+    fn https_needs_a_ca() {
+        let error = target(
+            &endpoint("https://127.0.0.1:1", None),
+            &ConnOptions::default(),
+        )
+        .unwrap_err();
+        assert!(matches!(error, TargetError::NoCa), "{error:?}");
+    }
+
+    #[tokio::test]
+    async fn sends_the_bearer_token_and_reports_a_refusal() {
+        let service = TokenIngest::default();
+        let url = serve_tcp(service.clone());
+        let ack = one_batch(&endpoint(&url, Some("right-token")))
+            .await
+            .unwrap();
+        assert_eq!(ack.last_seq, 7);
+        for token in [None, Some("wrong-token")] {
+            let error = one_batch(&endpoint(&url, token)).await.unwrap_err();
+            assert!(
+                matches!(&error, ConnError::Status(s) if s.code() == tonic::Code::Unauthenticated),
+                "{error:?}"
+            );
+            assert_eq!(
+                error.to_string(),
+                "stream: Unauthenticated: invalid bearer token"
+            );
+        }
+        assert_eq!(service.calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn connects_over_a_unix_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ingest.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(
+            EventIngestServer::new(TokenIngest::default()),
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+        ));
+        let url = format!("unix:{}", path.display());
+        let ack = one_batch(&endpoint(&url, Some("right-token")))
+            .await
+            .unwrap();
+        assert_eq!(ack.last_seq, 7);
+        let missing = dir.path().join("missing.sock");
+        let error = one_batch(&endpoint(&format!("unix:{}", missing.display()), None))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, ConnError::Connect(_)), "{error:?}");
+    }
+
+    /// A refused sender retries with its usual backoff, not in a loop, and
+    /// shows why in `last_error`.
+    #[test]
+    fn a_refused_sender_backs_off() {
+        struct Passthrough;
+        impl crate::sender::Convert for Passthrough {
+            type Item = Event;
+            fn convert(&mut self, items: Vec<Event>) -> Vec<Event> {
+                items
+            }
+        }
+        let service = TokenIngest::default();
+        let (url_tx, url_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server_service = service.clone();
+        let server = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                url_tx.send(serve_tcp(server_service)).unwrap();
+                let _ = stopped.await;
+            });
+        });
+        let url = url_rx.recv_timeout(WAIT).unwrap();
+        let mut config = crate::sender::SenderConfig::new(
+            endpoint(&url, Some("wrong-token")),
+            ShimInfo::default(),
+        );
+        config.backoff_min = Duration::from_millis(50);
+        config.backoff_max = Duration::from_millis(400);
+        config.linger = Duration::from_millis(1);
+        config.close_grace = Duration::from_millis(100);
+        let (tx, rx) = crate::queue::event_queue::<Event>(16);
+        let shared = Arc::new(crate::sender::SenderShared::default());
+        let thread = crate::sender::spawn(
+            rx,
+            Passthrough,
+            config,
+            Arc::clone(&shared),
+            Arc::clone(tx.counters()),
+        )
+        .unwrap();
+        assert!(
+            tx.push(Event {
+                seq: 1,
+                ..Default::default()
+            })
+            .is_ok()
+        );
+        assert!(!shared.wait_settled(1, Duration::from_millis(1500)));
+        let calls = service.calls.load(Ordering::SeqCst);
+        // Delays of about 50, 100, 200, 400, 400 ms: a handful of attempts.
+        assert!((2..=12).contains(&calls), "{calls} stream calls in 1.5 s");
+        let stats = shared.stats();
+        assert!(!stats.connected);
+        assert!(
+            stats.last_error.contains("Unauthenticated"),
+            "{}",
+            stats.last_error
+        );
+        drop(tx);
+        thread.join().unwrap();
+        let _ = stop.send(());
+        server.join().unwrap();
     }
 }

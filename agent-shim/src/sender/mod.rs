@@ -40,6 +40,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::time::Instant;
 
 use crate::attempts::AttemptTracker;
+use crate::config::CollectorEndpoint;
 use crate::queue::{QueueCounters, QueueRx};
 use backoff::Backoff;
 use conn::{Conn, ConnError, ConnEvent, ConnOptions};
@@ -62,13 +63,20 @@ pub trait Convert {
     /// Converts a batch of items. Returns one event per item, or fewer if
     /// some could not be converted (they count as discarded).
     fn convert(&mut self, items: Vec<Self::Item>) -> Vec<Event>;
+
+    /// Whether an item should go out without waiting for more (the end of a
+    /// turn: the process may exit right after it, e.g. through `os._exit`,
+    /// which skips the exit flush).
+    fn is_urgent(_item: &Self::Item) -> bool {
+        false
+    }
 }
 
 /// Sender settings.
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
-    /// Collector endpoint, `http://host:port`.
-    pub endpoint: String,
+    /// Collector endpoint (`http://host:port` or `unix:/path`) and token.
+    pub endpoint: CollectorEndpoint,
     /// Sent with every batch.
     pub shim: ShimInfo,
     /// Most events per batch.
@@ -92,12 +100,12 @@ pub struct SenderConfig {
 
 impl SenderConfig {
     /// Defaults for `endpoint` and `shim`.
-    pub fn new(endpoint: String, shim: ShimInfo) -> Self {
+    pub fn new(endpoint: impl Into<CollectorEndpoint>, shim: ShimInfo) -> Self {
         SenderConfig {
-            endpoint,
+            endpoint: endpoint.into(),
             shim,
             max_batch_events: 512,
-            linger: Duration::from_millis(50),
+            linger: Duration::from_millis(10),
             max_unacked_batches: 1_024,
             max_unacked_bytes: 32 << 20,
             backoff_min: Duration::from_millis(100),
@@ -305,8 +313,8 @@ pub async fn run<C: Convert>(
     shared: Arc<SenderShared>,
     queue: Arc<QueueCounters>,
 ) {
-    let endpoint = match conn::endpoint(&config.endpoint, &config.conn) {
-        Ok(endpoint) => Some(endpoint),
+    let target = match conn::target(&config.endpoint, &config.conn) {
+        Ok(target) => Some(target),
         Err(e) => {
             shared.set_error(&e);
             None
@@ -338,9 +346,9 @@ pub async fn run<C: Convert>(
         }
         if conn.is_none()
             && now >= reconnect_at
-            && let Some(endpoint) = endpoint.as_ref()
+            && let Some(target) = target.as_ref()
         {
-            conn = Some(Conn::open(endpoint.clone(), &config.conn));
+            conn = Some(Conn::open(target.clone(), &config.conn));
             pending.mark_all_unsent();
         }
         if let Some(c) = conn.as_ref() {
@@ -363,7 +371,7 @@ pub async fn run<C: Convert>(
             .unacked_batches
             .store(pending.len() as u64, Ordering::Release);
 
-        let can_connect = conn.is_none() && endpoint.is_some();
+        let can_connect = conn.is_none() && target.is_some();
         tokio::select! {
             biased;
             event = next_conn_event(&mut conn) => match event {
@@ -411,7 +419,8 @@ pub async fn run<C: Convert>(
                 if received == 0 {
                     close_deadline = Some(Instant::now() + config.close_grace);
                 } else {
-                    let linger = if shared.flushing() { Duration::ZERO } else { config.linger };
+                                        let urgent = buf.iter().any(C::is_urgent);
+                    let linger = if shared.flushing() || urgent { Duration::ZERO } else { config.linger };
                     cut_at = Some(Instant::now() + linger);
                 }
             }

@@ -1,0 +1,780 @@
+//! Access control and hostile input, against the collector binary:
+//! - the bearer token on ingest: a stream call without it or with a wrong one
+//!   is refused with `UNAUTHENTICATED` and counted; with it, events become
+//!   spans at an in-test OTLP receiver;
+//! - the installed shim (the real wheel in the venv) sends the token from
+//!   `HERMES_COLLECTOR_TOKEN_FILE`/`HERMES_COLLECTOR_TOKEN`: it delivers with
+//!   the right one, and with a wrong one does not and says why in `stats()`;
+//! - the Unix socket listener: mode 0600, the shim over `unix:` delivers, the
+//!   socket is removed at shutdown;
+//! - oversized messages get `RESOURCE_EXHAUSTED` and garbage bytes a closed
+//!   connection, while another connection's spans arrive intact;
+//! - mutual TLS on ingest (certificates made by `rcgen` at test time): a
+//!   client without a certificate from the configured CA cannot connect; the
+//!   Rust client and the shim with one deliver;
+//! - bad access-control settings exit 64 naming the key.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use hermes_collector_shim::attempts::AttemptTracker;
+use hermes_collector_shim::config::CaptureLevel;
+use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
+use hermes_e2e::{
+    AttrsExt as _, ChildGuard, OtlpReceiver, cargo_bin, ensure_venv, free_port, run_with_timeout,
+    venv_bin,
+};
+use hermes_proto::v1::event_ingest_client::EventIngestClient;
+use hermes_proto::v1::{Event, EventBatch, ShimInfo};
+use serde_json::Value as Json;
+
+const WAIT: Duration = Duration::from_secs(30);
+const TOKEN: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f0-test-token";
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hermes-0.19.0/basic.jsonl")
+}
+
+/// The span names the basic fixture (one turn, two chats, one tool call)
+/// gives, sorted.
+const BASIC_SPANS: [&str; 4] = [
+    "chat fake-model-1",
+    "chat fake-model-1",
+    "execute_tool terminal",
+    "invoke_agent hermes",
+];
+
+/// The basic fixture as wire events, converted exactly as the shim does.
+fn basic_events() -> Vec<Event> {
+    let text = std::fs::read_to_string(fixture()).unwrap();
+    let level = CaptureLevel::Metadata;
+    let mut tracker = AttemptTracker::new(64);
+    let mut events = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let r: Json = serde_json::from_str(line).unwrap();
+        let hook = r["hook"].as_str().unwrap();
+        if !level.hooks().contains(&hook) {
+            continue;
+        }
+        let stamp = Stamp {
+            seq: events.len() as u64 + 1,
+            hook,
+            time_unix_nano: (r["t_wall"].as_f64().unwrap() * 1e9) as u64,
+            mono_nano: (r["t_mono"].as_f64().unwrap() * 1e9) as u64,
+            thread: r["thread"].as_str().unwrap_or(""),
+        };
+        let mut event = to_event(&stamp, &JsonKwargs(r["kwargs"].as_object().unwrap()), level);
+        tracker.stamp(&mut event);
+        events.push(event);
+    }
+    events
+}
+
+fn shim_info(instance_id: &str) -> ShimInfo {
+    ShimInfo {
+        instance_id: instance_id.into(),
+        service_name: "security-test".into(),
+        host_name: "host".into(),
+        pid: 1,
+        shim_version: "test".into(),
+        capture: "metadata".into(),
+    }
+}
+
+fn batch_of(instance_id: &str, events: Vec<Event>) -> EventBatch {
+    EventBatch {
+        shim: Some(shim_info(instance_id)),
+        events,
+        ..Default::default()
+    }
+}
+
+/// Opens one stream to `endpoint` (`http://…` or `unix:…`) with `authorization`
+/// metadata if given, sends `batches` and returns the last seqs of the acks,
+/// or the status the call or the stream ended with.
+fn exchange(
+    endpoint: &str,
+    authorization: Option<&str>,
+    batches: Vec<EventBatch>,
+) -> Result<Vec<u64>, tonic::Status> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect {endpoint}: {e:?}"));
+        let mut client = EventIngestClient::new(channel);
+        let expected = batches.len();
+        let mut request = tonic::Request::new(tokio_stream::iter(batches));
+        if let Some(value) = authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.parse().unwrap());
+        }
+        let mut acks = client.stream(request).await?.into_inner();
+        let mut seqs = Vec::new();
+        while seqs.len() < expected {
+            match tokio::time::timeout(WAIT, acks.message()).await {
+                Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
+                Ok(Ok(None)) => break,
+                Ok(Err(status)) => return Err(status),
+                Err(_) => panic!("no answer from {endpoint} within {WAIT:?}"),
+            }
+        }
+        Ok(seqs)
+    })
+}
+
+/// A collector binary with `receiver` as its receiver section, exporting to
+/// `otlp`; started and listening when this returns.
+fn start_collector(
+    work: &Path,
+    receiver: &str,
+    otlp: &OtlpReceiver,
+    env: &[(&str, &str)],
+) -> ChildGuard {
+    let config = work.join("collector.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "receiver:\n{receiver}\nexporters:\n  otlp:\n    endpoint: {}\nbatch:\n  timeout_ms: 50\n",
+            otlp.endpoint()
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+    cmd.arg("--config")
+        .arg(&config)
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut collector = ChildGuard::spawn_named("hermes-collector", &mut cmd).unwrap();
+    assert!(
+        collector.wait_for_stderr(WAIT, |e| e.contains("receiving Hermes events")),
+        "collector did not start:\n{}",
+        collector.stderr_text()
+    );
+    collector
+}
+
+/// Waits for the basic fixture's four spans and checks they form one whole
+/// turn.
+fn assert_basic_turn_arrives(otlp: &OtlpReceiver, collector: &ChildGuard) {
+    assert!(
+        otlp.store().wait_for_spans(BASIC_SPANS.len(), WAIT),
+        "spans did not arrive:\n{}",
+        collector.stderr_text()
+    );
+    // Nothing more trickles in.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut names: Vec<String> = otlp.spans().into_iter().map(|(_, s)| s.name).collect();
+    names.sort();
+    assert_eq!(names, BASIC_SPANS, "{}", collector.stderr_text());
+    let tree = otlp.store().tree();
+    assert!(tree.orphans().is_empty(), "every span has its parent");
+    assert!(tree.duplicates().is_empty());
+}
+
+/// Runs a Python snippet in the venv with the shim installed and registered
+/// (`hooks` maps names to the shim's callbacks), replaying the basic fixture
+/// through the hooks; prints `flush(flush_ms)` and `stats()` as JSON.
+fn shim_replays_basic(env: &[(&str, &str)], flush_ms: u64) -> Json {
+    ensure_venv();
+    let code = format!(
+        r#"
+import json
+import hermes_collector
+hooks = {{}}
+class Ctx:
+    def register_hook(self, name, callback):
+        hooks[name] = callback
+hermes_collector.register(Ctx())
+for line in open({fixture:?}):
+    if not line.strip():
+        continue
+    r = json.loads(line)
+    if r["hook"] in hooks:
+        hooks[r["hook"]](**r["kwargs"])
+flushed = hermes_collector.flush({flush_ms})
+print(json.dumps({{"flushed": flushed, "stats": hermes_collector.stats()}}))
+"#,
+        fixture = fixture().display().to_string(),
+    );
+    let mut cmd = Command::new(venv_bin("python"));
+    cmd.arg("-c")
+        .arg(code)
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("HERMES_COLLECTOR_TOKEN")
+        .env_remove("HERMES_COLLECTOR_TOKEN_FILE")
+        .env("HERMES_COLLECTOR_EXIT_FLUSH_MS", "0");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(90));
+    assert!(out.success(), "python failed:\n{}", out.describe());
+    let line = out
+        .stdout()
+        .lines()
+        .last()
+        .map(str::to_owned)
+        .unwrap_or_default();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {}", out.describe()))
+}
+
+#[test]
+fn ingest_requires_the_bearer_token() {
+    let work = tempfile::tempdir().unwrap();
+    let token_file = work.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let otlp = OtlpReceiver::start();
+    let port = free_port();
+    let mut collector = start_collector(
+        work.path(),
+        &format!(
+            "  listen: 127.0.0.1:{port}\n  auth:\n    token_file: {}",
+            token_file.display()
+        ),
+        &otlp,
+        &[],
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let events = basic_events();
+
+    let missing = exchange(&endpoint, None, vec![batch_of("i-1", events.clone())]).unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::Unauthenticated, "{missing:?}");
+    assert_eq!(missing.message(), "missing bearer token");
+    let other_scheme = exchange(
+        &endpoint,
+        Some(&format!("Basic {TOKEN}")),
+        vec![batch_of("i-1", events.clone())],
+    )
+    .unwrap_err();
+    assert_eq!(other_scheme.message(), "missing bearer token");
+    let wrong = exchange(
+        &endpoint,
+        Some("Bearer 0f1e2d3c4b5a69788796a5b4c3d2e1f0-test-tokem"),
+        vec![batch_of("i-1", events.clone())],
+    )
+    .unwrap_err();
+    assert_eq!(wrong.code(), tonic::Code::Unauthenticated, "{wrong:?}");
+    assert_eq!(wrong.message(), "invalid bearer token");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(otlp.store().span_count(), 0, "nothing refused was exported");
+
+    let n = events.len() as u64;
+    let acks = exchange(
+        &endpoint,
+        Some(&format!("Bearer {TOKEN}")),
+        vec![batch_of("i-1", events)],
+    )
+    .unwrap();
+    assert_eq!(acks, [n]);
+    assert_basic_turn_arrives(&otlp, &collector);
+
+    // Counted: the refusals are logged at the 1st, 2nd, 4th, … with the count.
+    let log = collector.stderr_text();
+    assert!(log.contains("auth_failures=2"), "{log}");
+    assert!(!log.contains("auth_failures=3"), "{log}");
+    assert!(log.contains("authenticated=true"), "{log}");
+    assert!(collector.signal("TERM"));
+    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
+    assert!(
+        !collector.stderr_text().contains(TOKEN),
+        "the token is never logged"
+    );
+}
+
+#[test]
+fn shim_with_the_right_token_delivers_and_with_a_wrong_one_does_not() {
+    let work = tempfile::tempdir().unwrap();
+    let otlp = OtlpReceiver::start();
+    let port = free_port();
+    let collector = start_collector(
+        work.path(),
+        &format!("  listen: 127.0.0.1:{port}\n  auth:\n    token_env: SECURITY_TEST_INGEST_TOKEN"),
+        &otlp,
+        &[("SECURITY_TEST_INGEST_TOKEN", TOKEN)],
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+
+    let wrong = shim_replays_basic(
+        &[
+            ("HERMES_COLLECTOR_ENDPOINT", &endpoint),
+            ("HERMES_COLLECTOR_TOKEN", "not-the-token"),
+        ],
+        1500,
+    );
+    assert_eq!(wrong["flushed"], Json::Bool(false), "{wrong}");
+    assert_eq!(wrong["stats"]["acked_events"], 0, "{wrong}");
+    let error = wrong["stats"]["last_error"].as_str().unwrap_or_default();
+    assert!(
+        error.to_ascii_lowercase().contains("unauthenticated"),
+        "{wrong}"
+    );
+    assert!(!error.contains("not-the-token"), "{wrong}");
+    // Backoff, not a tight loop: a handful of attempts in 1.5 s.
+    let log = collector.stderr_text();
+    assert!(
+        !log.contains("auth_failures=32"),
+        "retried in a tight loop:\n{log}"
+    );
+    assert_eq!(otlp.store().span_count(), 0);
+
+    let token_file = work.path().join("shim-token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let right = shim_replays_basic(
+        &[
+            ("HERMES_COLLECTOR_ENDPOINT", &endpoint),
+            (
+                "HERMES_COLLECTOR_TOKEN_FILE",
+                &token_file.display().to_string(),
+            ),
+        ],
+        10_000,
+    );
+    assert_eq!(right["flushed"], Json::Bool(true), "{right}");
+    assert_basic_turn_arrives(&otlp, &collector);
+}
+
+#[test]
+fn unix_socket_is_private_and_carries_the_shim() {
+    let work = tempfile::tempdir().unwrap();
+    let socket = work.path().join("ingest.sock");
+    // A stale socket file from a previous run is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let otlp = OtlpReceiver::start();
+    let mut collector = start_collector(
+        work.path(),
+        &format!(
+            "  listen: unix:{}\n  auth:\n    token_env: SECURITY_TEST_INGEST_TOKEN",
+            socket.display()
+        ),
+        &otlp,
+        &[("SECURITY_TEST_INGEST_TOKEN", TOKEN)],
+    );
+    let metadata = std::fs::symlink_metadata(&socket).unwrap();
+    assert!(metadata.file_type().is_socket());
+    assert_eq!(
+        metadata.permissions().mode() & 0o777,
+        0o600,
+        "{:o}",
+        metadata.permissions().mode()
+    );
+
+    let endpoint = format!("unix:{}", socket.display());
+    let refused = exchange(&endpoint, None, vec![batch_of("i-1", basic_events())]).unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+
+    let out = shim_replays_basic(
+        &[
+            ("HERMES_COLLECTOR_ENDPOINT", &endpoint),
+            ("HERMES_COLLECTOR_TOKEN", TOKEN),
+        ],
+        10_000,
+    );
+    assert_eq!(out["flushed"], Json::Bool(true), "{out}");
+    assert_basic_turn_arrives(&otlp, &collector);
+
+    assert!(collector.signal("TERM"));
+    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
+    assert!(!socket.exists(), "the socket is removed at shutdown");
+}
+
+#[test]
+fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
+    let work = tempfile::tempdir().unwrap();
+    let otlp = OtlpReceiver::start();
+    let port = free_port();
+    let collector = start_collector(
+        work.path(),
+        &format!("  listen: 127.0.0.1:{port}\n  max_message_bytes: 65536"),
+        &otlp,
+        &[],
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+
+    // Two hostile connections, each a bounded burst, during the honest one.
+    let flood_endpoint = endpoint.clone();
+    let oversized = std::thread::spawn(move || {
+        let mut codes = Vec::new();
+        for i in 0..20u64 {
+            let huge = Event {
+                seq: 1,
+                hook: "x".repeat(256 * 1024),
+                ..Default::default()
+            };
+            let result = exchange(
+                &flood_endpoint,
+                None,
+                vec![batch_of(&format!("flood-{i}"), vec![huge])],
+            );
+            codes.push(result.map_err(|s| s.code()));
+        }
+        codes
+    });
+    let garbage = std::thread::spawn(move || {
+        let mut closed = 0;
+        for i in 0..20u8 {
+            let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let junk: Vec<u8> = (0..64 * 1024u32)
+                .map(|n| (n as u8).wrapping_mul(31).wrapping_add(i))
+                .collect();
+            let _ = stream.write_all(&junk);
+            let mut buf = [0u8; 4096];
+            // The server answers with at most an HTTP/2 GOAWAY, then closes.
+            loop {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            closed += 1;
+        }
+        closed
+    });
+
+    let events = basic_events();
+    let n = events.len() as u64;
+    let acks = exchange(&endpoint, None, vec![batch_of("honest", events)]).unwrap();
+    assert_eq!(acks, [n]);
+
+    let codes = oversized.join().unwrap();
+    assert!(
+        codes
+            .iter()
+            .all(|c| *c == Err(tonic::Code::ResourceExhausted)),
+        "{codes:?}"
+    );
+    assert_eq!(garbage.join().unwrap(), 20);
+    assert_basic_turn_arrives(&otlp, &collector);
+
+    // Refusals are counted, and logged only at the 1st, 2nd, 4th, 8th, 16th.
+    let log = collector.stderr_text();
+    let refusal_lines = log
+        .lines()
+        .filter(|l| l.contains("refused an event batch"))
+        .count();
+    assert_eq!(refusal_lines, 5, "{log}");
+    assert!(log.contains("batches_refused=16"), "{log}");
+    // The honest spans are whole: their attributes survived.
+    let spans = otlp.spans();
+    let root = spans
+        .iter()
+        .find(|(_, s)| s.name == "invoke_agent hermes")
+        .unwrap();
+    assert_eq!(root.1.str_attr("hermes.platform"), Some("cli"));
+    assert_eq!(root.1.int_attr("hermes.turn.tool_calls"), Some(1));
+    assert_eq!(root.1.int_attr("hermes.turn.api_attempts"), Some(2));
+}
+
+/// A CA, a server certificate for 127.0.0.1/localhost and a client
+/// certificate it signed, plus a client certificate from another CA; PEM
+/// files in `dir`.
+struct Pki {
+    ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+    stranger_cert: PathBuf,
+    stranger_key: PathBuf,
+}
+
+fn make_pki(dir: &Path) -> Pki {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), Issuer::new(params, key))
+    }
+    fn leaf(
+        issuer: &Issuer<'static, KeyPair>,
+        names: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.distinguished_name.push(DnType::CommonName, names[0]);
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+    let (ca_pem, issuer) = ca("hermes test CA");
+    let (server_cert, server_key) = leaf(
+        &issuer,
+        &["localhost", "127.0.0.1"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client_cert, client_key) =
+        leaf(&issuer, &["agent-1"], ExtendedKeyUsagePurpose::ClientAuth);
+    let (_, other) = ca("another CA");
+    let (stranger_cert, stranger_key) =
+        leaf(&other, &["stranger"], ExtendedKeyUsagePurpose::ClientAuth);
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    Pki {
+        ca: write("ca.crt", &ca_pem),
+        server_cert: write("server.crt", &server_cert),
+        server_key: write("server.key", &server_key),
+        client_cert: write("client.crt", &client_cert),
+        client_key: write("client.key", &client_key),
+        stranger_cert: write("stranger.crt", &stranger_cert),
+        stranger_key: write("stranger.key", &stranger_key),
+    }
+}
+
+/// Like [`exchange`] over TLS with the CA `ca` and the client certificate
+/// `identity` (certificate and key files) if given; any failure, of the
+/// handshake included, as text.
+fn exchange_tls(
+    endpoint: &str,
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+    batches: Vec<EventBatch>,
+) -> Result<Vec<u64>, String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let mut tls =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap()));
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(
+            std::fs::read(cert).unwrap(),
+            std::fs::read(key).unwrap(),
+        ));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
+            .unwrap()
+            .tls_config(tls)
+            .map_err(|e| format!("tls config: {e:?}"))?
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .map_err(|e| format!("connect: {e:?}"))?;
+        let mut client = EventIngestClient::new(channel);
+        let expected = batches.len();
+        let mut acks = client
+            .stream(tokio_stream::iter(batches))
+            .await
+            .map_err(|s| format!("call: {s:?}"))?
+            .into_inner();
+        let mut seqs = Vec::new();
+        while seqs.len() < expected {
+            match tokio::time::timeout(WAIT, acks.message()).await {
+                Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
+                Ok(Ok(None)) => break,
+                Ok(Err(status)) => return Err(format!("stream: {status:?}")),
+                Err(_) => return Err("no answer".into()),
+            }
+        }
+        Ok(seqs)
+    })
+}
+
+#[test]
+fn mutual_tls_on_ingest() {
+    let work = tempfile::tempdir().unwrap();
+    let pki = make_pki(work.path());
+    let otlp = OtlpReceiver::start();
+    let port = free_port();
+    let collector = start_collector(
+        work.path(),
+        &format!(
+            "  listen: 127.0.0.1:{port}\n  tls:\n    cert_file: {}\n    key_file: {}\n    client_ca_file: {}",
+            pki.server_cert.display(),
+            pki.server_key.display(),
+            pki.ca.display()
+        ),
+        &otlp,
+        &[],
+    );
+    assert!(
+        collector.stderr_text().contains("mutual_tls=true"),
+        "{}",
+        collector.stderr_text()
+    );
+    let endpoint = format!("https://127.0.0.1:{port}");
+    let events = basic_events();
+
+    // No client certificate, one from another CA, or no TLS at all: refused.
+    let none = exchange_tls(
+        &endpoint,
+        &pki.ca,
+        None,
+        vec![batch_of("i", events.clone())],
+    );
+    assert!(none.is_err(), "{none:?}");
+    let stranger = exchange_tls(
+        &endpoint,
+        &pki.ca,
+        Some((&pki.stranger_cert, &pki.stranger_key)),
+        vec![batch_of("i", events.clone())],
+    );
+    assert!(stranger.is_err(), "{stranger:?}");
+    let plaintext = std::panic::catch_unwind(|| {
+        exchange(
+            &format!("http://127.0.0.1:{port}"),
+            None,
+            vec![batch_of("i", events.clone())],
+        )
+    });
+    assert!(
+        !matches!(plaintext, Ok(Ok(_))),
+        "a plaintext client was served"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(otlp.store().span_count(), 0);
+
+    let n = events.len() as u64;
+    let acks = exchange_tls(
+        &endpoint,
+        &pki.ca,
+        Some((&pki.client_cert, &pki.client_key)),
+        vec![batch_of("i", events)],
+    )
+    .unwrap();
+    assert_eq!(acks, [n]);
+    assert_basic_turn_arrives(&otlp, &collector);
+
+    // The shim, with the CA and its client certificate.
+    otlp.store().clear();
+    let out = shim_replays_basic(
+        &[
+            ("HERMES_COLLECTOR_ENDPOINT", &endpoint),
+            (
+                "HERMES_COLLECTOR_TLS_CA_FILE",
+                &pki.ca.display().to_string(),
+            ),
+            (
+                "HERMES_COLLECTOR_TLS_CERT_FILE",
+                &pki.client_cert.display().to_string(),
+            ),
+            (
+                "HERMES_COLLECTOR_TLS_KEY_FILE",
+                &pki.client_key.display().to_string(),
+            ),
+        ],
+        10_000,
+    );
+    assert_eq!(out["flushed"], Json::Bool(true), "{out}");
+    assert!(
+        otlp.store().wait_for_spans(BASIC_SPANS.len(), WAIT),
+        "{}",
+        collector.stderr_text()
+    );
+    // The shim without its certificate does not get through.
+    let out = shim_replays_basic(
+        &[
+            ("HERMES_COLLECTOR_ENDPOINT", &endpoint),
+            (
+                "HERMES_COLLECTOR_TLS_CA_FILE",
+                &pki.ca.display().to_string(),
+            ),
+        ],
+        1500,
+    );
+    assert_eq!(out["flushed"], Json::Bool(false), "{out}");
+    assert_ne!(out["stats"]["last_error"], "", "{out}");
+}
+
+#[test]
+fn bad_access_control_settings_exit_64_naming_the_key() {
+    let work = tempfile::tempdir().unwrap();
+    let empty = work.path().join("empty-token");
+    std::fs::write(&empty, "\n").unwrap();
+    let cases = [
+        (
+            format!(
+                "receiver:\n  auth:\n    token_file: {}\n",
+                work.path().join("missing").display()
+            ),
+            "receiver.auth.token_file",
+        ),
+        (
+            format!("receiver:\n  auth:\n    token_file: {}\n", empty.display()),
+            "receiver.auth.token_file",
+        ),
+        (
+            format!(
+                "receiver:\n  auth:\n    token_file: {}\n    token_env: X\n",
+                empty.display()
+            ),
+            "receiver.auth",
+        ),
+        (
+            "receiver:\n  auth:\n    token_env: SECURITY_TEST_UNSET_VARIABLE\n".to_owned(),
+            "receiver.auth.token_env",
+        ),
+        (
+            format!(
+                "receiver:\n  listen: unix:{}/no/such/dir/ingest.sock\n",
+                work.path().display()
+            ),
+            "receiver.listen",
+        ),
+        (
+            format!(
+                "receiver:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
+                work.path().join("missing.crt").display(),
+                empty.display()
+            ),
+            "receiver.tls.cert_file",
+        ),
+    ];
+    for (i, (yaml, key)) in cases.iter().enumerate() {
+        let config = work.path().join(format!("bad-{i}.yaml"));
+        std::fs::write(&config, yaml).unwrap();
+        let out = run_with_timeout(
+            Command::new(cargo_bin("hermes-collector", "hermes-collector"))
+                .arg("--config")
+                .arg(&config)
+                .args(["--admin-listen", "127.0.0.1:0"])
+                .env_remove("SECURITY_TEST_UNSET_VARIABLE"),
+            WAIT,
+        );
+        assert_eq!(
+            out.output.status.code(),
+            Some(64),
+            "{yaml}{}",
+            out.describe()
+        );
+        assert!(
+            out.stderr().contains(&format!("`{key}`")),
+            "{yaml}{}",
+            out.describe()
+        );
+    }
+}
