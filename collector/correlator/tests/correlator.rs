@@ -542,7 +542,10 @@ fn turn_without_session_end_closes_after_grace_and_ttl() {
     f.ev("pre_llm_call", 0, ids(TURN), turn_body());
     f.ev("post_llm_call", 100, ids(TURN), turn_body());
     // Another agent's turn, still open.
-    let other = v1::Ids { session_id: "other-session".into(), ..ids("s:t2:x") };
+    let other = v1::Ids {
+        session_id: "other-session".into(),
+        ..ids("s:t2:x")
+    };
     f.ev("pre_llm_call", 100, other, turn_body());
     f.c.expire(T0 + 1000 * MS, &mut f.out);
     assert!(f.out.is_empty(), "within grace");
@@ -565,7 +568,10 @@ fn open_turn_limit_evicts_the_oldest() {
     });
     // Three agents (sessions) with a turn open each.
     for (i, t) in ["s:a:1", "s:b:1", "s:c:1"].iter().enumerate() {
-        let turn_ids = v1::Ids { session_id: format!("session-{i}"), ..ids(t) };
+        let turn_ids = v1::Ids {
+            session_id: format!("session-{i}"),
+            ..ids(t)
+        };
         f.ev("pre_llm_call", i as u64, turn_ids, turn_body());
     }
     assert_eq!(f.c.open_turns(), 2);
@@ -774,4 +780,110 @@ fn interrupted_attempt_counts_and_keeps_its_server() {
     let root = f.span("invoke_agent hermes");
     assert_eq!(int(root, "hermes.turn.api_attempts"), 1);
     assert!(root.status.is_none());
+}
+
+#[test]
+fn a_child_never_starts_before_its_turn() {
+    let mut f = Feed::new();
+    f.ev("pre_llm_call", 100, ids(TURN), turn_body());
+    // Hermes' own started_at (another clock reading) lies before the turn.
+    f.ev(
+        "post_api_request",
+        200,
+        api_ids(API1),
+        Some(Body::Api(api(1, 40, 190))),
+    );
+    f.ev("on_session_end", 300, ids(TURN), end_body(true, false));
+    let chat = f.span("chat fake-model-1");
+    let root = f.span("invoke_agent hermes");
+    assert_eq!(
+        chat.start_time_unix_nano, root.start_time_unix_nano,
+        "clamped to the turn's start"
+    );
+    assert_eq!(boolean(chat, "hermes.clock_adjusted"), Some(true));
+    assert_eq!(boolean(root, "hermes.clock_adjusted"), None);
+}
+
+#[test]
+fn a_turn_never_ends_before_its_children() {
+    let mut f = Feed::new();
+    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    f.ev("post_llm_call", 100, ids(TURN), turn_body());
+    // A worker thread's late post (or a clock step) ends a tool after the turn.
+    f.ev(
+        "pre_tool_call",
+        50,
+        tool_ids(TURN, "call_1"),
+        tool("terminal"),
+    );
+    f.ev(
+        "post_tool_call",
+        150,
+        tool_ids(TURN, "call_1"),
+        tool_done("terminal", "ok", 90),
+    );
+    f.ev("on_session_end", 160, ids(TURN), end_body(true, false));
+    let root = f.span("invoke_agent hermes");
+    assert_eq!(root.end_time_unix_nano, T0 + 150 * MS);
+    assert_eq!(boolean(root, "hermes.clock_adjusted"), Some(true));
+}
+
+#[test]
+fn blocked_and_cancelled_tools_are_not_errors() {
+    let mut f = Feed::new();
+    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    f.ev(
+        "pre_tool_call",
+        10,
+        tool_ids(TURN, "call_b"),
+        tool("terminal"),
+    );
+    f.ev(
+        "post_tool_call",
+        11,
+        tool_ids(TURN, "call_b"),
+        tool_done("terminal", "blocked", 0),
+    );
+    f.ev(
+        "pre_tool_call",
+        12,
+        tool_ids(TURN, "call_c"),
+        tool("terminal"),
+    );
+    f.ev(
+        "post_tool_call",
+        13,
+        tool_ids(TURN, "call_c"),
+        tool_done("terminal", "cancelled", 0),
+    );
+    f.ev("on_session_end", 20, ids(TURN), end_body(true, false));
+    let tools: Vec<&Span> = f
+        .out
+        .iter()
+        .map(|s| &s.span)
+        .filter(|s| s.name == "execute_tool terminal")
+        .collect();
+    assert_eq!(tools.len(), 2);
+    for t in tools {
+        assert!(t.status.is_none(), "UNSET, not ERROR");
+        assert!(["blocked", "cancelled"].contains(&string(t, "hermes.tool.status").as_str()));
+    }
+}
+
+#[test]
+fn reset_closes_open_turns_of_the_session() {
+    let mut f = Feed::new();
+    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    f.ev(
+        "on_session_reset",
+        40,
+        v1::Ids {
+            session_id: SESSION.into(),
+            ..Default::default()
+        },
+        None,
+    );
+    let root = f.span("invoke_agent hermes");
+    assert_eq!(boolean(root, "hermes.incomplete"), Some(true));
+    assert_eq!(f.c.open_turns(), 0);
 }
