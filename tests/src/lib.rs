@@ -20,6 +20,7 @@
 //! bounded by a timeout. Setup failures panic with context: this crate is
 //! only used from tests, where a failed step must fail the test loudly.
 
+pub mod collector;
 pub mod fake_openai;
 pub mod hermes;
 pub mod otlp_receiver;

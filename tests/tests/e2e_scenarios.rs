@@ -14,15 +14,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
+use hermes_e2e::collector::Collector;
 use hermes_e2e::hermes::PY_AGENT_PRELUDE;
-use hermes_e2e::{
-    AttrsExt, ChildGuard, FakeOpenAi, HermesHome, OtlpReceiver, SpanExt, SpanTree, cargo_bin,
-    free_port,
-};
+use hermes_e2e::{AttrsExt, FakeOpenAi, HermesHome, OtlpReceiver, SpanExt, SpanTree};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
@@ -38,38 +35,6 @@ const SETTLE: Duration = Duration::from_millis(800);
 // ---------------------------------------------------------------------------
 // Harness for one scenario
 // ---------------------------------------------------------------------------
-
-/// The collector binary, listening on a free port, exporting over OTLP/gRPC.
-struct Collector {
-    guard: ChildGuard,
-    endpoint: String,
-}
-
-impl Collector {
-    fn start(cwd: &Path, otlp_endpoint: &str) -> Collector {
-        let listen = format!("127.0.0.1:{}", free_port());
-        let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
-        cmd.current_dir(cwd)
-            .arg("--listen")
-            .arg(&listen)
-            // Several collectors run at once: no fixed admin port.
-            .args(["--admin-listen", "127.0.0.1:0"])
-            .arg("--otlp-endpoint")
-            .arg(otlp_endpoint)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut guard =
-            ChildGuard::spawn_named("hermes-collector", &mut cmd).expect("spawn collector");
-        let up = guard.wait_for_stderr(WAIT, |e| e.contains("receiving Hermes events"));
-        assert!(up, "collector did not start:\n{}", guard.stderr_text());
-        Collector {
-            guard,
-            endpoint: format!("http://{listen}"),
-        }
-    }
-}
 
 /// Scripted server, OTLP receiver, collector and a Hermes home with our
 /// plugin enabled and pointed at the collector.
@@ -107,7 +72,7 @@ impl Scenario {
         let server = FakeOpenAi::start(script);
         let receiver = OtlpReceiver::start();
         let work = tempfile::tempdir().expect("tempdir");
-        let collector = Collector::start(work.path(), &receiver.endpoint());
+        let collector = Collector::start(work.path(), &["--otlp-endpoint", &receiver.endpoint()]);
         let home = HermesHome::new(&server.base_url(), server.model());
         home.enable_plugin("hermes_collector");
         Scenario {

@@ -7,13 +7,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
+use hermes_e2e::collector::Collector;
 use hermes_e2e::span_tree::hex;
 use hermes_e2e::{
-    AttrsExt, ChildGuard, FakeOpenAi, HermesHome, OtlpHttpReceiver, OtlpReceiver, SpanExt,
-    SpanTree, cargo_bin, free_port,
+    AttrsExt, FakeOpenAi, HermesHome, OtlpHttpReceiver, OtlpReceiver, SpanExt, SpanTree,
 };
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::{Value, json};
@@ -32,61 +32,6 @@ fn script() -> Value {
 
 /// `(prompt_tokens, completion_tokens)` of each scripted response.
 const USAGE: [(i64, i64); 2] = [(1212, 17), (1300, 21)];
-
-/// The collector binary, listening on a free port, with `args`, in `cwd`.
-struct Collector {
-    guard: ChildGuard,
-    endpoint: String,
-}
-
-impl Collector {
-    fn start(cwd: &Path, args: &[&str]) -> Collector {
-        let port = free_port();
-        let listen = format!("127.0.0.1:{port}");
-        let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
-        cmd.current_dir(cwd)
-            .arg("--listen")
-            .arg(&listen)
-            .args(["--admin-listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut guard =
-            ChildGuard::spawn_named("hermes-collector", &mut cmd).expect("spawn collector");
-        let up = guard.wait_for_stderr(WAIT, |e| e.contains("receiving Hermes events"));
-        assert!(up, "collector did not start:\n{}", guard.stderr_text());
-        Collector {
-            guard,
-            endpoint: format!("http://{listen}"),
-        }
-    }
-
-    /// `GET path` on the admin server (address from the collector's log).
-    fn admin_get(&self, path: &str) -> String {
-        use std::io::{Read, Write};
-        let log = self.guard.stderr_text();
-        let addr = log
-            .lines()
-            .find(|l| l.contains("serving /livez"))
-            .and_then(|l| l.split("listen=").nth(1))
-            .map(|a| a.trim().to_string())
-            .unwrap_or_else(|| panic!("no admin address in the log:\n{log}"));
-        let mut stream = std::net::TcpStream::connect(&addr).expect("connect admin");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )
-        .expect("request");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).expect("response");
-        response
-    }
-}
 
 /// The value of a Prometheus sample line starting with `series`.
 fn metric(text: &str, series: &str) -> f64 {
