@@ -1,0 +1,299 @@
+//! Criterion micro-benchmarks of the collector's stages and of the shim's
+//! conversion, on the recorded Hermes fixtures.
+//!
+//! Groups (ids as in `target/criterion/`):
+//! * `correlator_turn/{fixture}`: a fresh correlator ingests one whole
+//!   fixture (metadata events) and flushes; throughput in events.
+//! * `sequencer_correlator/{in_order,shuffled}/{fixture}`: the same through
+//!   the sequencer first, events in capture order or shuffled (fixed seed).
+//! * `convert_json/{metadata,content}/{hook}`: the shim's kwargs → event
+//!   conversion (`to_event` over `JsonKwargs`) of the largest recorded call
+//!   of each hook kind.
+//! * `processor/{metadata,content}`: `SpanProcessor::process` (default
+//!   config: gen_ai, redaction, 4 KiB truncation) on a batch of 512 spans;
+//!   `processor_all_sets/*` with OpenInference and Langfuse sets too.
+//! * `otlp_encode/{metadata,content}`: `encode_to_vec` of the
+//!   `ExportTraceServiceRequest` of that batch.
+//! * `ingest_decode/metadata`: decoding one wire `EventBatch` of 512 events
+//!   (what the receiver does per batch).
+//! * `stages_per_event/metadata`: decode + sequencer + correlator +
+//!   grouping + processor + OTLP encode of all four fixtures, per event: the
+//!   in-process CPU cost of one event without the gRPC transports.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use hermes_benches::{Call, FIXTURES, convert, load_fixture, shim_info, span_batch, span_count};
+use hermes_collector_shim::config::CaptureLevel;
+use hermes_collector_shim::convert::{JsonKwargs, to_event};
+use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
+use hermes_correlator::{Config, Correlator, to_resource_spans};
+use hermes_processor::{AttributeSet, ProcessorConfig, SpanProcessor};
+use hermes_proto::v1::{Event, EventBatch};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use prost::Message as _;
+use rand::SeedableRng as _;
+use rand::seq::SliceRandom as _;
+
+const BATCH_SPANS: usize = 512;
+
+fn fixture_events(level: CaptureLevel) -> Vec<(&'static str, Vec<Event>)> {
+    FIXTURES
+        .iter()
+        .map(|name| {
+            let calls = load_fixture(name).unwrap();
+            (name.trim_end_matches(".jsonl"), convert(&calls, level))
+        })
+        .collect()
+}
+
+fn correlator_turn(c: &mut Criterion) {
+    let shim = shim_info(0, CaptureLevel::Metadata);
+    let mut group = c.benchmark_group("correlator_turn");
+    for (name, events) in fixture_events(CaptureLevel::Metadata) {
+        group.throughput(Throughput::Elements(events.len() as u64));
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut correlator = Correlator::new(Config::default());
+                let mut out = Vec::with_capacity(16);
+                for event in &events {
+                    correlator.ingest(&shim, event, &mut out);
+                }
+                correlator.flush_all(&mut out);
+                out
+            });
+        });
+    }
+    group.finish();
+}
+
+fn sequencer_correlator(c: &mut Criterion) {
+    let shim = shim_info(0, CaptureLevel::Metadata);
+    let mut group = c.benchmark_group("sequencer_correlator");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6865_726d_6573);
+    for (name, events) in fixture_events(CaptureLevel::Metadata) {
+        let mut shuffled = events.clone();
+        shuffled.shuffle(&mut rng);
+        group.throughput(Throughput::Elements(events.len() as u64));
+        for (order, input) in [("in_order", &events), ("shuffled", &shuffled)] {
+            group.bench_function(BenchmarkId::new(order, name), |b| {
+                b.iter_batched(
+                    || input.clone(),
+                    |input| {
+                        let mut sequencer = Sequencer::new(SequencerConfig::default());
+                        let mut correlator = Correlator::new(Config::default());
+                        let mut ready = Vec::with_capacity(input.len());
+                        let mut out = Vec::with_capacity(16);
+                        for event in input {
+                            sequencer.push(&shim, 0, event, 1, &mut ready);
+                            for (shim, event) in ready.drain(..) {
+                                correlator.ingest(&shim, &event, &mut out);
+                            }
+                        }
+                        sequencer.flush_all(&mut ready);
+                        for (shim, event) in ready.drain(..) {
+                            correlator.ingest(&shim, &event, &mut out);
+                        }
+                        correlator.flush_all(&mut out);
+                        out
+                    },
+                    BatchSize::SmallInput,
+                );
+            });
+        }
+    }
+    group.finish();
+}
+
+/// The largest recorded call (by JSON size) of every registered hook kind.
+fn calls_per_hook() -> Vec<Call> {
+    let mut best: Vec<(usize, Call)> = Vec::new();
+    for name in FIXTURES {
+        for call in load_fixture(name).unwrap() {
+            if !CaptureLevel::Metadata.hooks().contains(&call.hook.as_str()) {
+                continue;
+            }
+            let size = serde_json::Value::Object(call.kwargs.clone())
+                .to_string()
+                .len();
+            match best.iter_mut().find(|(_, c)| c.hook == call.hook) {
+                Some(entry) if entry.0 < size => *entry = (size, call),
+                Some(_) => {}
+                None => best.push((size, call)),
+            }
+        }
+    }
+    best.into_iter().map(|(_, c)| c).collect()
+}
+
+fn convert_json(c: &mut Criterion) {
+    let mut group = c.benchmark_group("convert_json");
+    group.throughput(Throughput::Elements(1));
+    for call in calls_per_hook() {
+        for level in [CaptureLevel::Metadata, CaptureLevel::Content] {
+            group.bench_function(BenchmarkId::new(level.as_str(), &call.hook), |b| {
+                let stamp = call.stamp(1);
+                let kwargs = JsonKwargs(&call.kwargs);
+                b.iter(|| to_event(&stamp, &kwargs, level));
+            });
+        }
+    }
+    group.finish();
+}
+
+fn processor(c: &mut Criterion) {
+    let default = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
+    let all_sets = SpanProcessor::new(&ProcessorConfig {
+        attribute_sets: vec![
+            AttributeSet::GenAi,
+            AttributeSet::OpenInference,
+            AttributeSet::Langfuse,
+        ],
+        ..ProcessorConfig::default()
+    })
+    .unwrap();
+    for (group_name, processor) in [("processor", &default), ("processor_all_sets", &all_sets)] {
+        let mut group = c.benchmark_group(group_name);
+        for level in [CaptureLevel::Metadata, CaptureLevel::Content] {
+            let batch = span_batch(level, BATCH_SPANS).unwrap();
+            group.throughput(Throughput::Elements(span_count(&batch) as u64));
+            group.bench_function(level.as_str(), |b| {
+                b.iter_batched_ref(
+                    || batch.clone(),
+                    |batch| processor.process(batch),
+                    BatchSize::SmallInput,
+                );
+            });
+        }
+        group.finish();
+    }
+}
+
+fn otlp_encode(c: &mut Criterion) {
+    let processor = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
+    let mut group = c.benchmark_group("otlp_encode");
+    for level in [CaptureLevel::Metadata, CaptureLevel::Content] {
+        let mut batch = span_batch(level, BATCH_SPANS).unwrap();
+        processor.process(&mut batch);
+        let request = ExportTraceServiceRequest {
+            resource_spans: batch,
+        };
+        group.throughput(Throughput::Bytes(request.encoded_len() as u64));
+        group.bench_function(level.as_str(), |b| b.iter(|| request.encode_to_vec()));
+    }
+    group.finish();
+}
+
+/// Wire batches of all four fixtures for one shim, 512 events each, seqs
+/// contiguous, as the shim sends them.
+fn wire_batches(level: CaptureLevel, copies: usize) -> Vec<Vec<u8>> {
+    let templates = fixture_events(level);
+    let mut events = Vec::new();
+    let mut seq = 0;
+    for copy in 0..copies {
+        for (_, template) in &templates {
+            for event in template {
+                let mut event = event.clone();
+                seq += 1;
+                event.seq = seq;
+                if let Some(ids) = event.ids.as_mut() {
+                    // Distinct turns per copy (same shapes).
+                    for s in [
+                        &mut ids.session_id,
+                        &mut ids.turn_id,
+                        &mut ids.api_request_id,
+                    ] {
+                        if !s.is_empty() {
+                            s.push_str(&format!("#{copy}"));
+                        }
+                    }
+                }
+                events.push(event);
+            }
+        }
+    }
+    let shim = shim_info(0, level);
+    events
+        .chunks(512)
+        .map(|chunk| {
+            EventBatch {
+                shim: Some(shim.clone()),
+                events: chunk.to_vec(),
+                dropped_events: 0,
+                floor_seq: 0,
+            }
+            .encode_to_vec()
+        })
+        .collect()
+}
+
+fn ingest_decode(c: &mut Criterion) {
+    let batches = wire_batches(CaptureLevel::Metadata, 8);
+    let first = &batches[0];
+    let n = EventBatch::decode(first.as_slice()).unwrap().events.len();
+    let mut group = c.benchmark_group("ingest_decode");
+    group.throughput(Throughput::Elements(n as u64));
+    group.bench_function("metadata", |b| {
+        b.iter(|| EventBatch::decode(first.as_slice()).unwrap())
+    });
+    group.finish();
+}
+
+fn stages_per_event(c: &mut Criterion) {
+    let processor = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
+    let batches = wire_batches(CaptureLevel::Metadata, 8);
+    let events: usize = batches
+        .iter()
+        .map(|b| EventBatch::decode(b.as_slice()).unwrap().events.len())
+        .sum();
+    let mut group = c.benchmark_group("stages_per_event");
+    group.throughput(Throughput::Elements(events as u64));
+    group.bench_function("metadata", |b| {
+        b.iter(|| {
+            let mut sequencer = Sequencer::new(SequencerConfig::default());
+            let mut correlator = Correlator::new(Config::default());
+            let mut ready = Vec::with_capacity(512);
+            let mut out = Vec::with_capacity(512);
+            let mut bytes = 0;
+            for wire in &batches {
+                let batch = EventBatch::decode(wire.as_slice()).unwrap();
+                let shim = batch.shim.unwrap_or_default();
+                for event in batch.events {
+                    sequencer.push(&shim, batch.floor_seq, event, 1, &mut ready);
+                }
+                for (shim, event) in ready.drain(..) {
+                    correlator.ingest(&shim, &event, &mut out);
+                }
+                if !out.is_empty() {
+                    let mut spans = to_resource_spans(std::mem::take(&mut out));
+                    processor.process(&mut spans);
+                    bytes += ExportTraceServiceRequest {
+                        resource_spans: spans,
+                    }
+                    .encode_to_vec()
+                    .len();
+                }
+            }
+            bytes
+        });
+    });
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(50)
+        .configure_from_args()
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = correlator_turn, sequencer_correlator, convert_json, processor, otlp_encode,
+        ingest_decode, stages_per_event
+}
+criterion_main!(benches);

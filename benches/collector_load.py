@@ -1,0 +1,379 @@
+#!/usr/bin/env python3
+"""Collector throughput, CPU, memory and delivery delay (stdlib only).
+
+Every scenario starts a fresh release collector (target/release/hermes-collector)
+that exports over OTLP/gRPC to a fresh `hermes-bench-sink` (a minimal OTLP
+receiver that records, per span, the delay from the span's end time to its
+arrival), all on 127.0.0.1 with OS-chosen ports, and stops both afterwards.
+
+Scenarios (each repeated --repeats times; medians reported):
+  idle        RSS of a started collector with no traffic
+  throughput  `hermes-loadgen` (release; recorded turns, metadata capture, i.e.
+              content off) as fast as it goes; events/s from loadgen's start
+              to the last span arriving at the sink, collector CPU seconds
+              (utime+stime from /proc/PID/stat) -> events per CPU-second
+  open_turns  `hermes-bench-driver open-turns`: N distinct turns opened
+              (pre_llm_call + pre_tool_call each) and held; collector RSS
+  delay       `hermes-bench-driver paced`: agents replaying the recorded turns
+              in real time (--speed 1), 5x and 20x faster, capture time = send
+              time, batched like the shim (<= 512 events or 50 ms); sink
+              delays (arrival - span end) p50/p99/max
+
+Prints a JSON object with every run and the medians, and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, ".."))
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of stat; [0] here is field 3.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def memory(pid: int) -> Dict[str, float]:
+    out = {}
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "RssAnon"):
+                out[key] = int(value.split()[0]) / 1024.0  # MiB
+    return out
+
+
+def load() -> str:
+    with open("/proc/loadavg", encoding="ascii") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def http_get(url: str, timeout: float = 2.0) -> Optional[str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (loopback)
+            return r.read().decode()
+    except Exception:
+        return None
+
+
+def metric(text: Optional[str], name: str) -> Optional[float]:
+    """Sum of all samples of a Prometheus metric family `name` (any labels)."""
+    if not text:
+        return None
+    total = None
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            rest = line[len(name):]
+            if rest[:1] in ("{", " "):
+                try:
+                    total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+                except ValueError:
+                    pass
+    return total
+
+
+class Proc:
+    def __init__(self, argv: List[str], name: str, logdir: str, stdout_pipe: bool = False):
+        self.name = name
+        self.log = open(os.path.join(logdir, f"{name}.log"), "ab")
+        self.p = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE if stdout_pipe else self.log,
+            stderr=self.log,
+            cwd=ROOT,
+            env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def stop(self, timeout: float = 30.0) -> str:
+        """SIGTERM, wait; returns what it printed on stdout (if piped)."""
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            out, _ = self.p.communicate()
+        self.log.close()
+        return (out or b"").decode()
+
+
+class Rig:
+    """A sink and a collector exporting to it."""
+
+    def __init__(self, bins: str, logdir: str, tag: str):
+        self.sink_port = free_port()
+        self.listen = free_port()
+        self.admin = free_port()
+        self.sink = Proc(
+            [os.path.join(bins, "hermes-bench-sink"), "--listen", f"127.0.0.1:{self.sink_port}"],
+            f"{tag}-sink",
+            logdir,
+            stdout_pipe=True,
+        )
+        self.collector = Proc(
+            [
+                os.path.join(bins, "hermes-collector"),
+                "--listen", f"127.0.0.1:{self.listen}",
+                "--admin-listen", f"127.0.0.1:{self.admin}",
+                "--otlp-endpoint", f"http://127.0.0.1:{self.sink_port}",
+            ],
+            f"{tag}-collector",
+            logdir,
+        )
+        deadline = time.time() + 30
+        while http_get(f"http://127.0.0.1:{self.admin}/readyz") is None:
+            if self.collector.p.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"collector did not become ready (see {logdir}/{tag}-collector.log)")
+            time.sleep(0.05)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.listen}"
+
+    def metrics(self) -> Optional[str]:
+        return http_get(f"http://127.0.0.1:{self.admin}/metrics")
+
+    def wait_quiet(self, quiet_s: float = 1.0, timeout: float = 120.0) -> None:
+        """Until the collector's exported-span counter stops moving."""
+        last = None
+        since = time.time()
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            text = self.metrics()
+            now = (metric(text, "hermes_collector_exporter_sent_spans_total"), metric(text, "hermes_collector_correlator_events_total"))
+            if now != last:
+                last = now
+                since = time.time()
+            elif time.time() - since >= quiet_s:
+                return
+            time.sleep(0.1)
+
+    def stop(self) -> Dict[str, Any]:
+        self.collector.stop()
+        out = self.sink.stop()
+        lines = [l for l in out.splitlines() if l.startswith("{")]
+        return json.loads(lines[-1]) if lines else {}
+
+
+def run_json(argv: List[str], timeout: float) -> Dict[str, Any]:
+    p = subprocess.run(argv, capture_output=True, timeout=timeout, cwd=ROOT, check=False)
+    lines = [l for l in p.stdout.decode().splitlines() if l.startswith("{")]
+    if p.returncode != 0 or not lines:
+        raise SystemExit(f"{argv[0]} failed ({p.returncode}): {p.stderr.decode()[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def scenario_idle(bins: str, logdir: str, settle: float) -> Dict[str, Any]:
+    rig = Rig(bins, logdir, "idle")
+    time.sleep(settle)
+    mem = memory(rig.collector.pid)
+    rig.stop()
+    return {"rss_mib": mem["VmRSS"], "hwm_mib": mem["VmHWM"], "load": load()}
+
+
+def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batch: int) -> Dict[str, Any]:
+    rig = Rig(bins, logdir, "throughput")
+    time.sleep(0.5)
+    pid = rig.collector.pid
+    load_before = load()
+    cpu0 = cpu_seconds(pid)
+    t0 = time.time_ns()
+    summary = run_json(
+        [
+            os.path.join(bins, "hermes-loadgen"),
+            "--endpoint", rig.endpoint,
+            "--instances", str(instances),
+            "--turns", str(turns),
+            "--batch", str(batch),
+        ],
+        timeout=600,
+    )
+    rig.wait_quiet()
+    cpu1 = cpu_seconds(pid)
+    mem = memory(pid)
+    text = rig.metrics()
+    sink = rig.stop()
+    events = summary["events_acked"]
+    span_secs = (sink.get("last_arrival_unix_nano", t0) - t0) / 1e9
+    cpu = cpu1 - cpu0
+    return {
+        "events": events,
+        "spans": sink.get("spans"),
+        "collector_events": metric(text, "hermes_collector_correlator_events_total"),
+        "loadgen_events_per_second": summary["events_per_second"],
+        "seconds_to_last_span": span_secs,
+        "events_per_second": events / span_secs if span_secs > 0 else None,
+        "collector_cpu_seconds": cpu,
+        "events_per_cpu_second": events / cpu if cpu > 0 else None,
+        "rss_after_mib": mem["VmRSS"],
+        "hwm_mib": mem["VmHWM"],
+        "load_before": load_before,
+        "load_after": load(),
+    }
+
+
+def scenario_open_turns(bins: str, logdir: str, turns: int, capture: str, settle: float) -> Dict[str, Any]:
+    rig = Rig(bins, logdir, f"open{turns}")
+    time.sleep(0.5)
+    idle = memory(rig.collector.pid)["VmRSS"]
+    driver = Proc(
+        [
+            os.path.join(bins, "hermes-bench-driver"),
+            "--endpoint", rig.endpoint,
+            "--instances", "4",
+            "--capture", capture,
+            "open-turns", "--turns", str(turns),
+        ],
+        f"open{turns}-driver",
+        logdir,
+        stdout_pipe=True,
+    )
+    assert driver.p.stdout is not None
+    line = driver.p.stdout.readline().decode()
+    if not line.startswith("{"):
+        driver.stop()
+        rig.stop()
+        raise SystemExit(f"open-turns driver failed: {line!r}")
+    ready = json.loads(line)
+    rig.wait_quiet(quiet_s=0.5)
+    time.sleep(settle)
+    mem = memory(rig.collector.pid)
+    open_now = metric(rig.metrics(), "hermes_collector_correlator_open_turns")
+    driver.stop()
+    rig.stop()
+    return {
+        "turns": turns,
+        "capture": capture,
+        "events": ready["events"],
+        "open_turns_metric": open_now,
+        "idle_rss_mib": idle,
+        "rss_mib": mem["VmRSS"],
+        "hwm_mib": mem["VmHWM"],
+        "bytes_per_turn": (mem["VmRSS"] - idle) * 1024 * 1024 / turns,
+        "load": load(),
+    }
+
+
+def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: float) -> Dict[str, Any]:
+    rig = Rig(bins, logdir, f"delay{speed:g}")
+    time.sleep(0.5)
+    pid = rig.collector.pid
+    cpu0 = cpu_seconds(pid)
+    summary = run_json(
+        [
+            os.path.join(bins, "hermes-bench-driver"),
+            "--endpoint", rig.endpoint,
+            "--instances", str(instances),
+            "paced", "--turns", str(turns), "--speed", str(speed),
+        ],
+        timeout=900,
+    )
+    rig.wait_quiet()
+    cpu = cpu_seconds(pid) - cpu0
+    sink = rig.stop()
+    return {
+        "instances": instances,
+        "speed": speed,
+        "events": summary["events"],
+        "events_per_second": summary["events_per_second"],
+        "spans": sink.get("spans"),
+        "collector_cpu_seconds": cpu,
+        "delay": sink.get("delay"),
+        "root_delay": sink.get("root_delay"),
+        "load": load(),
+    }
+
+
+def med(values: List[Optional[float]]) -> Optional[float]:
+    vals = [v for v in values if isinstance(v, (int, float))]
+    return statistics.median(vals) if vals else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bins", default=os.path.join(ROOT, "target", "release"))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--instances", type=int, default=4, help="loadgen agents")
+    ap.add_argument("--turns", type=int, default=20000, help="loadgen turns per agent")
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--delay-instances", type=int, default=200)
+    ap.add_argument("--delay-turns", type=int, default=8)
+    ap.add_argument("--scenarios", default="idle,throughput,open_turns,delay")
+    ap.add_argument("--logdir", default="")
+    args = ap.parse_args()
+    logdir = args.logdir or tempfile.mkdtemp(prefix="hermes-bench-")
+    os.makedirs(logdir, exist_ok=True)
+    scenarios = args.scenarios.split(",")
+    runs: Dict[str, List[Dict[str, Any]]] = {}
+
+    def record(key: str, value: Dict[str, Any]) -> None:
+        runs.setdefault(key, []).append(value)
+        print(f"# {key}: {json.dumps(value)}", file=sys.stderr, flush=True)
+
+    for _ in range(args.repeats):
+        if "idle" in scenarios:
+            record("idle", scenario_idle(args.bins, logdir, settle=2.0))
+        if "throughput" in scenarios:
+            record("throughput", scenario_throughput(args.bins, logdir, args.instances, args.turns, args.batch))
+        if "open_turns" in scenarios:
+            for n in (1000, 10000):
+                record(f"open_turns_{n}", scenario_open_turns(args.bins, logdir, n, "metadata", settle=1.0))
+            record("open_turns_10000_content", scenario_open_turns(args.bins, logdir, 10000, "content", settle=1.0))
+        if "delay" in scenarios:
+            # Real time (--delay-turns turns per agent), then 5x and 20x
+            # faster with 3x and 10x the turns (a few seconds each).
+            for speed, turns in (
+                (1.0, args.delay_turns),
+                (5.0, args.delay_turns * 3),
+                (20.0, args.delay_turns * 10),
+            ):
+                record(
+                    f"delay_x{speed:g}",
+                    scenario_delay(args.bins, logdir, args.delay_instances, turns, speed),
+                )
+
+    medians: Dict[str, Any] = {}
+    for key, values in runs.items():
+        m: Dict[str, Any] = {}
+        for field in values[0]:
+            if isinstance(values[0][field], dict):
+                m[field] = {
+                    sub: med([v[field].get(sub) if isinstance(v.get(field), dict) else None for v in values])
+                    for sub in values[0][field]
+                }
+            elif isinstance(values[0][field], (int, float)):
+                m[field] = med([v.get(field) for v in values])
+        m["loads"] = [v.get("load") or v.get("load_before") for v in values]
+        medians[key] = m
+    print(json.dumps({"logdir": logdir, "repeats": args.repeats, "runs": runs, "medians": medians}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# CPU profile of the release collector under hermes-loadgen (content off),
+# exporting to hermes-bench-sink: `perf record --call-graph dwarf` on the
+# collector's PID, then the inclusive share of the functions that name the
+# pipeline's stages. Needs `perf` (linux-perf) and the binaries of
+# benches/run.sh (or target/release).
+#
+#   benches/profile_collector.sh [BIN_DIR] [TURNS_PER_AGENT]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BIN="${1:-target/release}"
+TURNS="${2:-2000}"
+OUT="$(mktemp -d /tmp/hermes-profile-XXXXXX)"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+SINK_PORT=$(free_port); LISTEN=$(free_port); ADMIN=$(free_port)
+
+"$BIN/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "$OUT/sink.json" 2> /dev/null &
+SINK_PID=$!
+"$BIN/hermes-collector" --listen "127.0.0.1:$LISTEN" --admin-listen "127.0.0.1:$ADMIN" \
+  --otlp-endpoint "http://127.0.0.1:$SINK_PORT" 2> "$OUT/collector.log" &
+COLL_PID=$!
+cleanup() { kill -TERM "$COLL_PID" "$SINK_PID" 2>/dev/null || true; }
+trap cleanup EXIT
+sleep 1.5
+perf record -o "$OUT/perf.data" -F 499 --call-graph dwarf,16384 -p "$COLL_PID" 2> "$OUT/perf.log" &
+PERF_PID=$!
+sleep 0.5
+echo "load: $(uptime)"
+"$BIN/hermes-loadgen" --endpoint "http://127.0.0.1:$LISTEN" --instances 4 --turns "$TURNS" --batch 512
+sleep 2
+kill -INT "$PERF_PID"; wait "$PERF_PID" || true
+kill -TERM "$COLL_PID"; wait "$COLL_PID" || true
+kill -TERM "$SINK_PID"; wait "$SINK_PID" || true
+trap - EXIT
+
+echo "samples: $(perf report -i "$OUT/perf.data" --stdio --sort dso 2>/dev/null | grep -m1 -o 'of event.*' || true)"
+echo "inclusive share of the collector's CPU samples:"
+perf report -i "$OUT/perf.data" --children --sort symbol --stdio --percent-limit 0.5 -g none 2>/dev/null \
+  | grep -E '^ +[0-9]' \
+  | grep -E 'pipeline::run::|SpanProcessor::process|Redactor::key_matches|KeyGlob::matches|normalize_into|apply_patterns|Correlator::ingest|Sequencer::push|SinkWorker::run|GrpcExporter as hermes_exporter::sink::SpanExporter>::export|ProstEncoder<T> as tonic::codec::Encoder>::encode|ProstDecoder<U> as tonic::codec::Decoder>::decode|drop_in_place<opentelemetry_proto::proto::tonic::trace::v1::ResourceSpans>|Vec<T,A> as core::clone::Clone>::clone|String as core::clone::Clone>::clone|EventIngest>::stream' \
+  | grep -vE '\] (do_call|poll|poll_future|poll_inner|with_mut|catch_unwind|call_once)<|\(inlined\)' \
+  | awk '!seen[$4]++ {printf "  %7s  %s\n", $1, substr($0, index($0, "[.]") + 4)}' | cut -c1-150
+echo "self time in the allocator (glibc malloc/free):"
+perf report -i "$OUT/perf.data" --no-children --sort symbol --stdio --percent-limit 0.3 -g none 2>/dev/null \
+  | grep -E '^ +[0-9]' | grep -E '\] (_int_malloc|_int_free|malloc|cfree@GLIBC_2.2.5|malloc_consolidate|unlink_chunk.constprop.0|_int_realloc|realloc)( |$)' \
+  | awk '{s += $1; printf "  %7s  %s\n", $1, $3} END {printf "  total %.1f%%\n", s}'
+echo "perf data: $OUT/perf.data"

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Runs every benchmark of docs/BENCHMARKS.md and prints the tables.
+#
+#   benches/run.sh                 # everything (~20 min on 2 cores)
+#   BENCH_REPEATS=1 BENCH_CRITERION_PASSES=1 benches/run.sh   # quicker
+#
+# Steps: (1) release build of the collector, loadgen and the bench helpers,
+# copied to $OUT/bin so that rebuilds by others during the run change
+# nothing; (2) the venvs: target/e2e-venv via tests/setup_venv.sh (the shim),
+# target/bench-venv (OpenTelemetry SDK + OTLP gRPC exporter, never installed
+# into the e2e venv); (3) criterion (`cargo bench -p hermes-benches`);
+# (4) hook cost in-process (benches/hook_cost.py) against a running release
+# collector exporting to hermes-bench-sink; (5) collector throughput, memory
+# and delay (benches/collector_load.py); (6) benches/report.py prints the
+# tables, also written to $OUT/report.md.
+#
+# Environment:
+#   BENCH_OUT                results directory (default target/bench-results/<date>)
+#   BENCH_REPEATS            repeats of the hook-cost and collector runs (default 3)
+#   BENCH_CRITERION_PASSES   passes of the criterion suite (default 1)
+#   BENCH_HOOK_ITERATIONS    timed calls per hook and variant (default 50000;
+#                            OpenTelemetry variants: a fifth of it)
+#   BENCH_LOADGEN_TURNS      loadgen turns per agent, 4 agents (default 20000)
+#   BENCH_DELAY_TURNS        real-time turns per agent of the delay run (default 8)
+#   BENCH_SKIP_SETUP_VENV=1  use target/e2e-venv as it is
+#   BENCH_ONLY               comma list of steps: criterion,hook,collector (default all)
+# Everything listens on 127.0.0.1 only.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$PWD"
+OUT="${BENCH_OUT:-$ROOT/target/bench-results/$(date +%Y%m%d-%H%M%S)}"
+REPEATS="${BENCH_REPEATS:-3}"
+PASSES="${BENCH_CRITERION_PASSES:-1}"
+ITER="${BENCH_HOOK_ITERATIONS:-50000}"
+ONLY="${BENCH_ONLY:-criterion,hook,collector}"
+E2E_VENV="$ROOT/target/e2e-venv"
+BENCH_VENV="$ROOT/target/bench-venv"
+mkdir -p "$OUT/bin"
+log() { echo "run.sh: $*" >&2; }
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
+unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+
+# ---- machine
+{
+  echo "date:    $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit:  $(git rev-parse --short HEAD 2>/dev/null || echo '?') (working tree: $(git status --porcelain 2>/dev/null | wc -l) changed files)"
+  echo "nproc:   $(nproc)"
+  echo "cpu:     $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+  echo "memory:  $(free -h | awk '/^Mem:/ {print $2}')"
+  echo "kernel:  $(uname -r)"
+  echo "rustc:   $(rustc --version)"
+  echo "uptime:  $(uptime)"
+} > "$OUT/machine.txt"
+cat "$OUT/machine.txt" >&2
+
+# ---- 1. build
+log "building (release)"
+cargo build --release -p hermes-collector -p hermes-loadgen -p hermes-benches --bins
+for b in hermes-collector hermes-loadgen hermes-bench-sink hermes-bench-driver; do
+  cp "target/release/$b" "$OUT/bin/$b"
+done
+BIN="$OUT/bin"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# ---- 3. criterion
+if want criterion; then
+  cargo bench -p hermes-benches --bench pipeline --no-run
+  for pass in $(seq 1 "$PASSES"); do
+    log "criterion pass $pass/$PASSES (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+    echo "criterion pass $pass start: $(uptime)" >> "$OUT/loads.txt"
+    timer=()
+    if [[ -x /usr/bin/time ]]; then
+      timer=(/usr/bin/time -a -o "$OUT/loads.txt"
+        -f "criterion pass $pass: %e s wall, %U s user, %S s sys (CPU share of one core: %P)")
+    fi
+    CRITERION_HOME="$OUT/criterion/pass$pass" "${timer[@]}" \
+      cargo bench -p hermes-benches --bench pipeline > "$OUT/criterion_pass$pass.txt" 2>&1
+    echo "criterion pass $pass end: $(uptime)" >> "$OUT/loads.txt"
+  done
+fi
+
+# ---- 2 + 4. hook cost
+if want hook; then
+  if [[ "${BENCH_SKIP_SETUP_VENV:-}" != 1 ]]; then
+    bash tests/setup_venv.sh >&2
+  fi
+  if [[ ! -x "$BENCH_VENV/bin/python" ]] || ! "$BENCH_VENV/bin/python" -c 'import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc' 2>/dev/null; then
+    log "creating $BENCH_VENV (OpenTelemetry SDK)"
+    base_python="$("$E2E_VENV/bin/python" -c 'import sys; print(sys._base_executable)')"
+    "$base_python" -m venv "$BENCH_VENV"
+    "$BENCH_VENV/bin/python" -m pip install -q --disable-pip-version-check opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc
+  fi
+  "$BENCH_VENV/bin/python" -m pip list --disable-pip-version-check 2>/dev/null | grep -i -E '^(opentelemetry|grpcio|protobuf)' > "$OUT/bench-venv-packages.txt" || true
+  # A copy of the installed plugin, taken under the venv's lock, is what is
+  # measured: a concurrent tests/setup_venv.sh may reinstall it mid-run.
+  SHIM_SNAP="$OUT/shim"
+  rm -rf "$SHIM_SNAP"; mkdir -p "$SHIM_SNAP"
+  flock -w 1800 "$E2E_VENV.lock" cp -r "$E2E_VENV"/lib/python3*/site-packages/hermes_collector "$SHIM_SNAP/"
+  "$E2E_VENV/bin/python" -m pip show hermes-collector-shim 2>/dev/null | head -3 > "$OUT/shim-version.txt" || true
+  ls -l --time-style=full-iso "$SHIM_SNAP"/hermes_collector/_core*.so >> "$OUT/shim-version.txt" 2>/dev/null || true
+
+  SINK_PORT=$(free_port); LISTEN=$(free_port); ADMIN=$(free_port)
+  "$BIN/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "$OUT/hook_sink.json" 2> "$OUT/hook_sink.log" &
+  SINK_PID=$!
+  "$BIN/hermes-collector" --listen "127.0.0.1:$LISTEN" --admin-listen "127.0.0.1:$ADMIN" \
+    --otlp-endpoint "http://127.0.0.1:$SINK_PORT" 2> "$OUT/hook_collector.log" &
+  COLL_PID=$!
+  cleanup() { kill -TERM "$COLL_PID" "$SINK_PID" 2>/dev/null || true; }
+  trap cleanup EXIT
+  for _ in $(seq 1 100); do
+    python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$ADMIN/readyz', timeout=1)" 2>/dev/null && break
+    sleep 0.1
+  done
+  for r in $(seq 1 "$REPEATS"); do
+    log "hook cost run $r/$REPEATS (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+    echo "hook run $r ours start: $(uptime)" >> "$OUT/loads.txt"
+    PYTHONPATH="$SHIM_SNAP" HERMES_COLLECTOR_ENDPOINT="http://127.0.0.1:$LISTEN" HERMES_COLLECTOR_CAPTURE=metadata \
+      "$E2E_VENV/bin/python" benches/hook_cost.py --iterations "$ITER" \
+      --variants ours,ours@16,noop,queue,timer --cold-variants ours,noop,queue > "$OUT/hook_ours_$r.json"
+    echo "hook run $r otel start: $(uptime)" >> "$OUT/loads.txt"
+    "$BENCH_VENV/bin/python" benches/hook_cost.py --iterations $((ITER / 5)) \
+      --variants otel,otel_attrs,noop,timer --cold-variants otel,noop --otlp-endpoint "http://127.0.0.1:$SINK_PORT" > "$OUT/hook_otel_$r.json"
+    echo "hook run $r end: $(uptime)" >> "$OUT/loads.txt"
+  done
+  kill -TERM "$COLL_PID"; wait "$COLL_PID" || true
+  kill -TERM "$SINK_PID"; wait "$SINK_PID" || true
+  trap - EXIT
+fi
+
+# ---- 5. collector
+if want collector; then
+  log "collector load runs ($REPEATS repeats)"
+  echo "collector start: $(uptime)" >> "$OUT/loads.txt"
+  python3 benches/collector_load.py --bins "$BIN" --repeats "$REPEATS" \
+    --turns "${BENCH_LOADGEN_TURNS:-20000}" --delay-turns "${BENCH_DELAY_TURNS:-8}" --logdir "$OUT/collector-logs" \
+    > "$OUT/collector_load.json"
+  echo "collector end: $(uptime)" >> "$OUT/loads.txt"
+fi
+
+# ---- 6. tables
+python3 benches/report.py "$OUT" | tee "$OUT/report.md"
+log "results in $OUT"
