@@ -8,9 +8,9 @@
 //! which keeps this crate free of `unsafe`.
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -23,16 +23,30 @@ const POLL: Duration = Duration::from_millis(20);
 /// that inherited the pipe can keep it open forever).
 const READER_GRACE: Duration = Duration::from_secs(5);
 
-/// Returns a TCP port on 127.0.0.1 that was free a moment ago (bound to port
-/// 0, then released). Racy by nature: prefer letting the server bind port 0
-/// itself and report it, when the server can.
+/// Returns a TCP port on 127.0.0.1 that was free a moment ago. Prefer letting
+/// the server bind port 0 itself and report it, when the server can.
+///
+/// The port comes from below Linux' ephemeral range (32768-60999), so an
+/// outgoing connection of a test running in parallel cannot take it between
+/// this check and the server's bind (which is what a port-0 probe allowed);
+/// a process-wide cursor hands each port out once, and the start is spread
+/// by pid so that test binaries running side by side rarely meet. A port is
+/// probed by connecting, not by binding: a probe listener would leak into any
+/// child that a parallel test forks at that moment and keep the port taken.
 pub fn free_port() -> u16 {
-    let listener =
-        TcpListener::bind(("127.0.0.1", 0)).unwrap_or_else(|e| panic!("bind 127.0.0.1:0: {e}"));
-    listener
-        .local_addr()
-        .unwrap_or_else(|e| panic!("local_addr of 127.0.0.1:0 listener: {e}"))
-        .port()
+    const FIRST: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    static CURSOR: AtomicU16 = AtomicU16::new(0);
+    let base = (std::process::id() % u32::from(SPAN)) as u16;
+    for _ in 0..SPAN {
+        let step = CURSOR.fetch_add(1, Ordering::Relaxed);
+        let port = FIRST + (base.wrapping_add(step.wrapping_mul(7)) % SPAN);
+        let probe = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        if std::net::TcpStream::connect_timeout(&probe, POLL).is_err() {
+            return port;
+        }
+    }
+    panic!("no free port in 127.0.0.1:{FIRST}..{}", FIRST + SPAN)
 }
 
 /// Output of a pipe, filled by a background reader thread.

@@ -417,5 +417,5 @@ fn free_port_is_bindable() {
     let port = free_port();
     assert!(port > 0);
     let listener = std::net::TcpListener::bind(("127.0.0.1", port));
-    assert!(listener.is_ok());
+    assert!(listener.is_ok(), "port {port}: {listener:?}");
 }

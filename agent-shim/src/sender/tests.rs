@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::pin::Pin;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU16, AtomicUsize};
 use std::time::Instant as StdInstant;
 
 use hermes_proto::v1::event_ingest_server::{EventIngest, EventIngestServer};
@@ -156,9 +156,16 @@ impl Drop for TestCollector {
     }
 }
 
+/// A port nothing listens on, from below Linux' ephemeral range so that no
+/// outgoing connection (the sender's own included) can take it meanwhile;
+/// probed by connecting (a probe listener could leak into a forked child).
 fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+    static CURSOR: AtomicU16 = AtomicU16::new(0);
+    let base = (std::process::id() % 8_000) as u16;
+    (0..8_000)
+        .map(|_| 22_000 + (base + CURSOR.fetch_add(1, Ordering::Relaxed)) % 8_000)
+        .find(|&port| std::net::TcpStream::connect(("127.0.0.1", port)).is_err())
+        .unwrap()
 }
 
 fn shim() -> ShimInfo {
