@@ -45,6 +45,10 @@ pub const ENV_TLS_CA_FILE: &str = "HERMES_COLLECTOR_TLS_CA_FILE";
 pub const ENV_TLS_CERT_FILE: &str = "HERMES_COLLECTOR_TLS_CERT_FILE";
 /// `HERMES_COLLECTOR_TLS_KEY_FILE`: PEM private key of the client certificate.
 pub const ENV_TLS_KEY_FILE: &str = "HERMES_COLLECTOR_TLS_KEY_FILE";
+/// `HERMES_COLLECTOR_SPOOL_DIR`: directory of the optional disk spool.
+pub const ENV_SPOOL_DIR: &str = "HERMES_COLLECTOR_SPOOL_DIR";
+/// `HERMES_COLLECTOR_SPOOL_MAX_BYTES`: bound of the spool directory, bytes.
+pub const ENV_SPOOL_MAX_BYTES: &str = "HERMES_COLLECTOR_SPOOL_MAX_BYTES";
 
 /// Default collector gRPC ingest endpoint.
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:4319";
@@ -58,6 +62,10 @@ pub const MAX_QUEUE_EVENTS: usize = 1 << 24;
 pub const DEFAULT_EXIT_FLUSH_MS: u64 = 2_000;
 /// Largest accepted exit flush bound, ms.
 pub const MAX_EXIT_FLUSH_MS: u64 = 60_000;
+/// Default bound of the spool directory, bytes (64 MiB).
+pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 64 << 20;
+/// Largest accepted spool bound, bytes (1 TiB).
+pub const MAX_SPOOL_MAX_BYTES: u64 = 1 << 40;
 
 /// Hooks registered at capture levels `metadata` and `content`.
 pub const METADATA_HOOKS: [&str; 15] = [
@@ -265,6 +273,13 @@ pub struct ShimConfig {
     pub exit_flush_ms: u64,
     /// `HERMES_COLLECTOR_DISABLED`: `1`/`true`/`yes`/`on` registers no hook.
     pub disabled: bool,
+    /// `HERMES_COLLECTOR_SPOOL_DIR`: absolute path of the disk spool, or
+    /// None (default: no spool). What the exit flush cannot deliver is
+    /// written there, and sent by a later shim start.
+    pub spool_dir: Option<std::path::PathBuf>,
+    /// `HERMES_COLLECTOR_SPOOL_MAX_BYTES`: most bytes of spool files in the
+    /// directory (1 ..= 2^40, default 64 MiB).
+    pub spool_max_bytes: u64,
 }
 
 impl Default for ShimConfig {
@@ -276,6 +291,8 @@ impl Default for ShimConfig {
             queue_events: DEFAULT_QUEUE_EVENTS,
             exit_flush_ms: DEFAULT_EXIT_FLUSH_MS,
             disabled: false,
+            spool_dir: None,
+            spool_max_bytes: DEFAULT_SPOOL_MAX_BYTES,
         }
     }
 }
@@ -470,6 +487,30 @@ impl ShimConfig {
                 ),
             }
         }
+        if let Some(value) = get(ENV_SPOOL_DIR) {
+            let path = std::path::PathBuf::from(value.trim());
+            if path.is_absolute() {
+                config.spool_dir = Some(path);
+            } else {
+                warn(
+                    ENV_SPOOL_DIR,
+                    &value,
+                    "expected an absolute path",
+                    "no spool".into(),
+                );
+            }
+        }
+        if let Some(value) = get(ENV_SPOOL_MAX_BYTES) {
+            match value.trim().parse::<u64>() {
+                Ok(n) if (1..=MAX_SPOOL_MAX_BYTES).contains(&n) => config.spool_max_bytes = n,
+                _ => warn(
+                    ENV_SPOOL_MAX_BYTES,
+                    &value,
+                    "expected an integer in 1..=1099511627776",
+                    DEFAULT_SPOOL_MAX_BYTES.to_string(),
+                ),
+            }
+        }
         (config, warnings)
     }
 }
@@ -539,6 +580,28 @@ mod tests {
         assert_eq!(config.queue_events, 65_536);
         assert_eq!(config.exit_flush_ms, 2_000);
         assert!(!config.disabled);
+        assert_eq!(config.spool_dir, None);
+        assert_eq!(config.spool_max_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn spool_settings() {
+        let (config, warnings) = parse(&[
+            (ENV_SPOOL_DIR, " /var/spool/hermes "),
+            (ENV_SPOOL_MAX_BYTES, "1048576"),
+        ]);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(
+            config.spool_dir.as_deref(),
+            Some(std::path::Path::new("/var/spool/hermes"))
+        );
+        assert_eq!(config.spool_max_bytes, 1 << 20);
+        let (config, warnings) =
+            parse(&[(ENV_SPOOL_DIR, "relative/dir"), (ENV_SPOOL_MAX_BYTES, "0")]);
+        assert_eq!(config.spool_dir, None);
+        assert_eq!(config.spool_max_bytes, DEFAULT_SPOOL_MAX_BYTES);
+        let vars: Vec<_> = warnings.iter().map(|w| w.var).collect();
+        assert_eq!(vars, [ENV_SPOOL_DIR, ENV_SPOOL_MAX_BYTES]);
     }
 
     #[test]

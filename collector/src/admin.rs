@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /metrics` | Prometheus text exposition (0.0.4; OpenMetrics when the `Accept` header asks for it) |
 //! | `GET /livez` | `200` while the process runs |
-//! | `GET /readyz` | `200` once the receiver is bound and the exporter stage runs, `503` before that and from the start of the drain |
+//! | `GET /readyz` | `200` (`ready`) once the ingest listener is bound and the exporter stage runs with its queue open; `503` (`not ready: <why>`) before that, when the ingest stopped or the exporter queue closed, and from the start of the drain |
 //! | any other path | `404`; a known path with a method other than `GET`/`HEAD`: `405` |
 //!
 //! Invariants:
@@ -22,8 +22,8 @@
 
 use std::convert::Infallible;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -45,6 +45,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::derived::DerivedMetrics;
+use crate::persist::QueueStats;
 use crate::pipeline::PipelineStats;
 
 /// Prefix of every metric name.
@@ -64,15 +65,27 @@ const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 
 /// Whether the collector should receive traffic. The binary sets each flag
 /// as its stages come up and when the drain starts; `/readyz` reads them.
-#[derive(Debug, Default)]
+///
+/// Ready means: the ingest listener is bound and serving, the exporter stage
+/// runs, its queue (the channel from the correlator) is usable, and no drain
+/// has started. Through a drain the process stays live (`/livez` 200) but
+/// not ready, so load balancers and Kubernetes stop sending new agents
+/// while the acknowledged events are exported.
+#[derive(Default)]
 pub struct Readiness {
     receiver_bound: AtomicBool,
     exporter_running: AtomicBool,
     draining: AtomicBool,
+    /// Further conditions, read on each probe.
+    requirements: RwLock<Vec<Requirement>>,
 }
 
+/// A readiness condition: what `/readyz` says when it fails, and the check.
+type Requirement = (&'static str, Box<dyn Fn() -> bool + Send + Sync>);
+
 impl Readiness {
-    /// The ingest listener is bound (call after `TcpListener::bind`).
+    /// The ingest listener is bound (call after `TcpListener::bind`), or
+    /// stopped serving (`false`).
     pub fn set_receiver_bound(&self, bound: bool) {
         self.receiver_bound.store(bound, Ordering::Release);
     }
@@ -85,11 +98,56 @@ impl Readiness {
     pub fn set_draining(&self) {
         self.draining.store(true, Ordering::Release);
     }
-    /// Bound, running and not draining.
-    pub fn is_ready(&self) -> bool {
-        self.receiver_bound.load(Ordering::Acquire)
-            && self.exporter_running.load(Ordering::Acquire)
-            && !self.draining.load(Ordering::Acquire)
+    /// Adds a condition read on each probe, e.g. that the exporter's queue
+    /// is usable ([`Readiness::channel_open`] of its channel); `/readyz`
+    /// answers `not ready: {unmet}` while `holds` returns false.
+    pub fn require(&self, unmet: &'static str, holds: impl Fn() -> bool + Send + Sync + 'static) {
+        self.requirements
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((unmet, Box::new(holds)));
+    }
+    /// Whether the channel of `sender` still has its receiver (the stage
+    /// reading it runs), read through a weak sender: the check never keeps
+    /// the channel open. False once every sender is gone.
+    pub fn channel_open<T: Send + 'static>(
+        sender: &mpsc::Sender<T>,
+    ) -> impl Fn() -> bool + Send + Sync + 'static {
+        let weak = sender.downgrade();
+        move || weak.upgrade().is_some_and(|s| !s.is_closed())
+    }
+    /// `Ok` when ready, else why not.
+    pub fn check(&self) -> Result<(), &'static str> {
+        if self.draining.load(Ordering::Acquire) {
+            Err("draining")
+        } else if !self.receiver_bound.load(Ordering::Acquire) {
+            Err("the ingest listener is not serving")
+        } else if !self.exporter_running.load(Ordering::Acquire) {
+            Err("the exporter stage is not running")
+        } else {
+            let requirements = self
+                .requirements
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            match requirements.iter().find(|(_, holds)| !holds()) {
+                Some((unmet, _)) => Err(*unmet),
+                None => Ok(()),
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Readiness")
+            .field("receiver_bound", &self.receiver_bound)
+            .field("exporter_running", &self.exporter_running)
+            .field("draining", &self.draining)
+            .field(
+                "requirements",
+                &self.requirements.read().map_or(0, |r| r.len()),
+            )
+            .finish()
     }
 }
 
@@ -167,6 +225,7 @@ impl AdminState {
         readiness: Arc<Readiness>,
         queues: Vec<QueueProbe>,
         derived: &DerivedMetrics,
+        persistent: Option<Arc<QueueStats>>,
     ) -> Self {
         let mut root = Registry::default();
         // Metrics derived from spans keep their semconv names, unprefixed.
@@ -182,6 +241,7 @@ impl AdminState {
             pipeline,
             exporter,
             queues,
+            persistent,
         }));
         Self {
             readiness,
@@ -211,6 +271,7 @@ struct StatsCollector {
     pipeline: Arc<PipelineStats>,
     exporter: Arc<ExporterStats>,
     queues: Vec<QueueProbe>,
+    persistent: Option<Arc<QueueStats>>,
 }
 
 fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> fmt::Result {
@@ -258,6 +319,39 @@ fn family<T>(
 impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        if let Some(q) = &self.persistent {
+            let e = &mut encoder;
+            gauge(
+                e,
+                "persistent_queue_records",
+                "Event batches in the persistent queue (acknowledged, not yet settled).",
+                load(&q.records),
+            )?;
+            counter(
+                e,
+                "persistent_queue_appended_batches",
+                "Event batches written to the persistent queue.",
+                load(&q.appended_batches),
+            )?;
+            counter(
+                e,
+                "persistent_queue_replayed_batches",
+                "Event batches replayed from the persistent queue at start.",
+                load(&q.replayed_batches),
+            )?;
+            counter(
+                e,
+                "persistent_queue_corrupt_records",
+                "Records of the persistent queue that could not be decoded at replay (skipped).",
+                load(&q.corrupt_records),
+            )?;
+            counter(
+                e,
+                "persistent_queue_full",
+                "Times the persistent queue reached queue.max_bytes and reading stopped.",
+                load(&q.full),
+            )?;
+        }
         let r = &self.receiver;
         let e = &mut encoder;
         counter(
@@ -283,6 +377,24 @@ impl Collector for StatsCollector {
             "receiver_auth_failures",
             "Ingest stream calls refused for a missing or wrong bearer token.",
             load(&r.auth_failures),
+        )?;
+        counter(
+            e,
+            "receiver_memory_refusals",
+            "Event batches refused with UNAVAILABLE above receiver.memory_limit_mib.",
+            load(&r.memory_refusals),
+        )?;
+        counter(
+            e,
+            "receiver_oversized_events",
+            "Event batches refused for an event above receiver.max_event_bytes.",
+            load(&r.oversized_events),
+        )?;
+        counter(
+            e,
+            "receiver_throttled_batches",
+            "Event batches delayed by the per-stream rate limit (receiver.stream_events_per_sec).",
+            load(&r.throttled_batches),
         )?;
         counter(
             e,
@@ -506,8 +618,13 @@ fn respond(state: &AdminState, request: &Request<Incoming>) -> Response<Full<Byt
     }
     let response = match path {
         "/livez" => text(StatusCode::OK, "ok\n"),
-        "/readyz" if state.readiness.is_ready() => text(StatusCode::OK, "ready\n"),
-        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        "/readyz" => match state.readiness.check() {
+            Ok(()) => text(StatusCode::OK, "ready\n"),
+            Err(why) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+            ),
+        },
         _ => metrics(state, request),
     };
     // hyper sends the head only for HEAD, with the body's length.
@@ -545,8 +662,8 @@ fn metrics(state: &AdminState, request: &Request<Incoming>) -> Response<Full<Byt
     }
 }
 
-fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
     *response.status_mut() = status;
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -603,6 +720,7 @@ mod tests {
                 QueueProbe::from_sender("export", &export_tx),
             ],
             &DerivedMetrics::default(),
+            None,
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -653,6 +771,8 @@ mod tests {
         for line in [
             "hermes_collector_receiver_accepted_events_total 0",
             "hermes_collector_receiver_refused_batches_total 0",
+            "hermes_collector_receiver_oversized_events_total 0",
+            "hermes_collector_receiver_throttled_batches_total 0",
             "hermes_collector_receiver_streams_opened_total 0",
             "hermes_collector_shim_dropped_events_total 0",
             "hermes_collector_correlator_events_total 0",
@@ -749,6 +869,45 @@ mod tests {
         assert_eq!(status, 405, "{head}");
         f.shutdown.cancel();
         f.server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn readyz_needs_a_serving_ingest_and_an_open_exporter_queue() {
+        let f = start().await;
+        f.readiness.set_receiver_bound(true);
+        f.readiness.set_exporter_running(true);
+        let (tx, rx) = mpsc::channel::<u32>(1);
+        f.readiness
+            .require("the exporter queue is closed", Readiness::channel_open(&tx));
+        assert_eq!(get(f.addr, "GET", "/readyz", "").await.0, 200);
+        drop(rx);
+        let (status, _, body) = get(f.addr, "GET", "/readyz", "").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (503, "not ready: the exporter queue is closed\n")
+        );
+        f.readiness.set_receiver_bound(false);
+        let (status, _, body) = get(f.addr, "GET", "/readyz", "").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (503, "not ready: the ingest listener is not serving\n")
+        );
+        f.readiness.set_draining();
+        let (_, _, body) = get(f.addr, "GET", "/readyz", "").await;
+        assert_eq!(body, "not ready: draining\n");
+        assert_eq!(get(f.addr, "GET", "/livez", "").await.0, 200);
+        f.shutdown.cancel();
+        f.server.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn the_queue_check_does_not_keep_a_channel_open() {
+        let (tx, mut rx) = mpsc::channel::<u32>(1);
+        let open = Readiness::channel_open(&tx);
+        assert!(open());
+        drop(tx);
+        assert!(!open(), "no sender left");
+        assert!(rx.try_recv().is_err());
     }
 
     #[tokio::test]

@@ -38,7 +38,7 @@ impl ConfigError {
 }
 
 /// Root of the configuration file.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Where shims connect.
@@ -51,10 +51,13 @@ pub struct Config {
     pub batch: BatchConfig,
     /// What every span goes through before export: extra attribute sets
     /// (OpenInference, Langfuse), redaction, truncation.
+    #[schemars(with = "ProcessingSchema")]
     pub processing: hermes_processor::ProcessorConfig,
     /// Where spans go. With none configured, the embedded default runs: spans
     /// appended to a JSON-lines file and each finished turn printed.
     pub exporters: ExportersConfig,
+    /// When a batch is acknowledged to its shim, and the persistent queue.
+    pub queue: QueueConfig,
     /// Shutdown behaviour.
     pub shutdown: ShutdownConfig,
     /// The collector's own logs.
@@ -62,7 +65,7 @@ pub struct Config {
 }
 
 /// The gRPC ingest listener.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReceiverConfig {
     /// Address of the gRPC ingest (shims' `HERMES_COLLECTOR_ENDPOINT`):
@@ -70,12 +73,30 @@ pub struct ReceiverConfig {
     /// (created with mode 0600, a stale one replaced, removed at shutdown).
     pub listen: String,
     /// Largest accepted message, bytes.
+    #[schemars(range(min = 1))]
     pub max_message_bytes: usize,
     /// Most events in one batch.
+    #[schemars(range(min = 1))]
     pub max_events_per_batch: usize,
     /// Capacity of the channel from the receiver to the correlator, batches.
     /// When full, the receiver stops reading (backpressure to the shims).
+    #[schemars(range(min = 1))]
     pub queue_batches: usize,
+    /// Resident memory (MiB) above which new batches are refused with
+    /// `UNAVAILABLE` (the shims keep them and resend); 0 disables the limit.
+    pub memory_limit_mib: u64,
+    /// Largest accepted event (its encoded protobuf size), bytes. A batch
+    /// with a larger event is refused with `RESOURCE_EXHAUSTED`.
+    #[schemars(range(min = 1))]
+    pub max_event_bytes: usize,
+    /// Events per second one ingest stream (one shim) may send on average.
+    /// Past it (and past the burst) the receiver delays reading that stream,
+    /// so its shim buffers; other streams are not affected.
+    #[schemars(range(min = 1))]
+    pub stream_events_per_sec: u64,
+    /// Events one stream may send at once above its rate (token bucket).
+    #[schemars(range(min = 1))]
+    pub stream_burst_events: u64,
     /// Bearer token the shims must present. None by default.
     pub auth: AuthConfig,
     /// TLS on the ingest listener, mutual with `client_ca_file`. None by
@@ -84,7 +105,7 @@ pub struct ReceiverConfig {
 }
 
 /// TLS on the ingest listener. The files are read at startup.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// PEM certificate chain the collector presents, leaf first.
@@ -131,7 +152,7 @@ fn read_pem(key: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
 
 /// Where the ingest's bearer token comes from: at most one of the two. With
 /// neither, every stream call is accepted.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// File whose content, surrounding whitespace trimmed, is the token
@@ -183,6 +204,10 @@ impl Default for ReceiverConfig {
             max_message_bytes: 16 * 1024 * 1024,
             max_events_per_batch: 8192,
             queue_batches: 16,
+            memory_limit_mib: 512,
+            max_event_bytes: 1024 * 1024,
+            stream_events_per_sec: 20_000,
+            stream_burst_events: 40_000,
             auth: AuthConfig::default(),
             tls: None,
         }
@@ -190,7 +215,7 @@ impl Default for ReceiverConfig {
 }
 
 /// The admin HTTP server: `GET /livez`, `/readyz`, `/metrics`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Address of the admin server. Use `0.0.0.0:13133` in containers so
@@ -207,19 +232,23 @@ impl Default for AdminConfig {
 }
 
 /// Limits and timers of the correlator.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CorrelatorConfig {
     /// Most turns open at once; the oldest is closed as incomplete past it.
+    #[schemars(range(min = 1))]
     pub max_open_turns: usize,
     /// Open state with no event for this long is closed as incomplete.
+    #[schemars(range(min = 1))]
     pub state_ttl_secs: u64,
     /// Wait after `post_llm_call` for the turn's `on_session_end`.
     pub turn_end_grace_ms: u64,
     /// How often timers are checked.
+    #[schemars(range(min = 1))]
     pub tick_ms: u64,
     /// How long to wait for a missing event of a shim's stream (events that
     /// arrived after it are held) before giving up on it.
+    #[schemars(range(min = 1))]
     pub gap_timeout_ms: u64,
 }
 
@@ -236,13 +265,15 @@ impl Default for CorrelatorConfig {
 }
 
 /// Batching of finished spans before export.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchConfig {
     /// Most spans in one export request.
+    #[schemars(range(min = 1))]
     pub max_spans: usize,
     /// Most encoded bytes in one export request (approximately); keep it under
     /// the backend's limit (4 MiB for most OTLP/gRPC servers).
+    #[schemars(range(min = 1))]
     pub max_bytes: usize,
     /// Longest a finished span waits for its batch to fill.
     pub timeout_ms: u64,
@@ -263,7 +294,7 @@ impl Default for BatchConfig {
 }
 
 /// The exporters. Any combination may be set.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ExportersConfig {
     /// An OTLP endpoint (Jaeger, Tempo, Langfuse, Phoenix, an OTel Collector).
@@ -272,10 +303,14 @@ pub struct ExportersConfig {
     pub file: Option<FileConfig>,
     /// Each finished turn printed as an indented tree.
     pub console: Option<ConsoleConfig>,
+    /// The metrics derived from the spans (the histograms of `/metrics`)
+    /// pushed to an OTLP endpoint. Off unless set; setting it does not
+    /// replace the embedded default of the span exporters.
+    pub otlp_metrics: Option<OtlpMetricsConfig>,
 }
 
 /// OTLP transport.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, schemars::JsonSchema, Eq)]
 pub enum OtlpProtocol {
     #[serde(rename = "grpc")]
     Grpc,
@@ -283,12 +318,13 @@ pub enum OtlpProtocol {
     HttpProtobuf,
 }
 
-/// An OTLP exporter.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// An OTLP exporter. Its `Debug` output shows header names only.
+#[derive(Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OtlpConfig {
     /// `http://host:4317` for gRPC; `http://host:4318` (the `/v1/traces` path
-    /// is appended unless present) for HTTP/protobuf.
+    /// is appended unless present) for HTTP/protobuf. `https://` for TLS
+    /// (see `tls`).
     pub endpoint: String,
     /// `grpc` (default) or `http/protobuf`.
     #[serde(default = "default_protocol")]
@@ -305,6 +341,140 @@ pub struct OtlpConfig {
     /// Give up retrying one batch after this long.
     #[serde(default = "default_max_elapsed_secs")]
     pub max_elapsed_secs: u64,
+    /// Request headers whose values are read from files at startup (content
+    /// with surrounding whitespace trimmed), e.g. a mounted Secret holding
+    /// `Basic …` or an API key. Names must differ from those of `headers`.
+    #[serde(default)]
+    pub header_files: BTreeMap<String, PathBuf>,
+    /// TLS settings of an `https://` endpoint. Without them an `https://`
+    /// endpoint is verified against the system's root certificates.
+    #[serde(default)]
+    pub tls: Option<OtlpTlsConfig>,
+}
+
+impl std::fmt::Debug for OtlpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values are credentials more often than not.
+        let headers: BTreeMap<&str, &str> = self
+            .headers
+            .keys()
+            .map(|name| (name.as_str(), "<redacted>"))
+            .collect();
+        f.debug_struct("OtlpConfig")
+            .field("endpoint", &self.endpoint)
+            .field("protocol", &self.protocol)
+            .field("headers", &headers)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("compression", &self.compression)
+            .field("max_elapsed_secs", &self.max_elapsed_secs)
+            .field("header_files", &self.header_files)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// TLS to an `https://` OTLP endpoint. PEM files, read at startup.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtlpTlsConfig {
+    /// CA certificate(s) the backend's certificate must chain to, instead of
+    /// the system's roots (a private CA).
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate chain presented to the backend (mutual TLS), leaf
+    /// first; needs `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// Private key of the client certificate (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// Name the backend's certificate must carry when it is not the
+    /// endpoint's host (e.g. the endpoint is an IP address).
+    pub server_name: Option<String>,
+}
+
+impl OtlpConfig {
+    /// `headers` and the values of `header_files`, read and checked. Errors
+    /// name the key, never a value.
+    pub fn all_headers(&self) -> Result<Vec<(String, String)>, ConfigError> {
+        let mut all: Vec<(String, String)> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (name, path) in &self.header_files {
+            let key = format!("exporters.otlp.header_files.{name}");
+            if self
+                .headers
+                .keys()
+                .any(|other| other.eq_ignore_ascii_case(name))
+            {
+                return Err(ConfigError::new(
+                    key,
+                    "also set in exporters.otlp.headers; set it in one place",
+                ));
+            }
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ConfigError::new(&key, format!("cannot read {}: {e}", path.display()))
+            })?;
+            let value = text.trim();
+            if value.is_empty() {
+                return Err(ConfigError::new(
+                    key,
+                    format!("{} is empty", path.display()),
+                ));
+            }
+            all.push((name.clone(), value.to_owned()));
+        }
+        for (name, value) in &all {
+            let key = || {
+                if self.header_files.contains_key(name) {
+                    format!("exporters.otlp.header_files.{name}")
+                } else {
+                    format!("exporters.otlp.headers.{name}")
+                }
+            };
+            http::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| ConfigError::new(key(), "not a valid header name"))?;
+            http::HeaderValue::from_str(value)
+                .map_err(|_| ConfigError::new(key(), "not a valid header value"))?;
+        }
+        Ok(all)
+    }
+
+    /// The TLS settings of an `https://` endpoint (None for `http://`), the
+    /// PEM files read and checked. Errors name the key at fault.
+    pub fn tls_settings(&self) -> Result<Option<hermes_exporter::TlsSettings>, ConfigError> {
+        const KEY: &str = "exporters.otlp.tls";
+        let uri: http::Uri = self.endpoint.parse().map_err(|e| {
+            ConfigError::new(
+                "exporters.otlp.endpoint",
+                format!("`{}` is not a URL ({e})", self.endpoint),
+            )
+        })?;
+        if uri.scheme_str() != Some("https") {
+            if self.tls.is_some() {
+                return Err(ConfigError::new(
+                    KEY,
+                    "TLS settings need an https:// endpoint (nothing is sent in plaintext that was meant to be encrypted)",
+                ));
+            }
+            return Ok(None);
+        }
+        let tls = self.tls.clone().unwrap_or_default();
+        let read = |key: &str, path: &Option<PathBuf>| {
+            path.as_deref()
+                .map(|path| read_pem(&format!("{KEY}.{key}"), path))
+                .transpose()
+        };
+        let settings = hermes_exporter::TlsSettings {
+            ca_pem: read("ca_file", &tls.ca_file)?,
+            client_cert_pem: read("cert_file", &tls.cert_file)?,
+            client_key_pem: read("key_file", &tls.key_file)?,
+            server_name: tls.server_name.clone(),
+        };
+        settings
+            .check(uri.host().unwrap_or_default())
+            .map_err(|e| ConfigError::new(KEY, e.to_string()))?;
+        Ok(Some(settings))
+    }
 }
 
 fn default_protocol() -> OtlpProtocol {
@@ -317,7 +487,7 @@ fn default_max_elapsed_secs() -> u64 {
     30
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, schemars::JsonSchema, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum CompressionConfig {
     #[default]
@@ -326,7 +496,7 @@ pub enum CompressionConfig {
 }
 
 /// The JSON-lines file of the embedded default.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     /// File the spans are appended to (parent directories are created).
@@ -334,7 +504,7 @@ pub struct FileConfig {
 }
 
 /// The console tree of the embedded default.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConsoleConfig {
     /// Print finished turns to standard output.
@@ -347,12 +517,54 @@ impl Default for ConsoleConfig {
     }
 }
 
+/// Where acknowledged batches live until their spans are exported.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueKind {
+    /// Acknowledged once in the pipeline's bounded memory queue; lost if the
+    /// process dies (SIGTERM still drains them).
+    #[default]
+    Memory,
+    /// Acknowledged once written to the persistent queue in `dir`; kept
+    /// until exported, replayed after a crash or restart.
+    Disk,
+}
+
+/// The acknowledgement policy and the persistent queue.
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    pub kind: QueueKind,
+    /// Directory of the persistent queue (`kind: disk`); created if missing.
+    pub dir: PathBuf,
+    /// Payload bytes the persistent queue may hold; when full, the receiver
+    /// stops reading (the shims buffer) until exports free room.
+    pub max_bytes: u64,
+    /// 0: every write is fsynced before its batches are acknowledged.
+    /// Above 0: acknowledged after the write, fsynced at most this long
+    /// later (a power loss may lose that much; a process crash loses
+    /// nothing).
+    pub fsync_interval_ms: u64,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            kind: QueueKind::Memory,
+            dir: PathBuf::from("/var/lib/hermes-collector/queue"),
+            max_bytes: 256 * 1024 * 1024,
+            fsync_interval_ms: 0,
+        }
+    }
+}
+
 /// Shutdown on SIGTERM/SIGINT.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShutdownConfig {
     /// Longest the drain may take before the process exits, logging what is
     /// left. Keep it below Kubernetes' `terminationGracePeriodSeconds` (30 s).
+    #[schemars(range(max = 29999))]
     pub grace_ms: u64,
 }
 
@@ -363,7 +575,7 @@ impl Default for ShutdownConfig {
 }
 
 /// The collector's own logs (to standard error).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// `error`, `warn`, `info`, `debug`, `trace`, or an `EnvFilter` directive.
@@ -382,7 +594,7 @@ impl Default for LogConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, schemars::JsonSchema, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -456,9 +668,23 @@ impl Config {
     }
 
     /// Checks values serde cannot check. Its only I/O: reading the bearer
-    /// token (environment variables through `env`) and the TLS files, and
-    /// looking for the directory of a Unix socket.
+    /// token (environment variables through `env`), the TLS files (and the
+    /// system's root certificates for an `https://` exporter without a CA),
+    /// the exporter's header files, and looking for the directory of a Unix
+    /// socket.
     pub fn validate_with(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if self.queue.kind == QueueKind::Disk {
+            positive("queue.max_bytes", self.queue.max_bytes)?;
+            if self.queue.dir.as_os_str().is_empty() {
+                return Err(ConfigError::new("queue.dir", "must not be empty"));
+            }
+            if self.queue.dir.exists() && !self.queue.dir.is_dir() {
+                return Err(ConfigError::new(
+                    "queue.dir",
+                    format!("{} exists and is not a directory", self.queue.dir.display()),
+                ));
+            }
+        }
         let listen = self.receiver.listen_addr()?;
         if let ListenAddr::Unix(path) = &listen {
             let dir = match path.parent() {
@@ -495,6 +721,18 @@ impl Config {
         )?;
         positive("receiver.queue_batches", self.receiver.queue_batches as u64)?;
         positive(
+            "receiver.max_event_bytes",
+            self.receiver.max_event_bytes as u64,
+        )?;
+        positive(
+            "receiver.stream_events_per_sec",
+            self.receiver.stream_events_per_sec,
+        )?;
+        positive(
+            "receiver.stream_burst_events",
+            self.receiver.stream_burst_events,
+        )?;
+        positive(
             "correlator.max_open_turns",
             self.correlator.max_open_turns as u64,
         )?;
@@ -512,20 +750,11 @@ impl Config {
                     format!("`{}` is not a URL ({e})", otlp.endpoint),
                 )
             })?;
-            match uri.scheme_str() {
-                Some("http") => {}
-                Some("https") => {
-                    return Err(ConfigError::new(
-                        "exporters.otlp.endpoint",
-                        "https endpoints are not supported yet by this version (TLS export comes with the security work)",
-                    ));
-                }
-                _ => {
-                    return Err(ConfigError::new(
-                        "exporters.otlp.endpoint",
-                        format!("`{}` must start with http://", otlp.endpoint),
-                    ));
-                }
+            if !matches!(uri.scheme_str(), Some("http" | "https")) {
+                return Err(ConfigError::new(
+                    "exporters.otlp.endpoint",
+                    format!("`{}` must start with http:// or https://", otlp.endpoint),
+                ));
             }
             if uri.host().is_none() {
                 return Err(ConfigError::new(
@@ -534,25 +763,16 @@ impl Config {
                 ));
             }
             positive("exporters.otlp.timeout_ms", otlp.timeout_ms)?;
-            for (name, value) in &otlp.headers {
-                http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                    ConfigError::new(
-                        format!("exporters.otlp.headers.{name}"),
-                        "not a valid header name",
-                    )
-                })?;
-                http::HeaderValue::from_str(value).map_err(|_| {
-                    ConfigError::new(
-                        format!("exporters.otlp.headers.{name}"),
-                        "not a valid header value",
-                    )
-                })?;
-            }
+            otlp.all_headers()?;
+            otlp.tls_settings()?;
         }
         if let Some(file) = &self.exporters.file
             && file.path.as_os_str().is_empty()
         {
             return Err(ConfigError::new("exporters.file.path", "must not be empty"));
+        }
+        if let Some(metrics) = &self.exporters.otlp_metrics {
+            metrics.validate()?;
         }
         if self.shutdown.grace_ms >= 30_000 {
             return Err(ConfigError::new(
@@ -574,6 +794,203 @@ fn positive(path: &str, value: u64) -> Result<(), ConfigError> {
         Err(ConfigError::new(path, "must be greater than 0"))
     } else {
         Ok(())
+    }
+}
+
+/// OTLP export of the metrics derived from the spans: the same histograms
+/// as `/metrics`, with their OpenTelemetry semantic-convention names
+/// (`gen_ai.client.token.usage`, `gen_ai.client.operation.duration`,
+/// `hermes.tool.duration`, `hermes.turn.duration`), pushed every
+/// `interval_ms` and once more at shutdown.
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpMetricsConfig {
+    /// `http://host:4317` for gRPC; `http://host:4318` (the `/v1/metrics`
+    /// path is appended unless present) for HTTP/protobuf.
+    pub endpoint: String,
+    /// `grpc` (default) or `http/protobuf`.
+    #[serde(default = "default_protocol")]
+    pub protocol: OtlpProtocol,
+    /// Extra request headers (e.g. `Authorization`).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Time between two exports, milliseconds. Default 60000 (the
+    /// OpenTelemetry SDK's default).
+    #[serde(default = "default_metrics_interval_ms")]
+    #[schemars(range(min = 1))]
+    pub interval_ms: u64,
+    /// Timeout of one export request, milliseconds.
+    #[serde(default = "default_export_timeout_ms")]
+    #[schemars(range(min = 1))]
+    pub timeout_ms: u64,
+    /// `none` or `gzip`.
+    #[serde(default)]
+    pub compression: CompressionConfig,
+    /// `cumulative` (default: every export carries the totals since the
+    /// start, as Prometheus does) or `delta` (each export carries what was
+    /// recorded since the previous one).
+    #[serde(default)]
+    pub temporality: MetricsTemporality,
+}
+
+fn default_metrics_interval_ms() -> u64 {
+    60_000
+}
+
+/// Aggregation temporality of exported metrics.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsTemporality {
+    #[default]
+    Cumulative,
+    Delta,
+}
+
+impl OtlpMetricsConfig {
+    /// Checks what serde cannot: the endpoint, the timers, the headers.
+    fn validate(&self) -> Result<(), ConfigError> {
+        const KEY: &str = "exporters.otlp_metrics";
+        let uri: http::Uri = self.endpoint.parse().map_err(|e| {
+            ConfigError::new(
+                format!("{KEY}.endpoint"),
+                format!("`{}` is not a URL ({e})", self.endpoint),
+            )
+        })?;
+        if uri.scheme_str() != Some("http") {
+            return Err(ConfigError::new(
+                format!("{KEY}.endpoint"),
+                format!(
+                    "`{}` must start with http:// (TLS export of metrics is not supported yet)",
+                    self.endpoint
+                ),
+            ));
+        }
+        if uri.host().is_none() {
+            return Err(ConfigError::new(
+                format!("{KEY}.endpoint"),
+                format!("`{}` has no host", self.endpoint),
+            ));
+        }
+        positive(&format!("{KEY}.interval_ms"), self.interval_ms)?;
+        positive(&format!("{KEY}.timeout_ms"), self.timeout_ms)?;
+        for (name, value) in &self.headers {
+            let key = || format!("{KEY}.headers.{name}");
+            http::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| ConfigError::new(key(), "not a valid header name"))?;
+            http::HeaderValue::from_str(value)
+                .map_err(|_| ConfigError::new(key(), "not a valid header value"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The JSON schema of the configuration file (JSON Schema 2020-12), as
+/// printed by `hermes-collector schema` and checked in as
+/// `config/collector.schema.json`. It describes the file after `${VAR}`
+/// interpolation; the checks that need more than the file's shape (files
+/// exist, regexes compile, URLs parse) are `hermes-collector validate`'s.
+pub fn json_schema() -> Result<String, serde_json::Error> {
+    let mut schema = schemars::schema_for!(Config);
+    schema.insert("title".to_owned(), "hermes-collector configuration".into());
+    serde_json::to_string_pretty(&schema)
+}
+
+/// The schema of `processing:`, whose types belong to `hermes-processor`
+/// (which does not depend on `schemars`): the same keys and docs, the
+/// processor's defaults. A test checks it accepts what the processor
+/// serializes and has no key the processor lacks.
+#[derive(schemars::JsonSchema)]
+#[schemars(rename = "ProcessorConfig")]
+#[serde(deny_unknown_fields, default)]
+#[allow(dead_code)]
+struct ProcessingSchema {
+    /// Attribute vocabularies to emit. `gen_ai` (the OpenTelemetry GenAI
+    /// semantic conventions the correlator produces) is always on, listed or
+    /// not; `openinference` (Arize Phoenix) and `langfuse` add attributes
+    /// derived from the `gen_ai.*` ones, so those backends display the spans
+    /// natively.
+    attribute_sets: Vec<AttributeSetSchema>,
+    /// Rules that replace secrets and personal data in every attribute value
+    /// (span, event, link, scope and resource attributes, JSON text included)
+    /// before export.
+    redaction: RedactionSchema,
+    /// Longest string attribute value in bytes; longer values are cut on a
+    /// UTF-8 character boundary, JSON values so that they stay valid JSON, and
+    /// the span lists the cut keys in `hermes.truncated_attributes`. `null`
+    /// means unlimited. Minimum 32 (Tempo's default limit is 2048).
+    #[schemars(range(min = 32))]
+    max_attribute_bytes: Option<usize>,
+}
+
+impl Default for ProcessingSchema {
+    fn default() -> Self {
+        let defaults = hermes_processor::ProcessorConfig::default();
+        Self {
+            attribute_sets: defaults
+                .attribute_sets
+                .iter()
+                .map(|set| match set {
+                    hermes_processor::AttributeSet::GenAi => AttributeSetSchema::GenAi,
+                    hermes_processor::AttributeSet::OpenInference => {
+                        AttributeSetSchema::OpenInference
+                    }
+                    hermes_processor::AttributeSet::Langfuse => AttributeSetSchema::Langfuse,
+                })
+                .collect(),
+            redaction: RedactionSchema::default(),
+            max_attribute_bytes: defaults.max_attribute_bytes,
+        }
+    }
+}
+
+/// An attribute vocabulary.
+#[derive(serde::Serialize, schemars::JsonSchema)]
+#[schemars(rename = "AttributeSet")]
+#[allow(dead_code)]
+enum AttributeSetSchema {
+    /// OpenTelemetry GenAI semantic conventions (`gen_ai.*`); always on.
+    #[serde(rename = "gen_ai")]
+    GenAi,
+    /// OpenInference (`openinference.span.kind`, `llm.*`, `tool.*`,
+    /// `input.value`, `output.value`), read by Arize Phoenix.
+    #[serde(rename = "openinference")]
+    OpenInference,
+    /// Langfuse's OTLP ingestion attributes (`langfuse.*`).
+    #[serde(rename = "langfuse")]
+    Langfuse,
+}
+
+/// Redaction rules. Setting a list replaces its defaults; an empty list
+/// switches that kind of rule off.
+#[derive(schemars::JsonSchema)]
+#[schemars(rename = "RedactionConfig")]
+#[serde(deny_unknown_fields, default)]
+#[allow(dead_code)]
+struct RedactionSchema {
+    /// Keys whose whole value is replaced: attribute keys (the full key or
+    /// its last dot-separated segment, so `http.request.header.authorization`
+    /// matches `authorization`), key-value list keys, and object keys inside
+    /// JSON text. Compared ignoring case, `-` and `_` (`API-Key`, `api_key`
+    /// and `apiKey` are the same key); `*` matches any run of characters.
+    key_names: Vec<String>,
+    /// Regular expressions (Rust `regex` syntax) whose matches are replaced
+    /// inside every string value, and inside every string and object key of
+    /// JSON text. A pattern must not match the empty string. The defaults
+    /// find bearer tokens, OpenAI/Anthropic (`sk-…`), AWS (`AKIA…`), GitHub
+    /// (`gh?_…`) and Slack (`xox?-…`) keys, e-mail addresses.
+    value_patterns: Vec<String>,
+    /// What a redacted value or match becomes.
+    replacement: String,
+}
+
+impl Default for RedactionSchema {
+    fn default() -> Self {
+        let defaults = hermes_processor::RedactionConfig::default();
+        Self {
+            key_names: defaults.key_names,
+            value_patterns: defaults.value_patterns,
+            replacement: defaults.replacement,
+        }
     }
 }
 
@@ -759,5 +1176,313 @@ mod tests {
         assert!(e.reason.contains("does not exist"), "{e}");
         let e = Config::from_yaml("receiver:\n  listen: 'unix:'\n").unwrap_err();
         assert_eq!(e.path, "receiver.listen");
+    }
+}
+
+#[cfg(test)]
+mod schema_tests {
+    use super::*;
+    use std::path::Path;
+
+    const REGENERATE: &str =
+        "cargo run -p hermes-collector -- schema > config/collector.schema.json";
+
+    fn repo() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    }
+
+    fn validator() -> jsonschema::Validator {
+        let schema: serde_json::Value = serde_json::from_str(&json_schema().unwrap()).unwrap();
+        jsonschema::validator_for(&schema).unwrap()
+    }
+
+    /// The errors of `instance` against the schema, one a line.
+    fn errors(validator: &jsonschema::Validator, instance: &serde_json::Value) -> String {
+        validator
+            .iter_errors(instance)
+            .map(|e| format!("{}: {e}\n", e.instance_path()))
+            .collect()
+    }
+
+    fn yaml(text: &str) -> serde_json::Value {
+        serde_yaml::from_str(text).unwrap()
+    }
+
+    /// `deploy/**/collector*.yaml`, and the recipes of `deploy/README.md`
+    /// (a ```yaml block right after `<!-- validate: collector-config -->`),
+    /// as `deploy/validate.sh` finds them.
+    fn deploy_configs() -> Vec<(String, String)> {
+        fn walk(dir: &Path, out: &mut Vec<(String, String)>) {
+            let mut entries: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            entries.sort();
+            for path in entries {
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if name.starts_with("collector") && name.ends_with(".yaml") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    out.push((path.display().to_string(), text));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&repo().join("deploy"), &mut out);
+        let readme = std::fs::read_to_string(repo().join("deploy/README.md")).unwrap();
+        let lines: Vec<&str> = readme.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.trim() == "<!-- validate: collector-config -->" {
+                assert_eq!(lines[i + 1].trim(), "```yaml", "deploy/README.md:{}", i + 2);
+                let body: Vec<&str> = lines[i + 2..]
+                    .iter()
+                    .take_while(|l| l.trim() != "```")
+                    .copied()
+                    .collect();
+                out.push((format!("deploy/README.md:{}", i + 3), body.join("\n")));
+            }
+        }
+        assert!(out.len() >= 6, "found too few deploy configs: {out:?}");
+        out
+    }
+
+    #[test]
+    fn checked_in_schema_is_current() {
+        let path = repo().join("config/collector.schema.json");
+        let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
+        let generated = format!("{}\n", json_schema().unwrap());
+        assert!(
+            checked_in == generated,
+            "config/collector.schema.json differs from the configuration structs; regenerate it with\n\n    {REGENERATE}\n"
+        );
+    }
+
+    #[test]
+    fn schema_accepts_the_example_and_the_deploy_configs() {
+        let validator = validator();
+        let example = std::fs::read_to_string(repo().join("config/collector.yaml")).unwrap();
+        let mut configs = vec![("config/collector.yaml".to_owned(), example)];
+        configs.extend(deploy_configs());
+        for (name, text) in configs {
+            let instance = yaml(&text);
+            let errors = errors(&validator, &instance);
+            assert!(errors.is_empty(), "{name}:\n{errors}");
+            // And the collector takes them (the schema is not looser there).
+            Config::parse_yaml(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+
+    #[test]
+    fn schema_accepts_every_key_and_rejects_what_the_collector_rejects() {
+        let validator = validator();
+        // Every key, indented as a block (YAML allows an indented root).
+        let full = yaml(
+            r#"
+            receiver:
+              listen: unix:/run/hermes/ingest.sock
+              auth: {token_env: T}
+              tls: {cert_file: c.pem, key_file: k.pem, client_ca_file: ca.pem}
+            exporters:
+              otlp:
+                endpoint: http://x:4318
+                protocol: http/protobuf
+                headers: {a: b}
+                compression: gzip
+              otlp_metrics:
+                endpoint: http://x:4317
+                protocol: grpc
+                headers: {a: b}
+                interval_ms: 1000
+                timeout_ms: 500
+                compression: gzip
+                temporality: delta
+              file: {path: x.jsonl}
+              console: {enabled: false}
+            processing:
+              attribute_sets: [gen_ai, openinference, langfuse]
+              max_attribute_bytes: null
+            log: {format: json}
+            "#,
+        );
+        assert_eq!(errors(&validator, &full), "");
+        for bad in [
+            "receivers: {}\n",
+            "exporters:\n  otlp:\n    endpont: http://x\n",
+            "exporters:\n  otlp:\n    endpoint: http://x\n    protocol: udp\n",
+            "exporters:\n  otlp_metrics:\n    interval_ms: 1000\n",
+            "exporters:\n  otlp_metrics:\n    endpoint: http://x\n    temporality: sometimes\n",
+            "batch:\n  max_spans: 0\n",
+            "batch:\n  max_spans: lots\n",
+            "shutdown:\n  grace_ms: 60000\n",
+            "processing:\n  attribute_sets: [phoenix]\n",
+            "processing:\n  redaction:\n    keys: []\n",
+            "processing:\n  max_attribute_bytes: 8\n",
+            "log:\n  format: xml\n",
+        ] {
+            assert!(
+                !validator.is_valid(&yaml(bad)),
+                "the schema accepts {bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn processing_schema_matches_the_processor() {
+        let validator = validator();
+        let processor = hermes_processor::ProcessorConfig {
+            attribute_sets: vec![
+                hermes_processor::AttributeSet::GenAi,
+                hermes_processor::AttributeSet::OpenInference,
+                hermes_processor::AttributeSet::Langfuse,
+            ],
+            ..Default::default()
+        };
+        let serialized = serde_json::to_value(&processor).unwrap();
+        let instance = serde_json::json!({ "processing": serialized });
+        assert_eq!(
+            errors(&validator, &instance),
+            "",
+            "a processor key is missing from ProcessingSchema"
+        );
+
+        let schema: serde_json::Value = serde_json::from_str(&json_schema().unwrap()).unwrap();
+        let keys = |v: &serde_json::Value| -> Vec<String> {
+            let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            keys.sort();
+            keys
+        };
+        let defs = &schema["$defs"];
+        assert_eq!(
+            keys(&defs["ProcessorConfig"]["properties"]),
+            keys(&serialized)
+        );
+        assert_eq!(
+            keys(&defs["RedactionConfig"]["properties"]),
+            keys(&serialized["redaction"])
+        );
+        // The defaults in the schema are the processor's.
+        let defaults = serde_json::to_value(hermes_processor::ProcessorConfig::default()).unwrap();
+        for (key, value) in defaults["redaction"].as_object().unwrap() {
+            assert_eq!(
+                &defs["RedactionConfig"]["properties"][key]["default"], value,
+                "{key}"
+            );
+        }
+        assert_eq!(
+            defs["ProcessorConfig"]["properties"]["attribute_sets"]["default"],
+            defaults["attribute_sets"]
+        );
+    }
+}
+
+#[cfg(test)]
+mod export_security_tests {
+    use super::*;
+
+    fn otlp(extra: &str) -> Result<Config, ConfigError> {
+        Config::from_yaml(&format!(
+            "exporters:\n  otlp:\n    endpoint: https://otlp.example.com:4317\n{extra}"
+        ))
+    }
+
+    #[test]
+    fn header_files_are_read_trimmed_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("authorization");
+        std::fs::write(&file, "Basic czNjcmV0\n").unwrap();
+        let c = Config::parse_yaml(&format!(
+            "exporters:\n  otlp:\n    endpoint: http://127.0.0.1:4317\n    headers:\n      x-tenant: t1\n    header_files:\n      authorization: {}\n",
+            file.display()
+        ))
+        .unwrap();
+        c.validate_with(&|_| None).unwrap();
+        let otlp = c.exporters.otlp.as_ref().unwrap();
+        let headers = otlp.all_headers().unwrap();
+        assert!(headers.contains(&("authorization".into(), "Basic czNjcmV0".into())));
+        assert!(headers.contains(&("x-tenant".into(), "t1".into())));
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("czNjcmV0") && !debug.contains("t1\""),
+            "{debug}"
+        );
+
+        // Missing, empty, not a header value, or set twice: errors naming
+        // the key, never the value.
+        let key = "exporters.otlp.header_files.authorization";
+        for (content, reason) in [
+            (None, "cannot read"),
+            (Some(" \n"), "is empty"),
+            (Some("czNjcmV0\nline two"), "not a valid header value"),
+        ] {
+            match content {
+                Some(text) => std::fs::write(&file, text).unwrap(),
+                None => std::fs::remove_file(&file).unwrap(),
+            }
+            let e = c.validate_with(&|_| None).unwrap_err();
+            assert_eq!(e.path, key, "{e}");
+            assert!(e.reason.contains(reason), "{e}");
+            assert!(!e.to_string().contains("czNjcmV0"), "{e}");
+        }
+        let twice = Config::from_yaml(&format!(
+            "exporters:\n  otlp:\n    endpoint: http://x:4317\n    headers:\n      Authorization: a\n    header_files:\n      authorization: {}\n",
+            file.display()
+        ))
+        .unwrap_err();
+        assert_eq!(twice.path, key, "{twice}");
+    }
+
+    #[test]
+    fn tls_files_are_checked_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_pem = dir.path().join("not.pem");
+        std::fs::write(&not_pem, "hello").unwrap();
+        let bad_pem = dir.path().join("bad.pem");
+        std::fs::write(
+            &bad_pem,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let missing = dir.path().join("missing.pem");
+        let tls = |body: String| otlp(&format!("    tls:\n{body}")).unwrap_err();
+        let e = tls(format!("      ca_file: {}\n", missing.display()));
+        assert_eq!(e.path, "exporters.otlp.tls.ca_file", "{e}");
+        let e = tls(format!("      ca_file: {}\n", not_pem.display()));
+        assert_eq!(e.path, "exporters.otlp.tls.ca_file", "{e}");
+        let e = tls(format!("      ca_file: {}\n", bad_pem.display()));
+        assert_eq!(e.path, "exporters.otlp.tls", "{e}");
+        assert!(e.reason.contains("CA file"), "{e}");
+        let e = tls(format!(
+            "      ca_file: {}\n      key_file: {}\n",
+            bad_pem.display(),
+            missing.display()
+        ));
+        assert_eq!(e.path, "exporters.otlp.tls.key_file", "{e}");
+        let e = tls("      ca_file: x\n      insecure: true\n".into());
+        assert_eq!(e.path, "exporters.otlp.tls.insecure", "{e}");
+
+        // TLS settings with a plaintext endpoint are refused.
+        let e = Config::from_yaml(&format!(
+            "exporters:\n  otlp:\n    endpoint: http://x:4317\n    tls:\n      ca_file: {}\n",
+            bad_pem.display()
+        ))
+        .unwrap_err();
+        assert_eq!(e.path, "exporters.otlp.tls", "{e}");
+        assert!(e.reason.contains("https://"), "{e}");
+    }
+
+    #[test]
+    fn receiver_limits_must_be_positive() {
+        for key in [
+            "max_event_bytes",
+            "stream_events_per_sec",
+            "stream_burst_events",
+        ] {
+            let e = Config::from_yaml(&format!("receiver:\n  {key}: 0\n")).unwrap_err();
+            assert_eq!(e.path, format!("receiver.{key}"), "{e}");
+        }
+        let c = Config::from_yaml("receiver:\n  stream_events_per_sec: 50\n").unwrap();
+        assert_eq!(c.receiver.stream_events_per_sec, 50);
+        assert_eq!(c.receiver.max_event_bytes, 1024 * 1024);
     }
 }

@@ -15,6 +15,7 @@ mod admin;
 mod config;
 mod derived;
 mod interpolate;
+mod persist;
 mod pipeline;
 mod view;
 
@@ -54,6 +55,9 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Print the JSON schema of the configuration file (the checked-in
+    /// copy is config/collector.schema.json).
+    Schema,
     /// Show turns from the embedded default's span file as waterfalls.
     View {
         /// The span file (OTLP JSON lines).
@@ -108,6 +112,16 @@ fn main() -> ExitCode {
             }
             Err(e) => config_failure(&e),
         },
+        Some(Command::Schema) => match config::json_schema() {
+            Ok(schema) => {
+                println!("{schema}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("hermes-collector schema: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Some(Command::View { file, last, trace }) => {
             match view::read_spans(&file)
                 .and_then(|spans| view::render(&spans, last, trace.as_deref()))
@@ -159,6 +173,8 @@ fn load(args: &RunArgs) -> Result<Config, ConfigError> {
                 timeout_ms: 10_000,
                 compression: Default::default(),
                 max_elapsed_secs: 30,
+                header_files: Default::default(),
+                tls: None,
             });
         otlp.endpoint = endpoint.clone();
     }
@@ -238,15 +254,20 @@ fn build_sinks(config: &Config) -> anyhow::Result<Vec<Sink>> {
     let embedded = config.is_embedded_default();
     if let Some(otlp) = &config.exporters.otlp {
         let timeout = Duration::from_millis(otlp.timeout_ms);
-        let headers: Vec<(String, String)> = otlp
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        // Read again (validated before): header files and TLS material.
+        let headers = otlp.all_headers()?;
+        let tls = otlp.tls_settings()?;
+        tracing::info!(
+            tls = tls.is_some(),
+            custom_ca = tls.as_ref().is_some_and(|t| t.ca_pem.is_some()),
+            client_certificate = tls.as_ref().is_some_and(|t| t.client_cert_pem.is_some()),
+            headers = headers.len(),
+            "OTLP exporter"
+        );
         match otlp.protocol {
             config::OtlpProtocol::Grpc => {
-                let exporter =
-                    hermes_exporter::GrpcExporter::new(hermes_exporter::GrpcExporterConfig {
+                let exporter = hermes_exporter::GrpcExporter::new_with_tls(
+                    hermes_exporter::GrpcExporterConfig {
                         endpoint: otlp.endpoint.clone(),
                         timeout,
                         connect_timeout: timeout.min(Duration::from_secs(5)),
@@ -255,18 +276,22 @@ fn build_sinks(config: &Config) -> anyhow::Result<Vec<Sink>> {
                             config::CompressionConfig::Gzip => hermes_exporter::Compression::Gzip,
                         },
                         headers,
-                    })
-                    .context("OTLP gRPC exporter")?;
+                    },
+                    tls,
+                )
+                .context("OTLP gRPC exporter")?;
                 sinks.push(Sink::new("otlp_grpc", exporter));
             }
             config::OtlpProtocol::HttpProtobuf => {
-                let exporter =
-                    hermes_exporter::HttpExporter::new(hermes_exporter::HttpExporterConfig {
+                let exporter = hermes_exporter::HttpExporter::new_with_tls(
+                    hermes_exporter::HttpExporterConfig {
                         endpoint: otlp.endpoint.clone(),
                         timeout,
                         headers,
-                    })
-                    .context("OTLP HTTP exporter")?;
+                    },
+                    tls,
+                )
+                .context("OTLP HTTP exporter")?;
                 sinks.push(Sink::new("otlp_http", exporter));
             }
         }
@@ -316,6 +341,25 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         hermes_processor::SpanProcessor::new(&config.processing).context("processing")?;
     let shutdown = CancellationToken::new();
     let exporter_shutdown = CancellationToken::new();
+    let persistent = match config.queue.kind {
+        config::QueueKind::Memory => None,
+        config::QueueKind::Disk => {
+            let dir = &config.queue.dir;
+            let (writer, recovered) = persist::Writer::open(
+                dir,
+                config.queue.max_bytes,
+                Duration::from_millis(config.queue.fsync_interval_ms),
+            )
+            .with_context(|| format!("queue.dir {}", dir.display()))?;
+            tracing::info!(
+                dir = %dir.display(),
+                records = writer.len(),
+                exported_markers = recovered.exported.len(),
+                "persistent queue open"
+            );
+            Some((writer, recovered))
+        }
+    };
 
     // Bind first: a taken port fails the start before anything runs.
     let listener = Listener::bind(&listen)
@@ -329,11 +373,36 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let admin_shutdown = CancellationToken::new();
 
     let (ingest_tx, ingest_rx) = mpsc::channel(config.receiver.queue_batches);
+    // With the persistent queue, the writer sits between the receiver and the
+    // pipeline.
+    let (writer_io, pipeline_rx) = match &persistent {
+        Some(_) => {
+            let (tx, rx) = mpsc::channel(config.receiver.queue_batches);
+            (Some((ingest_rx, tx)), rx)
+        }
+        None => (None, ingest_rx),
+    };
     let (export_tx, export_rx) = mpsc::channel(config.batch.queue);
-    let queues = vec![
+    readiness.require(
+        "the exporter queue is closed",
+        admin::Readiness::channel_open(&export_tx),
+    );
+    let mut queues = vec![
         admin::QueueProbe::from_sender("ingest", &ingest_tx),
         admin::QueueProbe::from_sender("export", &export_tx),
     ];
+    let persistent_stats = persistent.as_ref().map(|(writer, _)| writer.stats());
+    if let Some(stats) = persistent_stats.clone() {
+        queues.push(admin::QueueProbe::new("persistent_bytes", move || {
+            let read = |v: &std::sync::atomic::AtomicU64| {
+                usize::try_from(v.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(usize::MAX)
+            };
+            admin::QueueLevel {
+                size: read(&stats.bytes),
+                capacity: read(&stats.capacity_bytes),
+            }
+        }));
+    }
 
     let settings = hermes_exporter::ExporterSettings {
         max_batch_spans: config.batch.max_spans,
@@ -370,13 +439,41 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         ..Default::default()
     });
     let pipeline_stats = Arc::new(pipeline::PipelineStats::default());
-    let derived = derived::DerivedMetrics::default();
+    // The derived metrics, also pushed over OTLP when configured.
+    let (metrics_export, derived) = match &config.exporters.otlp_metrics {
+        Some(otlp) => {
+            let (export, meter) =
+                derived::OtlpMetricsExport::start(otlp).context("OTLP metrics exporter")?;
+            tracing::info!(
+                endpoint = %otlp.endpoint,
+                interval_ms = otlp.interval_ms,
+                "exporting the derived metrics over OTLP"
+            );
+            let derived = derived::DerivedMetrics::default().with_meter(&meter);
+            (Some(export), derived)
+        }
+        None => (None, derived::DerivedMetrics::default()),
+    };
     let sequencer = Sequencer::new(SequencerConfig {
         gap_timeout_nanos: config.correlator.gap_timeout_ms.saturating_mul(1_000_000),
         ..Default::default()
     });
+    let (tracker, writer) = match (persistent, writer_io) {
+        (Some((writer, recovered)), Some((writer_rx, pipeline_tx))) => {
+            let (settle_tx, settle_rx) = mpsc::channel(16);
+            let tracker = pipeline::Tracker::new(pipeline::Durable {
+                settle: settle_tx,
+                exporter: exporter_stats.clone(),
+                recovered,
+                queue: writer.stats(),
+            });
+            let task = tokio::spawn(writer.run(writer_rx, settle_rx, pipeline_tx));
+            (Some(tracker), Some(task))
+        }
+        _ => (None, None),
+    };
     let pipeline = tokio::spawn(pipeline::run(
-        ingest_rx,
+        pipeline_rx,
         export_tx,
         pipeline::Steps {
             sequencer,
@@ -386,12 +483,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         },
         Duration::from_millis(config.correlator.tick_ms),
         pipeline_stats.clone(),
+        tracker,
     ));
 
     let receiver_stats = Arc::new(ReceiverStats::default());
     let limits = Limits {
         max_message_bytes: config.receiver.max_message_bytes,
         max_events_per_batch: config.receiver.max_events_per_batch,
+        max_event_bytes: config.receiver.max_event_bytes,
+        stream_events_per_sec: config.receiver.stream_events_per_sec,
+        stream_burst_events: config.receiver.stream_burst_events,
     };
     if let ListenAddr::Tcp(addr) = &listen
         && !addr.ip().is_loopback()
@@ -404,8 +505,21 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         );
     }
     let authenticated = token.is_some();
-    let ingest =
-        Ingest::new(ingest_tx, limits, receiver_stats.clone(), shutdown.clone()).with_token(token);
+    let memory_limit = (config.receiver.memory_limit_mib > 0).then(|| {
+        let limit = hermes_receiver::MemoryLimit::new(
+            config.receiver.memory_limit_mib.saturating_mul(1024 * 1024),
+        );
+        limit.spawn_watch(Duration::from_millis(100), shutdown.clone());
+        limit
+    });
+    let delivery = match config.queue.kind {
+        config::QueueKind::Memory => hermes_receiver::Delivery::Memory,
+        config::QueueKind::Disk => hermes_receiver::Delivery::Durable,
+    };
+    let ingest = Ingest::new(ingest_tx, limits, receiver_stats.clone(), shutdown.clone())
+        .with_token(token)
+        .with_delivery(delivery)
+        .with_memory_limit(memory_limit);
     let admin_state = admin::AdminState::new(
         receiver_stats.clone(),
         pipeline_stats.clone(),
@@ -413,6 +527,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         readiness.clone(),
         queues,
         &derived,
+        persistent_stats,
     );
     let admin_local = admin_listener.local_addr().context("admin address")?;
     let admin_task = tokio::spawn(admin::serve(
@@ -430,7 +545,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         mutual_tls,
         "receiving Hermes events"
     );
-    let server = tokio::spawn(ingest.serve(listener, tls, shutdown.clone()));
+    let serving = ingest.serve(listener, tls, shutdown.clone());
+    let server = tokio::spawn({
+        let readiness = readiness.clone();
+        async move {
+            let served = serving.await;
+            // Not ready once the ingest stopped, whatever the reason.
+            readiness.set_receiver_bound(false);
+            served
+        }
+    });
 
     wait_for_signal().await;
     readiness.set_draining();
@@ -450,9 +574,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     // 2. The correlator drains its channel and closes what is open; dropping
     //    its export sender lets the exporter stage drain.
-    if tokio::time::timeout_at(deadline, pipeline).await.is_err() {
-        tracing::error!("correlator did not drain within the grace period");
-    }
+    let ended = match tokio::time::timeout_at(deadline, pipeline).await {
+        Ok(ended) => ended.unwrap_or_default(),
+        Err(_) => {
+            tracing::error!("correlator did not drain within the grace period");
+            None
+        }
+    };
+    // Everything is recorded: the derived metrics' last OTLP export runs
+    // beside the exporters' drain, bounded by the same deadline.
+    let metrics_flush = metrics_export.map(|export| tokio::spawn(export.shutdown(deadline)));
     // 3. Exporters flush until the deadline.
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     match tokio::time::timeout(left, exporter).await {
@@ -463,6 +594,23 @@ async fn serve(config: Config) -> anyhow::Result<()> {
                 "exporters did not drain within the grace period; unexported spans are lost"
             );
         }
+    }
+    if let Some(flush) = metrics_flush {
+        let _ = flush.await;
+    }
+    // 4. The persistent queue learns what was exported and keeps the rest
+    //    (open turns, unexported spans) for the next start.
+    if let Some((tracker, open)) = ended {
+        tracker.finish(open).await;
+    }
+    if let Some(writer) = writer
+        && tokio::time::timeout(Duration::from_secs(5), writer)
+            .await
+            .is_err()
+    {
+        tracing::error!(
+            "persistent queue writer did not stop; the next start replays what it held"
+        );
     }
     // The admin server goes last: /livez answers and /readyz says 503
     // throughout the drain.

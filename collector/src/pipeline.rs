@@ -12,8 +12,20 @@
 //! reading from the shims.
 //!
 //! It ends when the ingest channel is closed (every receiver stream is gone),
-//! after closing everything still open ([`Correlator::flush_all`]).
+//! after closing everything still open ([`Correlator::flush_all`]) — except
+//! with the persistent queue ([`Durable`]), where what is open stays open:
+//! its records stay on disk and the next start replays them, so a turn that
+//! spans a restart is exported once, whole.
+//!
+//! With the persistent queue the stage also decides what the queue may
+//! delete ([`Tracker`]): every export message remembers a lower bound of the
+//! lsns it was built from; once the exporter stage has finished a message
+//! (`ExporterStats::done_through`), its span keys are stored as export
+//! markers, and the watermark — the lowest lsn that open state, held events
+//! or unfinished messages still need — is sent to the writer. After a
+//! restart, replayed spans whose keys have a marker are not exported again.
 
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -23,6 +35,9 @@ use hermes_correlator::{Correlator, FinishedSpan, to_resource_spans};
 use hermes_processor::SpanProcessor;
 
 use crate::derived::DerivedMetrics;
+use crate::persist::{QueueStats, Recovered, Settle};
+use hermes_exporter::ExporterStats;
+use hermes_queue::{SPAN_KEY_BYTES, SpanKey};
 use hermes_receiver::Ingested;
 use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
 use tokio::sync::mpsc;
@@ -50,6 +65,187 @@ pub struct Steps {
     pub processor: SpanProcessor,
 }
 
+/// The persistent queue's side of the stage.
+pub struct Durable {
+    /// To the queue writer.
+    pub settle: mpsc::Sender<Settle>,
+    /// Whose `done_through` tells which messages are finished.
+    pub exporter: Arc<ExporterStats>,
+    pub recovered: Recovered,
+    /// The queue's fill level.
+    pub queue: Arc<QueueStats>,
+}
+
+/// One export message not finished yet.
+struct Pending {
+    /// Its number at the exporter stage (1, 2, 3, ...).
+    index: u64,
+    /// No event it was built from has a lower lsn.
+    first_lsn: u64,
+    /// No event it was built from has a higher lsn.
+    last_lsn: u64,
+    /// Span keys, [`SPAN_KEY_BYTES`] each.
+    keys: Vec<u8>,
+}
+
+/// Tracks what the persistent queue still needs; see the module docs.
+pub struct Tracker {
+    durable: Durable,
+    /// Messages sent to the exporter stage.
+    sent: u64,
+    pending: VecDeque<Pending>,
+    /// Highest lsn ingested.
+    last_lsn: u64,
+    /// Lowest lsn open state or held events needed at the last tick.
+    watermark: u64,
+    /// Markers of finished messages not yet handed to the writer.
+    markers: Vec<(u64, Vec<u8>)>,
+    /// Watermark last handed to the writer.
+    settled: u64,
+}
+
+impl Tracker {
+    pub fn new(durable: Durable) -> Self {
+        Self {
+            durable,
+            sent: 0,
+            pending: VecDeque::new(),
+            last_lsn: 0,
+            watermark: 0,
+            markers: Vec::new(),
+            settled: 0,
+        }
+    }
+
+    /// The `floor_seq` for a batch of `instance` at `lsn`. The first batch
+    /// an instance sends after a restart, when none of its records was
+    /// replayed, gets a floor above every seq it ever had persisted: a
+    /// batch it resends because the acknowledgement was lost with the
+    /// process is a duplicate, even when its records are gone.
+    fn floor(&mut self, instance: &str, lsn: u64, floor_seq: u64) -> u64 {
+        self.last_lsn = self.last_lsn.max(lsn);
+        let seqs = &mut self.durable.recovered.seqs;
+        if seqs.is_empty() {
+            return floor_seq;
+        }
+        match seqs.remove(instance) {
+            // A replayed record: the replay rebuilds the sequencer's state.
+            Some(_) if lsn <= self.durable.recovered.replay_end => floor_seq,
+            Some(persisted) => floor_seq.max(persisted + 1),
+            None => floor_seq,
+        }
+    }
+
+    /// Drops spans a backend already has (replayed after a restart).
+    fn suppress_exported(&mut self, spans: &mut Vec<FinishedSpan>) {
+        let exported = &mut self.durable.recovered.exported;
+        if exported.is_empty() {
+            return;
+        }
+        spans.retain(|f| !exported.contains(&key_of(&f.span)));
+        if self.settled > self.durable.recovered.replay_end {
+            // Every replayed record is settled: no replayed span comes back.
+            *exported = HashSet::new();
+        }
+    }
+
+    /// With the queue 90 % full because of open state (`open`, its lowest
+    /// position, holds the watermark back, not unexported spans), the
+    /// position below which open state is closed as incomplete so that its
+    /// records can go: the older half of what it pins. Without it a turn
+    /// that never ends would keep the queue full until its TTL, and the
+    /// queue would stop taking the very events that could end it. A backend
+    /// that is down fills the queue with unexported spans instead: nothing
+    /// is closed for that, the shims buffer.
+    fn pressure(&self, open: Option<u64>) -> Option<u64> {
+        let bytes = self.durable.queue.bytes.load(Ordering::Relaxed);
+        let capacity = self.durable.queue.capacity_bytes.load(Ordering::Relaxed);
+        let open = open?;
+        let unexported = self.pending.front().map_or(u64::MAX, |p| p.first_lsn);
+        if bytes.saturating_mul(10) < capacity.saturating_mul(9)
+            || open > unexported
+            || open >= self.last_lsn
+        {
+            return None;
+        }
+        Some(open + (self.last_lsn - open) / 2 + 1)
+    }
+
+    /// Records an export message about to be sent.
+    fn sending(&mut self, batch: &[ResourceSpans]) {
+        self.sent += 1;
+        let keys: Vec<u8> = batch
+            .iter()
+            .flat_map(|rs| rs.scope_spans.iter())
+            .flat_map(|ss| ss.spans.iter())
+            .flat_map(key_of)
+            .collect();
+        self.pending.push_back(Pending {
+            index: self.sent,
+            first_lsn: self.watermark,
+            last_lsn: self.last_lsn,
+            keys,
+        });
+    }
+
+    /// Moves finished messages to markers, computes the watermark from
+    /// `open` (the lowest lsn open state and held events need), and hands
+    /// both to the writer when it has room.
+    fn settle(&mut self, open: Option<u64>) {
+        let done = self.durable.exporter.done_through();
+        while self.pending.front().is_some_and(|p| p.index <= done) {
+            if let Some(p) = self.pending.pop_front() {
+                self.markers.push((p.last_lsn, p.keys));
+            }
+        }
+        let next = self.last_lsn + 1;
+        let unfinished = self.pending.front().map(|p| p.first_lsn);
+        // `first_lsn` of the messages sent before the next tick.
+        self.watermark = open.unwrap_or(next).min(next);
+        let below = unfinished.map_or(self.watermark, |u| u.min(self.watermark));
+        if below <= self.settled && self.markers.is_empty() {
+            return;
+        }
+        let settle = Settle {
+            exported: std::mem::take(&mut self.markers),
+            below,
+        };
+        match self.durable.settle.try_send(settle) {
+            Ok(()) => self.settled = self.settled.max(below),
+            Err(
+                mpsc::error::TrySendError::Full(settle) | mpsc::error::TrySendError::Closed(settle),
+            ) => {
+                // Next tick.
+                self.markers = settle.exported;
+            }
+        }
+    }
+
+    /// After the exporter stage ended: the final settle; `open` as in
+    /// [`Tracker::settle`], measured when the stage ended.
+    pub async fn finish(mut self, open: Option<u64>) {
+        self.settle(open);
+        if !self.markers.is_empty() {
+            let below = self.settled;
+            let exported = std::mem::take(&mut self.markers);
+            let _ = self.durable.settle.send(Settle { exported, below }).await;
+        }
+    }
+}
+
+fn key_of(span: &opentelemetry_proto::tonic::trace::v1::Span) -> SpanKey {
+    let mut key = [0u8; SPAN_KEY_BYTES];
+    let trace = span.trace_id.len().min(16);
+    key[..trace].copy_from_slice(&span.trace_id[..trace]);
+    let id = span.span_id.len().min(8);
+    key[16..16 + id].copy_from_slice(&span.span_id[..id]);
+    key
+}
+
+/// What the stage hands back when it ends: with the persistent queue, the
+/// tracker and the lowest lsn the state left open needs.
+pub type Ended = Option<(Tracker, Option<u64>)>;
+
 /// Runs the stage until the ingest channel closes, ticking timers every
 /// `tick`.
 pub async fn run(
@@ -58,46 +254,96 @@ pub async fn run(
     steps: Steps,
     tick: Duration,
     stats: Arc<PipelineStats>,
-) {
+    mut tracker: Option<Tracker>,
+) -> Ended {
     let Steps {
         mut sequencer,
         mut correlator,
         derived,
         processor,
     } = steps;
+    let open_lsn = |sequencer: &Sequencer, correlator: &Correlator| {
+        [sequencer.min_held_lsn(), correlator.min_lsn()]
+            .into_iter()
+            .flatten()
+            .min()
+    };
     let mut ready: Vec<Ready> = Vec::new();
     let mut timer = tokio::time::interval(tick);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out: Vec<FinishedSpan> = Vec::new();
+    let mut ticked = false;
     loop {
         tokio::select! {
             received = ingest.recv() => {
-                let Some(Ingested { batch }) = received else { break };
+                let Some(Ingested { batch, lsn, .. }) = received else { break };
                 let shim = batch.shim.unwrap_or_default();
+                let floor = match tracker.as_mut() {
+                    Some(tracker) => tracker.floor(&shim.instance_id, lsn, batch.floor_seq),
+                    None => batch.floor_seq,
+                };
                 let now = now_unix_nanos();
                 for event in batch.events {
-                    sequencer.push(&shim, batch.floor_seq, event, now, &mut ready);
+                    sequencer.push_at(&shim, floor, event, lsn, now, &mut ready);
                 }
             }
             _ = timer.tick() => {
                 let now = now_unix_nanos();
                 sequencer.expire(now, &mut ready);
                 correlator.expire(now, &mut out);
+                if let Some(tracker) = tracker.as_mut()
+                    && let Some(below) = tracker.pressure(correlator.min_lsn())
+                {
+                    let before = out.len();
+                    correlator.evict_below_lsn(below, &mut out);
+                    tracing::warn!(
+                        below,
+                        spans = out.len() - before,
+                        "persistent queue 90% full: closing the oldest open turns as incomplete"
+                    );
+                }
+                ticked = true;
             }
+        }
+        if let Some(lsn) = sequencer.take_released_lsn() {
+            correlator.set_lsn(lsn);
         }
         for (shim, event) in ready.drain(..) {
             correlator.ingest(&shim, &event, &mut out);
         }
         publish(&sequencer, &correlator, &stats);
-        if !out.is_empty()
-            && export
-                .send(processed(&processor, &derived, std::mem::take(&mut out)))
-                .await
-                .is_err()
-        {
-            tracing::error!("exporter stage is gone; spans of the remaining events are lost");
-            return;
+        if !out.is_empty() {
+            let mut spans = std::mem::take(&mut out);
+            if let Some(tracker) = tracker.as_mut() {
+                tracker.suppress_exported(&mut spans);
+            }
+            if !spans.is_empty() {
+                let batch = processed(&processor, &derived, spans);
+                if let Some(tracker) = tracker.as_mut() {
+                    tracker.sending(&batch);
+                }
+                if export.send(batch).await.is_err() {
+                    tracing::error!(
+                        "exporter stage is gone; spans of the remaining events are lost"
+                    );
+                    return tracker.map(|t| (t, open_lsn(&sequencer, &correlator)));
+                }
+            }
         }
+        // Settle only once what the tick released is ingested and what it
+        // closed is counted as sent (else the watermark could pass records
+        // of spans not exported yet).
+        if std::mem::take(&mut ticked)
+            && let Some(tracker) = tracker.as_mut()
+        {
+            tracker.settle(open_lsn(&sequencer, &correlator));
+        }
+    }
+    if let Some(tracker) = tracker {
+        // Open state stays open: the queue keeps its records for the next
+        // start.
+        let open = open_lsn(&sequencer, &correlator);
+        return Some((tracker, open));
     }
     sequencer.flush_all(&mut ready);
     for (shim, event) in ready.drain(..) {
@@ -118,6 +364,7 @@ pub async fn run(
             );
         }
     }
+    None
 }
 
 fn publish(sequencer: &Sequencer, correlator: &Correlator, stats: &PipelineStats) {

@@ -10,6 +10,11 @@
 //!   bounded timeout and a hermetic environment.
 //! - [`otlp_receiver`]: in-test OTLP trace receivers, gRPC ([`OtlpReceiver`])
 //!   and HTTP/protobuf ([`OtlpHttpReceiver`]), recording every span.
+//! - [`otlp_metrics_receiver`]: in-test OTLP metrics receivers, gRPC and
+//!   HTTP/protobuf ([`MetricsReceiver`]), recording every export.
+//! - [`fault`]: the collector on a chosen port or config file, its admin
+//!   metrics, the load generator and its `--expect-spans` sets, for the
+//!   fault tests.
 //! - [`span_tree`]: [`SpanTree`] to check parent/child structure and
 //!   attributes of the received spans.
 //! - [`process`]: [`ChildGuard`] (kill on drop, captured output, bounded
@@ -22,7 +27,9 @@
 
 pub mod collector;
 pub mod fake_openai;
+pub mod fault;
 pub mod hermes;
+pub mod otlp_metrics_receiver;
 pub mod otlp_receiver;
 pub mod process;
 pub mod span_tree;
@@ -33,6 +40,7 @@ use std::time::{Duration, Instant};
 
 pub use fake_openai::FakeOpenAi;
 pub use hermes::HermesHome;
+pub use otlp_metrics_receiver::{HistogramPoint, MetricStore, MetricsReceiver, ReceivedHistogram};
 pub use otlp_receiver::{OtlpHttpReceiver, OtlpReceiver, ReceivedExport, SpanStore};
 pub use process::{ChildGuard, RunOutput, cargo_bin, free_port, run_with_timeout};
 pub use span_tree::{AttrsExt, SpanExt, SpanTree};

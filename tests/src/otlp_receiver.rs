@@ -12,7 +12,11 @@
 //! from plain `#[test]`s and from `#[tokio::test]`s), stop on drop, and
 //! record into a [`SpanStore`]: every export request with its transport
 //! details, and every span with its resource. [`SpanStore::fail_next`]
-//! scripts rejections (gRPC `UNAVAILABLE`, HTTP 503) to test retries.
+//! scripts rejections (gRPC `UNAVAILABLE`, HTTP 503) to test retries;
+//! [`SpanStore::fail_for`] rejects everything during a time window and
+//! [`SpanStore::fail_always`] for good, with a [`Rejection`] of either class
+//! (retryable, or permanent: gRPC `INVALID_ARGUMENT`, HTTP 400), keeping
+//! the rejected requests ([`SpanStore::rejected_exports`]).
 
 use std::convert::Infallible;
 use std::io::Read;
@@ -74,12 +78,27 @@ pub struct ReceivedSpan {
     pub span: Span,
 }
 
+/// How a scripted rejection answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// Retryable: gRPC `UNAVAILABLE`, HTTP 503.
+    Unavailable,
+    /// Permanent: gRPC `INVALID_ARGUMENT`, HTTP 400.
+    InvalidArgument,
+}
+
 #[derive(Default)]
 struct StoreState {
     exports: Vec<ReceivedExport>,
     spans: Vec<ReceivedSpan>,
     fail_next: u32,
     rejected: u32,
+    /// Reject everything until then.
+    fail_until: Option<(Instant, Rejection)>,
+    /// Reject everything.
+    fail_always: Option<Rejection>,
+    /// The requests rejected by `fail_until`/`fail_always`.
+    rejected_exports: Vec<ReceivedExport>,
 }
 
 /// What a receiver recorded; shared between the server thread and the test.
@@ -94,15 +113,27 @@ impl SpanStore {
     }
 
     /// Records an export (unless a scripted failure is pending: then returns
-    /// false and records nothing).
-    fn record(&self, export: ReceivedExport) -> bool {
+    /// the rejection and records nothing, except the rejected request for
+    /// the window and permanent rejections).
+    fn record(&self, export: ReceivedExport) -> Result<(), Rejection> {
         let mut state = self.lock();
         if state.fail_next > 0 {
             state.fail_next -= 1;
             state.rejected += 1;
             drop(state);
             self.inner.1.notify_all();
-            return false;
+            return Err(Rejection::Unavailable);
+        }
+        let window = state
+            .fail_until
+            .filter(|(until, _)| Instant::now() < *until)
+            .map(|(_, rejection)| rejection);
+        if let Some(rejection) = window.or(state.fail_always) {
+            state.rejected += 1;
+            state.rejected_exports.push(export);
+            drop(state);
+            self.inner.1.notify_all();
+            return Err(rejection);
         }
         for rs in &export.request.resource_spans {
             let resource = rs.resource.clone().unwrap_or_default();
@@ -119,7 +150,7 @@ impl SpanStore {
         state.exports.push(export);
         drop(state);
         self.inner.1.notify_all();
-        true
+        Ok(())
     }
 
     /// Every span received so far, with its resource, in arrival order.
@@ -157,12 +188,37 @@ impl SpanStore {
         self.lock().fail_next = n;
     }
 
+    /// Rejects every export request for `duration` from now, with
+    /// `rejection`, recording nothing from them but the rejected requests
+    /// ([`rejected_exports`](Self::rejected_exports)); then accepts again.
+    pub fn fail_for(&self, duration: Duration, rejection: Rejection) {
+        self.lock().fail_until = Some((Instant::now() + duration, rejection));
+    }
+
+    /// When a [`fail_for`](Self::fail_for) window ends (None: no window).
+    pub fn fail_until(&self) -> Option<Instant> {
+        self.lock().fail_until.map(|(until, _)| until)
+    }
+
+    /// Rejects every export request from now on with `rejection` (None:
+    /// accept again), recording only the rejected requests.
+    pub fn fail_always(&self, rejection: Option<Rejection>) {
+        self.lock().fail_always = rejection;
+    }
+
+    /// The requests rejected by [`fail_for`](Self::fail_for) or
+    /// [`fail_always`](Self::fail_always), in arrival order.
+    pub fn rejected_exports(&self) -> Vec<ReceivedExport> {
+        self.lock().rejected_exports.clone()
+    }
+
     /// Forgets everything received so far.
     pub fn clear(&self) {
         let mut state = self.lock();
         state.exports.clear();
         state.spans.clear();
         state.rejected = 0;
+        state.rejected_exports.clear();
     }
 
     /// A [`SpanTree`] of the spans received so far.
@@ -318,12 +374,16 @@ impl TraceService for GrpcTraceService {
             received_at: Instant::now(),
             request: request.into_inner(),
         };
-        if self.store.record(export) {
-            Ok(tonic::Response::new(ExportTraceServiceResponse {
+        match self.store.record(export) {
+            Ok(()) => Ok(tonic::Response::new(ExportTraceServiceResponse {
                 partial_success: None,
-            }))
-        } else {
-            Err(tonic::Status::unavailable("hermes-e2e: scripted failure"))
+            })),
+            Err(Rejection::Unavailable) => {
+                Err(tonic::Status::unavailable("hermes-e2e: scripted failure"))
+            }
+            Err(Rejection::InvalidArgument) => Err(tonic::Status::invalid_argument(
+                "hermes-e2e: scripted permanent failure",
+            )),
         }
     }
 }
@@ -585,11 +645,20 @@ async fn handle_http(
         received_at: Instant::now(),
         request,
     };
-    if !store.record(export) {
-        return Ok(http_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "hermes-e2e: scripted failure",
-        ));
+    match store.record(export) {
+        Ok(()) => {}
+        Err(Rejection::Unavailable) => {
+            return Ok(http_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "hermes-e2e: scripted failure",
+            ));
+        }
+        Err(Rejection::InvalidArgument) => {
+            return Ok(http_error(
+                StatusCode::BAD_REQUEST,
+                "hermes-e2e: scripted permanent failure",
+            ));
+        }
     }
     let response = ExportTraceServiceResponse {
         partial_success: None,

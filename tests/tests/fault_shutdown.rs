@@ -73,6 +73,9 @@ fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
                 "5000",
                 "--timeout-secs",
                 "120",
+                // The collector is gone after SIGTERM: stop waiting for acks.
+                "--give-up-secs",
+                "2",
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -9,9 +9,21 @@
 //!   socket is removed at shutdown;
 //! - oversized messages get `RESOURCE_EXHAUSTED` and garbage bytes a closed
 //!   connection, while another connection's spans arrive intact;
+//! - an event above `receiver.max_event_bytes` is refused with
+//!   `RESOURCE_EXHAUSTED` naming the limit, and counted on `/metrics`;
+//! - a connection flooding above `receiver.stream_events_per_sec` is read
+//!   more slowly (paced, never refused: all its batches are acknowledged in
+//!   the end) while another connection's turn arrives intact and at once;
 //! - mutual TLS on ingest (certificates made by `rcgen` at test time): a
-//!   client without a certificate from the configured CA cannot connect; the
-//!   Rust client and the shim with one deliver;
+//!   client without a certificate, with one from another CA, or with an
+//!   expired one from the right CA cannot connect; the Rust client and the
+//!   shim with a valid one deliver;
+//! - export over TLS: the binary exports to an in-test OTLP/gRPC receiver
+//!   that requires a client certificate, with the CA, certificate and key
+//!   from `exporters.otlp.tls` and headers from `headers` (`${VAR}`) and
+//!   `header_files`, never logging their values; with the wrong CA it drops
+//!   the batch at once, counts the spans as failed and says why; without a
+//!   CA it trusts the system's roots (`SSL_CERT_FILE` pointed at the test CA);
 //! - bad access-control settings exit 64 naming the key.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -143,15 +155,21 @@ fn start_collector(
     otlp: &OtlpReceiver,
     env: &[(&str, &str)],
 ) -> ChildGuard {
-    let config = work.join("collector.yaml");
-    std::fs::write(
-        &config,
-        format!(
+    start_collector_with(
+        work,
+        &format!(
             "receiver:\n{receiver}\nexporters:\n  otlp:\n    endpoint: {}\nbatch:\n  timeout_ms: 50\n",
             otlp.endpoint()
         ),
+        env,
     )
-    .unwrap();
+}
+
+/// A collector binary with the configuration `yaml`; started and listening
+/// when this returns.
+fn start_collector_with(work: &Path, yaml: &str, env: &[(&str, &str)]) -> ChildGuard {
+    let config = work.join("collector.yaml");
+    std::fs::write(&config, yaml).unwrap();
     let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
     cmd.arg("--config")
         .arg(&config)
@@ -485,6 +503,143 @@ fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
     assert_eq!(root.1.int_attr("hermes.turn.api_attempts"), Some(2));
 }
 
+/// `name value` of a counter on the collector's `/metrics`.
+fn metric(collector: &ChildGuard, name: &str) -> Option<u64> {
+    let text = hermes_e2e::collector::admin_get(collector, "/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn an_event_above_max_event_bytes_is_refused_and_counted() {
+    let work = tempfile::tempdir().unwrap();
+    let otlp = OtlpReceiver::start();
+    let port = free_port();
+    let collector = start_collector(
+        work.path(),
+        &format!("  listen: 127.0.0.1:{port}\n  max_event_bytes: 4096"),
+        &otlp,
+        &[],
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+
+    // 10 KiB in one event: far below max_message_bytes, above the event limit.
+    let big = Event {
+        seq: 1,
+        hook: "pre_tool_call".into(),
+        thread: "x".repeat(10 * 1024),
+        ..Default::default()
+    };
+    let refused = exchange(&endpoint, None, vec![batch_of("big", vec![big])]).unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("max_event_bytes") && refused.message().contains("4096"),
+        "{refused:?}"
+    );
+
+    let events = basic_events();
+    let n = events.len() as u64;
+    let acks = exchange(&endpoint, None, vec![batch_of("honest", events)]).unwrap();
+    assert_eq!(acks, [n]);
+    assert_basic_turn_arrives(&otlp, &collector);
+    assert_eq!(
+        metric(
+            &collector,
+            "hermes_collector_receiver_oversized_events_total"
+        ),
+        Some(1)
+    );
+    assert_eq!(
+        metric(
+            &collector,
+            "hermes_collector_receiver_refused_batches_total"
+        ),
+        Some(1)
+    );
+}
+
+#[test]
+fn a_flooding_connection_is_paced_while_another_ones_turn_arrives() {
+    let work = tempfile::tempdir().unwrap();
+    let otlp = OtlpReceiver::start();
+    let port = free_port();
+    // 200 events/s after a burst of 200 per stream.
+    let collector = start_collector(
+        work.path(),
+        &format!(
+            "  listen: 127.0.0.1:{port}\n  stream_events_per_sec: 200\n  stream_burst_events: 200"
+        ),
+        &otlp,
+        &[],
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+
+    // The flood: 1 600 events in batches of 40, from one connection; at the
+    // limit that takes about 7 s.
+    let flood_endpoint = endpoint.clone();
+    let flood = std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        let batches = (0..40u64)
+            .map(|b| {
+                let events = (1..=40u64)
+                    .map(|i| Event {
+                        seq: b * 40 + i,
+                        hook: "flood".into(),
+                        time_unix_nano: 1,
+                        ..Default::default()
+                    })
+                    .collect();
+                batch_of("flood", events)
+            })
+            .collect();
+        let acks = exchange(&flood_endpoint, None, batches);
+        (acks, started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Meanwhile, an agent on another connection: its turn arrives at once
+    // and whole.
+    let started = std::time::Instant::now();
+    let events = basic_events();
+    let n = events.len() as u64;
+    let acks = exchange(&endpoint, None, vec![batch_of("honest", events)]).unwrap();
+    assert_eq!(acks, [n]);
+    assert_basic_turn_arrives(&otlp, &collector);
+    let honest_took = started.elapsed();
+    assert!(!flood.is_finished(), "the flood was not paced");
+
+    let (flood_acks, flood_took) = flood.join().unwrap();
+    let flood_acks = flood_acks.expect("paced, never refused");
+    assert_eq!(flood_acks.len(), 40);
+    assert_eq!(flood_acks.last(), Some(&1600));
+    assert!(
+        flood_took >= Duration::from_secs(5),
+        "1 600 events at 200/s after a burst of 200: {flood_took:?}"
+    );
+    assert!(
+        honest_took < flood_took / 2,
+        "{honest_took:?} vs {flood_took:?}"
+    );
+    let throttled = metric(
+        &collector,
+        "hermes_collector_receiver_throttled_batches_total",
+    );
+    assert!(throttled.is_some_and(|t| t >= 30), "{throttled:?}");
+    assert_eq!(
+        metric(
+            &collector,
+            "hermes_collector_receiver_refused_batches_total"
+        ),
+        Some(0)
+    );
+    let log = collector.stderr_text();
+    assert!(log.contains("over its rate limit"), "{log}");
+}
+
 /// A CA, a server certificate for 127.0.0.1/localhost and a client
 /// certificate it signed, plus a client certificate from another CA; PEM
 /// files in `dir`.
@@ -496,6 +651,9 @@ struct Pki {
     client_key: PathBuf,
     stranger_cert: PathBuf,
     stranger_key: PathBuf,
+    /// From the right CA, but valid only in 2020.
+    expired_cert: PathBuf,
+    expired_key: PathBuf,
 }
 
 fn make_pki(dir: &Path) -> Pki {
@@ -512,10 +670,11 @@ fn make_pki(dir: &Path) -> Pki {
         let cert = params.self_signed(&key).unwrap();
         (cert.pem(), Issuer::new(params, key))
     }
-    fn leaf(
+    fn leaf_with(
         issuer: &Issuer<'static, KeyPair>,
         names: &[&str],
         usage: ExtendedKeyUsagePurpose,
+        expired: bool,
     ) -> (String, String) {
         let key = KeyPair::generate().unwrap();
         let mut params =
@@ -523,8 +682,19 @@ fn make_pki(dir: &Path) -> Pki {
                 .unwrap();
         params.distinguished_name.push(DnType::CommonName, names[0]);
         params.extended_key_usages = vec![usage];
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2020, 12, 31);
+        }
         let cert = params.signed_by(&key, issuer).unwrap();
         (cert.pem(), key.serialize_pem())
+    }
+    fn leaf(
+        issuer: &Issuer<'static, KeyPair>,
+        names: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> (String, String) {
+        leaf_with(issuer, names, usage, false)
     }
     let (ca_pem, issuer) = ca("hermes test CA");
     let (server_cert, server_key) = leaf(
@@ -534,6 +704,12 @@ fn make_pki(dir: &Path) -> Pki {
     );
     let (client_cert, client_key) =
         leaf(&issuer, &["agent-1"], ExtendedKeyUsagePurpose::ClientAuth);
+    let (expired_cert, expired_key) = leaf_with(
+        &issuer,
+        &["agent-2"],
+        ExtendedKeyUsagePurpose::ClientAuth,
+        true,
+    );
     let (_, other) = ca("another CA");
     let (stranger_cert, stranger_key) =
         leaf(&other, &["stranger"], ExtendedKeyUsagePurpose::ClientAuth);
@@ -550,6 +726,8 @@ fn make_pki(dir: &Path) -> Pki {
         client_key: write("client.key", &client_key),
         stranger_cert: write("stranger.crt", &stranger_cert),
         stranger_key: write("stranger.key", &stranger_key),
+        expired_cert: write("expired.crt", &expired_cert),
+        expired_key: write("expired.key", &expired_key),
     }
 }
 
@@ -629,7 +807,8 @@ fn mutual_tls_on_ingest() {
     let endpoint = format!("https://127.0.0.1:{port}");
     let events = basic_events();
 
-    // No client certificate, one from another CA, or no TLS at all: refused.
+    // No client certificate, one from another CA, an expired one, or no TLS
+    // at all: refused.
     let none = exchange_tls(
         &endpoint,
         &pki.ca,
@@ -644,6 +823,13 @@ fn mutual_tls_on_ingest() {
         vec![batch_of("i", events.clone())],
     );
     assert!(stranger.is_err(), "{stranger:?}");
+    let expired = exchange_tls(
+        &endpoint,
+        &pki.ca,
+        Some((&pki.expired_cert, &pki.expired_key)),
+        vec![batch_of("i", events.clone())],
+    );
+    assert!(expired.is_err(), "{expired:?}");
     let plaintext = std::panic::catch_unwind(|| {
         exchange(
             &format!("http://127.0.0.1:{port}"),
@@ -753,6 +939,27 @@ fn bad_access_control_settings_exit_64_naming_the_key() {
             ),
             "receiver.tls.cert_file",
         ),
+        (
+            format!(
+                "exporters:\n  otlp:\n    endpoint: http://127.0.0.1:4317\n    tls:\n      ca_file: {}\n",
+                empty.display()
+            ),
+            "exporters.otlp.tls",
+        ),
+        (
+            format!(
+                "exporters:\n  otlp:\n    endpoint: https://127.0.0.1:4317\n    tls:\n      ca_file: {}\n",
+                work.path().join("missing-ca.crt").display()
+            ),
+            "exporters.otlp.tls.ca_file",
+        ),
+        (
+            format!(
+                "exporters:\n  otlp:\n    endpoint: https://127.0.0.1:4317\n    header_files:\n      authorization: {}\n",
+                empty.display()
+            ),
+            "exporters.otlp.header_files.authorization",
+        ),
     ];
     for (i, (yaml, key)) in cases.iter().enumerate() {
         let config = work.path().join(format!("bad-{i}.yaml"));
@@ -777,4 +984,255 @@ fn bad_access_control_settings_exit_64_naming_the_key() {
             out.describe()
         );
     }
+}
+
+/// An OTLP/gRPC receiver over TLS on 127.0.0.1 that requires a client
+/// certificate from `client_ca`, on its own thread and runtime; counts the
+/// spans and keeps the `authorization` and `x-tenant` metadata it got.
+struct TlsOtlpReceiver {
+    port: u16,
+    seen: std::sync::Arc<std::sync::Mutex<(usize, Vec<String>)>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Clone)]
+struct Recorder(std::sync::Arc<std::sync::Mutex<(usize, Vec<String>)>>);
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+    for Recorder
+{
+    async fn export(
+        &self,
+        request: tonic::Request<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest,
+        >,
+    ) -> Result<
+        tonic::Response<
+            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse,
+        >,
+        tonic::Status,
+    > {
+        let header = |name: &str| {
+            request
+                .metadata()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| format!("{name}={v}"))
+        };
+        let headers: Vec<String> = ["authorization", "x-tenant"]
+            .iter()
+            .filter_map(|n| header(n))
+            .collect();
+        let spans: usize = request
+            .get_ref()
+            .resource_spans
+            .iter()
+            .flat_map(|rs| &rs.scope_spans)
+            .map(|ss| ss.spans.len())
+            .sum();
+        let mut seen = self.0.lock().unwrap();
+        seen.0 += spans;
+        seen.1.extend(headers);
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+impl TlsOtlpReceiver {
+    fn start(pki: &Pki) -> Self {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let tls = ServerTlsConfig::new()
+            .identity(Identity::from_pem(
+                std::fs::read(&pki.server_cert).unwrap(),
+                std::fs::read(&pki.server_key).unwrap(),
+            ))
+            .client_ca_root(Certificate::from_pem(std::fs::read(&pki.ca).unwrap()));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new((0, Vec::new())));
+        let recorder = Recorder(seen.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let _ = tonic::transport::Server::builder()
+                    .tls_config(tls)
+                    .unwrap()
+                    .add_service(
+                        opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer::new(recorder),
+                    )
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::TcpListenerStream::new(listener),
+                        async {
+                            let _ = stopped.await;
+                        },
+                    )
+                    .await;
+            });
+        });
+        Self {
+            port,
+            seen,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn spans(&self) -> usize {
+        self.seen.lock().unwrap().0
+    }
+
+    fn headers(&self) -> Vec<String> {
+        self.seen.lock().unwrap().1.clone()
+    }
+}
+
+impl Drop for TlsOtlpReceiver {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[test]
+fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
+    let work = tempfile::tempdir().unwrap();
+    let pki = make_pki(work.path());
+    let receiver = TlsOtlpReceiver::start(&pki);
+    const SECRET: &str = "Basic c2VjcmV0LWZyb20tYS1maWxl";
+    let secret_file = work.path().join("otlp-authorization");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    let port = free_port();
+    let config = |ca: &Path| {
+        format!(
+            "receiver:\n  listen: 127.0.0.1:{port}\nbatch:\n  timeout_ms: 50\nexporters:\n  otlp:\n    endpoint: https://127.0.0.1:{}\n    headers:\n      x-tenant: ${{SECURITY_TEST_TENANT}}\n    header_files:\n      authorization: {}\n    max_elapsed_secs: 60\n    tls:\n      ca_file: {}\n      cert_file: {}\n      key_file: {}\n",
+            receiver.port,
+            secret_file.display(),
+            ca.display(),
+            pki.client_cert.display(),
+            pki.client_key.display(),
+        )
+    };
+    let env = [("SECURITY_TEST_TENANT", "tenant-7")];
+
+    let mut collector = start_collector_with(work.path(), &config(&pki.ca), &env);
+    let log = collector.stderr_text();
+    assert!(
+        log.contains("tls=true") && log.contains("client_certificate=true"),
+        "{log}"
+    );
+    let events = basic_events();
+    let n = events.len() as u64;
+    let endpoint = format!("http://127.0.0.1:{port}");
+    assert_eq!(
+        exchange(&endpoint, None, vec![batch_of("i-1", events.clone())]).unwrap(),
+        [n]
+    );
+    assert!(
+        hermes_e2e::wait_until(WAIT, Duration::from_millis(50), || receiver.spans()
+            >= BASIC_SPANS.len()),
+        "spans did not arrive over TLS:\n{}",
+        collector.stderr_text()
+    );
+    let headers = receiver.headers();
+    assert!(
+        headers.contains(&format!("authorization={SECRET}")),
+        "{headers:?}"
+    );
+    assert!(
+        headers.contains(&"x-tenant=tenant-7".to_owned()),
+        "{headers:?}"
+    );
+    assert!(collector.signal("TERM"));
+    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
+    let log = collector.stderr_text();
+    assert!(
+        !log.contains("c2VjcmV0"),
+        "a header value was logged:\n{log}"
+    );
+    assert!(
+        !log.contains("tenant-7"),
+        "a header value was logged:\n{log}"
+    );
+
+    // The wrong CA (the receiver's certificate is from another): the batch
+    // is dropped at once, not retried for max_elapsed_secs, and counted.
+    let other = work.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let other_ca = make_pki(&other).ca;
+    let before = receiver.spans();
+    let mut collector = start_collector_with(work.path(), &config(&other_ca), &env);
+    assert_eq!(
+        exchange(&endpoint, None, vec![batch_of("i-2", events)]).unwrap(),
+        [n]
+    );
+    assert!(
+        collector.wait_for_stderr(WAIT, |e| e
+            .contains("TLS handshake with the backend failed")),
+        "{}",
+        collector.stderr_text()
+    );
+    assert!(collector.signal("TERM"));
+    assert!(
+        collector
+            .wait_timeout(Duration::from_secs(15))
+            .is_some_and(|s| s.success()),
+        "{}",
+        collector.stderr_text()
+    );
+    let log = collector.stderr_text();
+    // (The other CA has the same name: rustls reports a bad signature.)
+    assert!(
+        log.contains("the backend's certificate was rejected"),
+        "{log}"
+    );
+    assert!(log.contains("spans_failed=4"), "{log}");
+    assert!(!log.contains("c2VjcmV0"), "{log}");
+    assert_eq!(
+        receiver.spans(),
+        before,
+        "nothing arrived with the wrong CA"
+    );
+
+    // No ca_file: the system's root store, here pointed at the test CA with
+    // SSL_CERT_FILE (as an operator would for a corporate root).
+    let system_roots = format!(
+        "receiver:\n  listen: 127.0.0.1:{port}\nbatch:\n  timeout_ms: 50\nexporters:\n  otlp:\n    endpoint: https://127.0.0.1:{}\n    tls:\n      cert_file: {}\n      key_file: {}\n",
+        receiver.port,
+        pki.client_cert.display(),
+        pki.client_key.display(),
+    );
+    let ca_file = pki.ca.display().to_string();
+    let mut collector = start_collector_with(
+        work.path(),
+        &system_roots,
+        &[("SSL_CERT_FILE", &ca_file), ("SSL_CERT_DIR", "")],
+    );
+    assert!(
+        collector.stderr_text().contains("custom_ca=false"),
+        "{}",
+        collector.stderr_text()
+    );
+    assert_eq!(
+        exchange(&endpoint, None, vec![batch_of("i-3", basic_events())]).unwrap(),
+        [n]
+    );
+    assert!(
+        hermes_e2e::wait_until(WAIT, Duration::from_millis(50), || receiver.spans()
+            >= before + BASIC_SPANS.len()),
+        "spans did not arrive over TLS with the system's roots:\n{}",
+        collector.stderr_text()
+    );
+    assert!(collector.signal("TERM"));
+    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
 }

@@ -9,7 +9,9 @@ the events to the collector over gRPC.
 
 Configuration comes from ``HERMES_COLLECTOR_*`` environment variables (see
 README.md). Nothing here raises into Hermes: bad settings are logged as
-warnings and replaced by defaults.
+warnings and replaced by defaults. With ``HERMES_COLLECTOR_SPOOL_DIR`` set,
+what the bounded exit flush cannot deliver is written to a spool file there
+and sent by the next process that starts the plugin with the same directory.
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ def flush(timeout_ms: Optional[int] = None) -> bool:
 
 def stats() -> Dict[str, Any]:
     """Counters of the shim: enqueued, dropped, sent_batches, acked_events,
-    unacked_batches, connected (and a few diagnostics)."""
+    unacked_batches, connected, the disk spool's spooled_events,
+    spool_dropped_events, replayed_events, replayed_files (and a few
+    diagnostics)."""
     return dict(_core.stats())
 
 

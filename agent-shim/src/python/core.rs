@@ -21,6 +21,12 @@
 //!   thread with `pthread_exit`). Events captured after that are not sent.
 //! - `flush` and `shutdown` wait with the GIL released and never longer than
 //!   their timeout.
+//! - With a spool (`HERMES_COLLECTOR_SPOOL_DIR`): `configure` starts the
+//!   sender at once, so spool files of earlier processes are replayed even if
+//!   this one captures nothing; `shutdown` asks the sender to spool what the
+//!   exit flush could not deliver and waits at most [`SPOOL_EXIT_WAIT`] for
+//!   it (with no stream open it spools at once instead of waiting for a
+//!   collector that is down).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +45,7 @@ use crate::clock;
 use crate::config::{CaptureLevel, ShimConfig};
 use crate::convert::{JsonKwargs, Stamp, to_event};
 use crate::queue::{QueueRx, QueueTx, SeqSource, event_queue};
+use crate::sender::spool::SpoolConfig;
 use crate::sender::{self, Convert, SenderConfig, SenderShared};
 
 /// The live core of this process, if `configure` ran (and not disabled).
@@ -53,6 +60,8 @@ const MIN_SEAL_WAIT: Duration = Duration::from_millis(200);
 /// whole `HERMES_COLLECTOR_EXIT_FLUSH_MS` for a collector that is down would
 /// only delay the agent's exit.
 const DISCONNECTED_EXIT_WAIT: Duration = Duration::from_millis(250);
+/// Longest wait at exit for the sender to write the spool file.
+const SPOOL_EXIT_WAIT: Duration = Duration::from_secs(1);
 
 /// One captured hook call, as queued.
 pub(crate) struct HookItem {
@@ -258,7 +267,8 @@ impl Core {
             capture: self.config.capture,
             gate: Arc::clone(&self.gate),
         };
-        let config = SenderConfig::new(self.config.endpoint.clone(), shim);
+        let mut config = SenderConfig::new(self.config.endpoint.clone(), shim);
+        config.spool = self.spool();
         // On failure the queue closes with `rx`: later events count as dropped.
         let _ = sender::spawn(
             rx,
@@ -267,6 +277,13 @@ impl Core {
             Arc::clone(&self.shared),
             Arc::clone(self.tx.counters()),
         );
+    }
+
+    fn spool(&self) -> Option<SpoolConfig> {
+        self.config.spool_dir.as_ref().map(|dir| SpoolConfig {
+            dir: dir.clone(),
+            max_bytes: self.config.spool_max_bytes,
+        })
     }
 
     fn flush(&self, py: Python<'_>, timeout: Duration) -> bool {
@@ -293,6 +310,13 @@ pub(crate) fn configure<'py>(
     out.set_item("capture", config.capture.as_str())?;
     out.set_item("exit_flush_ms", config.exit_flush_ms)?;
     out.set_item("endpoint", &config.endpoint)?;
+    out.set_item(
+        "spool_dir",
+        config
+            .spool_dir
+            .as_ref()
+            .map(|d| d.to_string_lossy().into_owned()),
+    )?;
     let texts: Vec<String> = warnings.iter().map(ToString::to_string).collect();
     out.set_item("warnings", PyList::new(py, texts)?)?;
     if config.disabled {
@@ -313,6 +337,10 @@ pub(crate) fn configure<'py>(
         }
     };
     out.set_item("instance_id", &core.instance_id)?;
+    if core.config.spool_dir.is_some() {
+        // Replays what earlier processes spooled, without waiting for an event.
+        core.ensure_started();
+    }
     Ok(out)
 }
 
@@ -327,8 +355,9 @@ pub(crate) fn flush(py: Python<'_>, timeout_ms: u64) -> bool {
     }
 }
 
-/// Interpreter exit: flush up to `timeout_ms`, then stop the sender from
-/// attaching to the interpreter again. Returns whether the flush completed.
+/// Interpreter exit: flush up to `timeout_ms` (with a spool: then write what
+/// is left to the spool), then stop the sender from attaching to the
+/// interpreter again. Returns whether every event was delivered or spooled.
 #[pyfunction]
 pub(crate) fn shutdown(py: Python<'_>, timeout_ms: u64) -> bool {
     let Some(core) = CORE.load_full() else {
@@ -336,10 +365,24 @@ pub(crate) fn shutdown(py: Python<'_>, timeout_ms: u64) -> bool {
     };
     let started = Instant::now();
     let mut timeout = Duration::from_millis(timeout_ms);
+    let spool = core.config.spool_dir.is_some() && core.started.load(Ordering::Acquire);
     if !core.shared.is_connected() {
-        timeout = timeout.min(DISCONNECTED_EXIT_WAIT);
+        // With a spool, nothing is lost by not waiting for a collector that is down.
+        let wait = if spool {
+            Duration::ZERO
+        } else {
+            DISCONNECTED_EXIT_WAIT
+        };
+        timeout = timeout.min(wait);
     }
-    let flushed = core.flush(py, timeout);
+    let mut flushed = core.flush(py, timeout);
+    if !flushed && spool {
+        let shared = Arc::clone(&core.shared);
+        let target = core.tx.counters().enqueued();
+        flushed = py.detach(move || {
+            shared.spool_and_wait(SPOOL_EXIT_WAIT) && shared.settled_events() >= target
+        });
+    }
     let seal_wait = timeout.saturating_sub(started.elapsed()).max(MIN_SEAL_WAIT);
     let gate = Arc::clone(&core.gate);
     py.detach(move || gate.seal_and_wait(seal_wait));
@@ -348,7 +391,9 @@ pub(crate) fn shutdown(py: Python<'_>, timeout_ms: u64) -> bool {
 
 /// Counters of the live core: `enqueued`, `dropped`, `sent_batches`,
 /// `acked_events`, `unacked_batches`, `connected`, plus `evicted_events`,
-/// `discarded_events`, `instance_id`, `capture`, `last_error`.
+/// `discarded_events`, the spool's `spooled_events`, `spool_dropped_events`,
+/// `replayed_events`, `replayed_files`, `replay_lost_events`, and
+/// `instance_id`, `capture`, `last_error`.
 #[pyfunction]
 pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
@@ -369,6 +414,11 @@ pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("connected", sender.connected)?;
     out.set_item("evicted_events", sender.evicted_events)?;
     out.set_item("discarded_events", sender.discarded_events)?;
+    out.set_item("spooled_events", sender.spooled_events)?;
+    out.set_item("spool_dropped_events", sender.spool_dropped_events)?;
+    out.set_item("replayed_events", sender.replayed_events)?;
+    out.set_item("replayed_files", sender.replayed_files)?;
+    out.set_item("replay_lost_events", sender.replay_lost_events)?;
     out.set_item("last_error", sender.last_error)?;
     match core.as_ref() {
         Some(core) => {

@@ -15,19 +15,28 @@
 //!   a batch is cut `linger` after its first event was seen, or at once while a
 //!   flush waits.
 //! - Every event taken from the queue ends up exactly once in
-//!   `acked_events + evicted_events + discarded_events` once the collector has
-//!   acknowledged it, it was evicted from the full unacknowledged buffer, or
-//!   its conversion was impossible (interpreter shutting down). `flush` waits
-//!   on that sum.
+//!   `acked_events + evicted_events + discarded_events + spooled_events +
+//!   spool_dropped_events` once the collector has acknowledged it, it was
+//!   evicted from the full unacknowledged buffer, its conversion was
+//!   impossible (interpreter shutting down), or it was written to (or did not
+//!   fit in) the disk spool. `flush` waits on that sum, and on the replay of
+//!   spool files claimed at start.
 //! - On a lost stream every unacknowledged batch is sent again, in order, on
 //!   the next connection; connection attempts are spaced by a jittered
 //!   exponential backoff (`backoff_min` .. `backoff_max`).
 //! - While disconnected the sender keeps draining the queue into the bounded
 //!   unacknowledged buffer (oldest evicted first), so the hook path only drops
 //!   when the agent produces faster than conversion can follow.
+//! - With a spool ([`spool`], optional): on request ([`SenderShared::spool_and_wait`],
+//!   the exit path) or when the queue is closed and `close_grace` passed,
+//!   everything held (queued and unacknowledged) is written to a spool file
+//!   and no longer sent; at start, a replay task sends the spool files other
+//!   (ended) processes left, each on its own stream under its original
+//!   instance id and seqs.
 
 pub mod backoff;
 pub mod conn;
+pub mod spool;
 pub mod unacked;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -44,6 +53,7 @@ use crate::config::CollectorEndpoint;
 use crate::queue::{QueueCounters, QueueRx};
 use backoff::Backoff;
 use conn::{Conn, ConnError, ConnEvent, ConnOptions};
+use spool::SpoolConfig;
 use unacked::UnackedBuffer;
 
 /// Name of the sender thread.
@@ -72,6 +82,20 @@ pub trait Convert {
     }
 }
 
+/// A converter for senders fed with ready events (the load generator, tests):
+/// every item goes out as it is (the sender still renumbers `seq` 1, 2, 3,
+/// ... in the items' seq order and numbers API attempts).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PassThrough;
+
+impl Convert for PassThrough {
+    type Item = Event;
+
+    fn convert(&mut self, items: Vec<Event>) -> Vec<Event> {
+        items
+    }
+}
+
 /// Sender settings.
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
@@ -94,8 +118,11 @@ pub struct SenderConfig {
     /// Connection options.
     pub conn: ConnOptions,
     /// Once the queue is closed (its producer dropped), how long the sender
-    /// keeps trying to deliver what it holds before it exits.
+    /// keeps trying to deliver what it holds before it exits (and spools it,
+    /// with a spool).
     pub close_grace: Duration,
+    /// The disk spool, if any.
+    pub spool: Option<SpoolConfig>,
 }
 
 impl SenderConfig {
@@ -112,6 +139,7 @@ impl SenderConfig {
             backoff_max: Duration::from_secs(5),
             conn: ConnOptions::default(),
             close_grace: Duration::from_secs(5),
+            spool: None,
         }
     }
 }
@@ -124,10 +152,20 @@ pub struct SenderShared {
     unacked_batches: AtomicU64,
     evicted_events: AtomicU64,
     discarded_events: AtomicU64,
+    spooled_events: AtomicU64,
+    spool_dropped_events: AtomicU64,
+    replayed_events: AtomicU64,
+    replayed_files: AtomicU64,
+    replay_lost_events: AtomicU64,
+    /// Spool files are being looked for or replayed.
+    replay_busy: AtomicBool,
     connected: AtomicBool,
     last_error: Mutex<String>,
     flush_notify: Notify,
     flush_waiters: AtomicUsize,
+    spool_notify: Notify,
+    /// Bumped by the sender after each spool request it handled.
+    spool_rounds: AtomicU64,
 }
 
 /// A snapshot of the sender's counters.
@@ -143,6 +181,16 @@ pub struct SenderStats {
     pub evicted_events: u64,
     /// Events that could not be converted (interpreter shutting down).
     pub discarded_events: u64,
+    /// Events written to a spool file.
+    pub spooled_events: u64,
+    /// Events the spool had no room for (or could not write).
+    pub spool_dropped_events: u64,
+    /// Events of spool files (left by earlier processes) acknowledged.
+    pub replayed_events: u64,
+    /// Spool files replayed and deleted.
+    pub replayed_files: u64,
+    /// Events of spool files the collector refused as invalid.
+    pub replay_lost_events: u64,
     /// Whether a stream is open.
     pub connected: bool,
     /// Last connection error, empty if none.
@@ -150,11 +198,41 @@ pub struct SenderStats {
 }
 
 impl SenderShared {
-    /// Events whose fate is decided: acknowledged, evicted or discarded.
+    /// Events whose fate is decided: acknowledged, evicted, discarded,
+    /// spooled or dropped by the spool.
     pub fn settled_events(&self) -> u64 {
         self.acked_events.load(Ordering::Acquire)
             + self.evicted_events.load(Ordering::Acquire)
             + self.discarded_events.load(Ordering::Acquire)
+            + self.spooled_events.load(Ordering::Acquire)
+            + self.spool_dropped_events.load(Ordering::Acquire)
+    }
+
+    /// Whether spool files (of earlier processes) are being looked for or
+    /// replayed.
+    pub fn is_replaying(&self) -> bool {
+        self.replay_busy.load(Ordering::Acquire)
+    }
+
+    /// Asks the sender to write everything it holds (queued and
+    /// unacknowledged events) to its spool, and blocks the calling thread
+    /// until it did or `timeout` passed. Returns whether it did. Without a
+    /// spool the sender only acknowledges the request. Must not be called
+    /// on the sender thread.
+    pub fn spool_and_wait(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let round = self.spool_rounds.load(Ordering::Acquire);
+        self.spool_notify.notify_one();
+        loop {
+            if self.spool_rounds.load(Ordering::Acquire) > round {
+                return true;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::sleep(SETTLE_POLL.min(deadline - now));
+        }
     }
 
     /// Whether a stream to the collector is open.
@@ -167,19 +245,20 @@ impl SenderShared {
         self.discarded_events.fetch_add(n, Ordering::AcqRel);
     }
 
-    /// Blocks the calling thread until `target` events are settled or
-    /// `timeout` passed; asks the sender to cut batches without lingering in
-    /// the meantime. Returns whether everything settled. Must not be called
-    /// on the sender thread.
+    /// Blocks the calling thread until `target` events are settled (and no
+    /// spool file is being replayed) or `timeout` passed; asks the sender to
+    /// cut batches without lingering in the meantime. Returns whether
+    /// everything settled. Must not be called on the sender thread.
     pub fn wait_settled(&self, target: u64, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
-        if self.settled_events() >= target {
+        let done = || self.settled_events() >= target && !self.is_replaying();
+        if done() {
             return true;
         }
         self.flush_waiters.fetch_add(1, Ordering::AcqRel);
         self.flush_notify.notify_one();
         let settled = loop {
-            if self.settled_events() >= target {
+            if done() {
                 break true;
             }
             let now = std::time::Instant::now();
@@ -200,6 +279,11 @@ impl SenderShared {
             unacked_batches: self.unacked_batches.load(Ordering::Acquire),
             evicted_events: self.evicted_events.load(Ordering::Acquire),
             discarded_events: self.discarded_events.load(Ordering::Acquire),
+            spooled_events: self.spooled_events.load(Ordering::Acquire),
+            spool_dropped_events: self.spool_dropped_events.load(Ordering::Acquire),
+            replayed_events: self.replayed_events.load(Ordering::Acquire),
+            replayed_files: self.replayed_files.load(Ordering::Acquire),
+            replay_lost_events: self.replay_lost_events.load(Ordering::Acquire),
             connected: self.connected.load(Ordering::Acquire),
             last_error: self
                 .last_error
@@ -220,7 +304,8 @@ impl SenderShared {
     }
 }
 
-/// Starts the sender thread.
+/// Starts the sender thread. With a spool, [`SenderShared::is_replaying`]
+/// is true from here until the spool files found at start are replayed.
 pub fn spawn<C>(
     rx: QueueRx<C::Item>,
     converter: C,
@@ -231,17 +316,38 @@ pub fn spawn<C>(
 where
     C: Convert + Send + 'static,
 {
-    std::thread::Builder::new()
+    if config.spool.is_some() {
+        shared.replay_busy.store(true, Ordering::Release);
+    }
+    let thread_shared = Arc::clone(&shared);
+    let spawned = std::thread::Builder::new()
         .name(THREAD_NAME.to_owned())
         .spawn(move || {
+            let shared = thread_shared;
             match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             {
                 Ok(runtime) => runtime.block_on(run(rx, converter, config, shared, queue)),
-                Err(e) => shared.set_error(&e),
+                Err(e) => {
+                    shared.replay_busy.store(false, Ordering::Release);
+                    shared.set_error(&e);
+                }
             }
-        })
+        });
+    if spawned.is_err() {
+        shared.replay_busy.store(false, Ordering::Release);
+    }
+    spawned
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn next_conn_event(conn: &mut Option<Conn>) -> ConnEvent {
@@ -265,6 +371,57 @@ struct Batcher<C> {
 }
 
 impl<C: Convert> Batcher<C> {
+    /// Cuts every item in `buf` and (at most as many as were queued when it
+    /// started) in `rx` into batches, then writes everything `pending` holds
+    /// to the spool (without a spool: nothing happens).
+    #[allow(clippy::too_many_arguments)]
+    fn spool_all(
+        &mut self,
+        rx: &mut QueueRx<C::Item>,
+        buf: &mut Vec<C::Item>,
+        pending: &mut UnackedBuffer,
+        shared: &SenderShared,
+        queue: &QueueCounters,
+        spool: Option<&SpoolConfig>,
+        max_batch: usize,
+    ) {
+        let Some(spool) = spool else {
+            return;
+        };
+        // Bounded: events captured meanwhile wait for the next round.
+        let mut budget = rx.len();
+        loop {
+            let room = max_batch.saturating_sub(buf.len()).min(budget);
+            budget -= rx.drain_into(buf, room);
+            if buf.is_empty() {
+                break;
+            }
+            let items = std::mem::replace(buf, Vec::with_capacity(max_batch));
+            self.cut(items, pending, shared, queue);
+        }
+        let batches = pending.take_all();
+        let events: u64 = batches.iter().map(|b| b.events.len() as u64).sum();
+        if events == 0 {
+            return;
+        }
+        match spool::write(spool, &self.shim.instance_id, batches, max_batch) {
+            Ok(written) => {
+                shared
+                    .spooled_events
+                    .fetch_add(written.events, Ordering::AcqRel);
+                shared
+                    .spool_dropped_events
+                    .fetch_add(written.dropped_events, Ordering::AcqRel);
+            }
+            Err(e) => {
+                shared
+                    .spool_dropped_events
+                    .fetch_add(events, Ordering::AcqRel);
+                shared.set_error(&format_args!("spool: {e}"));
+            }
+        }
+    }
+
     fn cut(
         &mut self,
         items: Vec<C::Item>,
@@ -330,6 +487,28 @@ pub async fn run<C: Convert>(
     let mut pending = UnackedBuffer::new(config.max_unacked_batches, config.max_unacked_bytes);
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
     let mut conn: Option<Conn> = None;
+    // Spool files of earlier processes go on streams of their own, opened
+    // before the live one.
+    let _replay = match (&config.spool, &target) {
+        (Some(spool), Some(target)) => {
+            shared.replay_busy.store(true, Ordering::Release);
+            let options = spool::ReplayOptions {
+                target: target.clone(),
+                conn: config.conn.clone(),
+                backoff_min: config.backoff_min,
+                backoff_max: config.backoff_max,
+            };
+            Some(AbortOnDrop(tokio::spawn(spool::replay_dir(
+                spool.dir.clone(),
+                options,
+                Arc::clone(&shared),
+            ))))
+        }
+        _ => {
+            shared.replay_busy.store(false, Ordering::Release);
+            None
+        }
+    };
     let mut reconnect_at = Instant::now();
     let mut buf: Vec<C::Item> = Vec::with_capacity(max_batch);
     // When the current batch is cut; None while waiting for a first event.
@@ -394,6 +573,13 @@ pub async fn run<C: Convert>(
                     cut_at = Some(Instant::now());
                 }
             }
+            () = shared.spool_notify.notified() => {
+                batcher.spool_all(&mut rx, &mut buf, &mut pending, &shared, &queue, config.spool.as_ref(), max_batch);
+                if buf.is_empty() {
+                    cut_at = None;
+                }
+                shared.spool_rounds.fetch_add(1, Ordering::AcqRel);
+            }
             () = tokio::time::sleep_until(cut_at.unwrap_or(now + far)), if cut_at.is_some() => {
                 cut_at = None;
                 for _ in 0..MAX_BATCHES_PER_WAKE {
@@ -429,7 +615,18 @@ pub async fn run<C: Convert>(
             () = tokio::time::sleep_until(close_deadline.unwrap_or(now + far)), if close_deadline.is_some() => {}
         }
     }
+    // What could not be delivered within `close_grace`.
+    batcher.spool_all(
+        &mut rx,
+        &mut buf,
+        &mut pending,
+        &shared,
+        &queue,
+        config.spool.as_ref(),
+        max_batch,
+    );
     shared.connected.store(false, Ordering::Release);
+    shared.replay_busy.store(false, Ordering::Release);
 }
 
 #[cfg(test)]

@@ -55,6 +55,36 @@ struct TestIngest {
     received: Received,
     /// The first stream ends with UNAVAILABLE after this many batches, unacked.
     fail_first_stream_after: Option<usize>,
+    /// Faults for batches of one instance.
+    faults: Option<Arc<InstanceFaults>>,
+}
+
+/// Faults injected into the streams that carry batches of `instance_id`.
+#[derive(Default)]
+struct InstanceFaults {
+    instance_id: String,
+    /// The first of its batches ends its stream with UNAVAILABLE, unacked.
+    fail_once: bool,
+    failed: std::sync::atomic::AtomicBool,
+    /// A batch holding this seq is refused with INVALID_ARGUMENT, unacked.
+    refuse_seq: Option<u64>,
+}
+
+impl InstanceFaults {
+    fn check(&self, batch: &EventBatch) -> Option<Status> {
+        if batch.shim.as_ref().map(|s| s.instance_id.as_str()) != Some(&self.instance_id) {
+            return None;
+        }
+        if self.fail_once && !self.failed.swap(true, Ordering::SeqCst) {
+            return Some(Status::unavailable("injected"));
+        }
+        if let Some(seq) = self.refuse_seq
+            && batch.events.iter().any(|e| e.seq == seq)
+        {
+            return Some(Status::invalid_argument("injected refusal"));
+        }
+        None
+    }
 }
 
 #[tonic::async_trait]
@@ -71,12 +101,18 @@ impl EventIngest for TestIngest {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(64);
         let batches = Arc::clone(&self.received.batches);
+        let faults = self.faults.clone();
         tokio::spawn(async move {
             let mut n = 0;
             while let Ok(Some(batch)) = inbound.message().await {
                 let first = batch.events.first().map_or(0, |e| e.seq);
                 let last = batch.events.last().map_or(0, |e| e.seq);
+                let fault = faults.as_ref().and_then(|f| f.check(&batch));
                 batches.lock().unwrap().push(batch);
+                if let Some(status) = fault {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
                 n += 1;
                 if fail_after.is_some_and(|f| n >= f) {
                     let _ = tx.send(Err(Status::unavailable("injected"))).await;
@@ -105,6 +141,14 @@ struct TestCollector {
 
 impl TestCollector {
     fn start(port: u16, fail_first_stream_after: Option<usize>) -> TestCollector {
+        Self::start_with(port, fail_first_stream_after, None)
+    }
+
+    fn start_with(
+        port: u16,
+        fail_first_stream_after: Option<usize>,
+        faults: Option<Arc<InstanceFaults>>,
+    ) -> TestCollector {
         let std_listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
         std_listener.set_nonblocking(true).unwrap();
         let addr = std_listener.local_addr().unwrap();
@@ -112,6 +156,7 @@ impl TestCollector {
         let service = TestIngest {
             received: received.clone(),
             fail_first_stream_after,
+            faults,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -169,8 +214,12 @@ fn free_port() -> u16 {
 }
 
 fn shim() -> ShimInfo {
+    shim_named("0123456789abcdef0123456789abcdef")
+}
+
+fn shim_named(instance_id: &str) -> ShimInfo {
     ShimInfo {
-        instance_id: "0123456789abcdef0123456789abcdef".into(),
+        instance_id: instance_id.into(),
         service_name: "test".into(),
         host_name: "host".into(),
         pid: 42,
@@ -397,4 +446,203 @@ fn closed_queue_ends_sender_after_delivery() {
     let shared = harness.close();
     assert_eq!(shared.stats().acked_events, 3);
     assert_eq!(collector.received.seqs(), [1, 2, 3]);
+}
+
+// ---------------------------------------------------------------------------
+// Disk spool
+// ---------------------------------------------------------------------------
+
+fn spool_config(endpoint: String, instance_id: &str, dir: &std::path::Path) -> SenderConfig {
+    let mut config = config(endpoint);
+    config.shim = shim_named(instance_id);
+    config.spool = Some(SpoolConfig {
+        dir: dir.to_path_buf(),
+        max_bytes: 1 << 20,
+    });
+    config
+}
+
+fn spool_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.to_string_lossy().ends_with(spool::SPOOL_SUFFIX))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// (instance, seq) of every event the collector received.
+fn received_by_instance(received: &Received) -> BTreeSet<(String, u64)> {
+    let batches = received.batches.lock().unwrap();
+    batches
+        .iter()
+        .flat_map(|b| {
+            let id = b.shim.as_ref().unwrap().instance_id.clone();
+            b.events.iter().map(move |e| (id.clone(), e.seq))
+        })
+        .collect()
+}
+
+#[test]
+fn exit_spool_is_replayed_by_a_later_sender_under_its_instance_and_seqs() {
+    let port = free_port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("spool");
+
+    // Process 1: the collector is down at exit.
+    let first = Harness::start(spool_config(endpoint.clone(), "aaaa", &dir), Passthrough);
+    for _ in 0..10 {
+        first.push("pre_tool_call", "");
+    }
+    assert!(!first.shared.wait_settled(10, Duration::from_millis(100)));
+    let started = StdInstant::now();
+    assert!(first.shared.spool_and_wait(Duration::from_secs(5)));
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let stats = first.shared.stats();
+    assert_eq!((stats.spooled_events, stats.spool_dropped_events), (10, 0));
+    assert_eq!(stats.unacked_batches, 0);
+    assert!(
+        first.shared.wait_settled(10, Duration::ZERO),
+        "spooled counts as settled"
+    );
+    assert_eq!(spool_files(&dir).len(), 1);
+    first.close();
+    assert_eq!(spool_files(&dir).len(), 1, "nothing left to spool at close");
+
+    // Process 2, with the collector up: the spool goes first, on its own
+    // stream, then its own events.
+    let collector = TestCollector::start(port, None);
+    let second = Harness::start(spool_config(endpoint, "bbbb", &dir), Passthrough);
+    for _ in 0..3 {
+        second.push("post_tool_call", "");
+    }
+    assert!(second.shared.wait_settled(3, Duration::from_secs(10)));
+    let stats = second.shared.stats();
+    assert_eq!((stats.replayed_events, stats.replayed_files), (10, 1));
+    assert_eq!(stats.acked_events, 3);
+    assert!(spool_files(&dir).is_empty(), "deleted once acknowledged");
+    let expected: BTreeSet<(String, u64)> = (1..=10)
+        .map(|seq| ("aaaa".to_owned(), seq))
+        .chain((1..=3).map(|seq| ("bbbb".to_owned(), seq)))
+        .collect();
+    assert_eq!(received_by_instance(&collector.received), expected);
+    assert!(collector.received.streams.load(Ordering::SeqCst) >= 2);
+    second.close();
+}
+
+#[test]
+fn closed_queue_spools_what_close_grace_could_not_deliver() {
+    let port = free_port();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("spool");
+    let harness = Harness::start(
+        spool_config(format!("http://127.0.0.1:{port}"), "cccc", &dir),
+        Passthrough,
+    );
+    for _ in 0..5 {
+        harness.push("pre_tool_call", "");
+    }
+    let shared = harness.close();
+    assert_eq!(shared.stats().spooled_events, 5);
+    let files = spool_files(&dir);
+    assert_eq!(files.len(), 1);
+    let claimed = spool::claim_all(&dir);
+    let seqs: Vec<u64> = claimed[0]
+        .batches
+        .iter()
+        .flat_map(|b| b.events.iter().map(|e| e.seq))
+        .collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn a_full_spool_drops_and_counts() {
+    let port = free_port();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("spool");
+    let mut config = spool_config(format!("http://127.0.0.1:{port}"), "dddd", &dir);
+    config.spool = Some(SpoolConfig {
+        dir: dir.clone(),
+        max_bytes: 4,
+    });
+    let harness = Harness::start(config, Passthrough);
+    for _ in 0..5 {
+        harness.push("pre_tool_call", "");
+    }
+    assert!(harness.shared.spool_and_wait(Duration::from_secs(5)));
+    let stats = harness.shared.stats();
+    assert_eq!((stats.spooled_events, stats.spool_dropped_events), (0, 5));
+    assert!(harness.shared.wait_settled(5, Duration::ZERO));
+    assert!(spool_files(&dir).is_empty());
+    harness.close();
+}
+
+#[test]
+fn replay_resends_after_a_lost_stream_and_skips_a_refused_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("spool");
+    let batches: Vec<EventBatch> = (0..6)
+        .map(|i| EventBatch {
+            shim: Some(shim_named("eeee")),
+            events: (i * 5 + 1..=i * 5 + 5)
+                .map(|seq| Event {
+                    seq,
+                    hook: "pre_tool_call".into(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .collect();
+    let spool_cfg = SpoolConfig {
+        dir: dir.clone(),
+        max_bytes: 1 << 20,
+    };
+    // Batches of 5: the third (seqs 11..=15) is refused as invalid.
+    spool::write(&spool_cfg, "eeee", batches, 5).unwrap();
+    let faults = Arc::new(InstanceFaults {
+        instance_id: "eeee".into(),
+        fail_once: true,
+        refuse_seq: Some(13),
+        ..Default::default()
+    });
+    let collector = TestCollector::start_with(0, None, Some(faults));
+    let harness = Harness::start(
+        spool_config(collector.endpoint(), "ffff", &dir),
+        Passthrough,
+    );
+    assert!(harness.shared.wait_settled(0, Duration::from_secs(10)));
+    let stats = harness.shared.stats();
+    assert_eq!(stats.replayed_files, 1);
+    assert_eq!(stats.replay_lost_events, 5);
+    assert_eq!(stats.replayed_events, 25);
+    assert!(spool_files(&dir).is_empty());
+    let received: BTreeSet<u64> = received_by_instance(&collector.received)
+        .into_iter()
+        .map(|(_, seq)| seq)
+        .collect();
+    assert_eq!(received, (1..=30).collect());
+    // Every resent batch says which seqs are settled below it.
+    let batches = collector.received.batches.lock().unwrap().clone();
+    let after_refusal: Vec<u64> = batches
+        .iter()
+        .filter(|b| b.events[0].seq > 15)
+        .map(|b| b.floor_seq)
+        .collect();
+    assert!(after_refusal.iter().all(|&f| f >= 16), "{after_refusal:?}");
+    harness.close();
+}
+
+#[test]
+fn without_a_spool_a_spool_request_is_acknowledged() {
+    let port = free_port();
+    let harness = Harness::start(config(format!("http://127.0.0.1:{port}")), Passthrough);
+    harness.push("pre_tool_call", "");
+    assert!(harness.shared.spool_and_wait(Duration::from_secs(5)));
+    assert_eq!(harness.shared.stats().spooled_events, 0);
+    assert!(!harness.shared.is_replaying());
+    harness.close();
 }

@@ -141,6 +141,25 @@ impl UnackedBuffer {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Removes and returns every batch held, oldest first (to spool them).
+    pub fn take_all(&mut self) -> Vec<EventBatch> {
+        self.sent = 0;
+        self.bytes = 0;
+        self.batches.drain(..).map(|p| p.batch).collect()
+    }
+
+    /// Removes the oldest batch; returns how many events it held.
+    pub fn drop_oldest(&mut self) -> u64 {
+        match self.batches.pop_front() {
+            Some(p) => {
+                self.bytes -= p.bytes;
+                self.sent = self.sent.saturating_sub(1);
+                p.events
+            }
+            None => 0,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -210,6 +229,25 @@ mod tests {
         assert_eq!(b.floor_seq(), 4, "evicted seqs are below the floor");
         b.ack(4, 4);
         assert_eq!(b.floor_seq(), 5);
+    }
+
+    #[test]
+    fn take_all_and_drop_oldest() {
+        let mut b = UnackedBuffer::new(10, 1 << 20);
+        b.push(batch(1..=2));
+        b.push(batch(3..=5));
+        b.push(batch(6..=6));
+        b.mark_next_sent();
+        assert_eq!(b.drop_oldest(), 2);
+        assert_eq!(b.floor_seq(), 3);
+        assert_eq!(b.next_unsent().unwrap().events[0].seq, 3);
+        let all = b.take_all();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[0].events[0].seq, 3);
+        assert!(b.is_empty());
+        assert_eq!(b.bytes(), 0);
+        assert!(!b.has_unsent());
+        assert_eq!(b.drop_oldest(), 0);
     }
 
     #[test]

@@ -140,6 +140,11 @@ struct Turn {
     started: bool,
     /// Capture time of `post_llm_call`.
     end: Option<u64>,
+    /// When the end was seen: the later of its capture time and the
+    /// collector's clock at the time (the last [`Correlator::expire`]); the
+    /// end grace runs from here, so a backlog in front of the correlator
+    /// never closes a turn whose `on_session_end` is still queued.
+    end_seen: u64,
     /// Latest end of any child span: the turn never ends before it.
     max_child_end: u64,
     last_seen: u64,
@@ -164,6 +169,8 @@ struct Turn {
     last_attempt_end: HashMap<String, u64>,
     tools: HashMap<String, OpenTool>,
     approvals: HashMap<(String, String), OpenApproval>,
+    /// Lowest persistent-queue position of the events that touched it.
+    min_lsn: u64,
 }
 
 /// What a subagent's turns hang from.
@@ -183,12 +190,14 @@ struct OpenSubagent {
     start: u64,
     child_subagent_id: String,
     goal: String,
+    min_lsn: u64,
 }
 
 struct PendingSessionStart {
     at: u64,
     model: String,
     platform: String,
+    min_lsn: u64,
 }
 
 /// The correlation state machine. See the module docs.
@@ -200,6 +209,10 @@ pub struct Correlator {
     subagents: HashMap<String, OpenSubagent>,
     pending_starts: HashMap<String, PendingSessionStart>,
     stats: Stats,
+    /// Persistent-queue position of the events being ingested.
+    lsn: u64,
+    /// Wall clock of the last [`Correlator::expire`].
+    clock: u64,
 }
 
 impl Correlator {
@@ -212,6 +225,8 @@ impl Correlator {
             subagents: HashMap::new(),
             pending_starts: HashMap::new(),
             stats: Stats::default(),
+            lsn: 0,
+            clock: 0,
         }
     }
 
@@ -225,6 +240,26 @@ impl Correlator {
     }
 
     /// Feeds one event of the shim `shim`; finished spans are appended to `out`.
+    /// Sets the persistent-queue position of the events ingested next: a
+    /// lower bound of the lsns of the records they came from (see
+    /// [`sequencer::Sequencer::take_released_lsn`]). Open state remembers
+    /// the lowest position that touched it ([`Correlator::min_lsn`]).
+    pub fn set_lsn(&mut self, lsn: u64) {
+        self.lsn = lsn;
+    }
+
+    /// The lowest position any open state depends on: the persistent queue
+    /// keeps every record from there on, so that a restart can rebuild the
+    /// state by replaying them. Subagent links that outlive their subagent
+    /// are not counted (a child event after a crash and a TTL-long gap
+    /// starts its own trace).
+    pub fn min_lsn(&self) -> Option<u64> {
+        let turns = self.turns.values().map(|t| t.min_lsn);
+        let subagents = self.subagents.values().map(|s| s.min_lsn);
+        let starts = self.pending_starts.values().map(|p| p.min_lsn);
+        turns.chain(subagents).chain(starts).min()
+    }
+
     pub fn ingest(&mut self, shim: &v1::ShimInfo, event: &v1::Event, out: &mut Vec<FinishedSpan>) {
         self.stats.events += 1;
         let before = out.len();
@@ -267,8 +302,10 @@ impl Correlator {
                 self.attach_session_start(&ids.session_id);
             }
             (hooks::POST_LLM_CALL, _) => {
+                let clock = self.clock;
                 if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
                     turn.end = Some(turn.end.map_or(t, |e| e.max(t)));
+                    turn.end_seen = t.max(clock);
                     if let Some(text) = event.content.get(content::ASSISTANT_RESPONSE) {
                         turn.final_answer = Some(content::text(text));
                     }
@@ -413,6 +450,7 @@ impl Correlator {
                         }
                     }
                     turn.last_seen = turn.last_seen.max(t);
+                    turn.min_lsn = turn.min_lsn.min(self.lsn);
                     turn.events.push(span::Event {
                         time_unix_nano: t,
                         name: format!("hermes.hook.{hook}"),
@@ -427,6 +465,7 @@ impl Correlator {
 
     /// Closes what has outlived its timers at wall-clock time `now`.
     pub fn expire(&mut self, now: u64, out: &mut Vec<FinishedSpan>) {
+        self.clock = self.clock.max(now);
         let before = out.len();
         let ttl = self.config.state_ttl_nanos;
         let grace = self.config.turn_end_grace_nanos;
@@ -434,7 +473,7 @@ impl Correlator {
             .turns
             .iter()
             .filter_map(|(id, turn)| match turn.end {
-                Some(end) if now.saturating_sub(end) >= grace => Some((id.clone(), false)),
+                Some(_) if now.saturating_sub(turn.end_seen) >= grace => Some((id.clone(), false)),
                 _ if now.saturating_sub(turn.last_seen) >= ttl => Some((id.clone(), true)),
                 _ => None,
             })
@@ -466,6 +505,40 @@ impl Correlator {
             .retain(|_, p| now.saturating_sub(p.at) < ttl);
         self.resources
             .retain(|_, r| Arc::strong_count(&r.resource) > 1);
+        self.stats.spans += (out.len() - before) as u64;
+    }
+
+    /// Closes, as incomplete, every open state that depends on a position
+    /// below `lsn` (the persistent queue is full and must let those records
+    /// go); counted as evictions.
+    pub fn evict_below_lsn(&mut self, lsn: u64, out: &mut Vec<FinishedSpan>) {
+        let before = out.len();
+        let mut ids: Vec<String> = self
+            .turns
+            .iter()
+            .filter(|(_, t)| t.min_lsn < lsn)
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        for id in ids {
+            if let Some(turn) = self.turns.remove(&id) {
+                self.stats.turns_evicted += 1;
+                let end = turn.end.unwrap_or(turn.last_seen);
+                self.emit_turn(turn, end, true, out);
+            }
+        }
+        let mut subs: Vec<String> = self
+            .subagents
+            .iter()
+            .filter(|(_, s)| s.min_lsn < lsn)
+            .map(|(k, _)| k.clone())
+            .collect();
+        subs.sort();
+        for child in subs {
+            let end = self.subagents.get(&child).map_or(0, |s| s.start);
+            self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
+        }
+        self.pending_starts.retain(|_, p| p.min_lsn >= lsn);
         self.stats.spans += (out.len() - before) as u64;
     }
 
@@ -557,8 +630,10 @@ impl Correlator {
             let turn = self.new_turn(ids, resource, t);
             self.turns.insert(ids.turn_id.clone(), turn);
         }
+        let lsn = self.lsn;
         let turn = self.turns.get_mut(&ids.turn_id)?;
         turn.last_seen = turn.last_seen.max(t);
+        turn.min_lsn = turn.min_lsn.min(lsn);
         if turn.platform.is_empty() && !platform.is_empty() {
             turn.platform = platform.to_owned();
         }
@@ -607,6 +682,7 @@ impl Correlator {
             start: t,
             started: false,
             end: None,
+            end_seen: 0,
             max_child_end: 0,
             last_seen: t,
             clock_adjusted: false,
@@ -625,6 +701,7 @@ impl Correlator {
             last_attempt_end: HashMap::new(),
             tools: HashMap::new(),
             approvals: HashMap::new(),
+            min_lsn: self.lsn,
         }
     }
 
@@ -651,6 +728,7 @@ impl Correlator {
                 at: t,
                 model,
                 platform,
+                min_lsn: self.lsn,
             },
         );
         self.attach_session_start(session_id);
@@ -813,6 +891,7 @@ impl Correlator {
                 start: t,
                 child_subagent_id: ids.child_subagent_id.clone(),
                 goal: sub.child_goal.clone(),
+                min_lsn: self.lsn,
             },
         );
     }
@@ -826,7 +905,8 @@ impl Correlator {
     ) {
         if !self.subagents.contains_key(&ids.child_session_id) {
             // Missing start: build the span from the stop event and its duration.
-            let start = t.saturating_sub(sub.duration_ms.unwrap_or(0) * NANOS_PER_MILLI);
+            let start =
+                t.saturating_sub(sub.duration_ms.unwrap_or(0).saturating_mul(NANOS_PER_MILLI));
             let resource = self.resources.values().next().map(|r| r.resource.clone());
             if let Some(resource) = resource {
                 let mut start_ids = ids.clone();
@@ -1179,8 +1259,8 @@ fn close_attempt(
                     u.cache_write_tokens,
                 )
                 .uint("gen_ai.usage.reasoning.output_tokens", u.reasoning_tokens);
-            turn.input_tokens += u.prompt_tokens;
-            turn.output_tokens += u.output_tokens;
+            turn.input_tokens = turn.input_tokens.saturating_add(u.prompt_tokens);
+            turn.output_tokens = turn.output_tokens.saturating_add(u.output_tokens);
         }
     }
     let span_id = span_id(SpanKey::Chat {
@@ -1216,7 +1296,11 @@ fn close_tool(
     };
     let start = match &open {
         Some(o) => o.start,
-        None => t.saturating_sub(tool.duration_ms.unwrap_or(0) * NANOS_PER_MILLI),
+        None => t.saturating_sub(
+            tool.duration_ms
+                .unwrap_or(0)
+                .saturating_mul(NANOS_PER_MILLI),
+        ),
     };
     turn.tool_calls += 1;
     let mut a = turn.common();

@@ -17,6 +17,12 @@
 //! the hold is full) is skipped: the held events are released in order and
 //! the skipped seqs counted. The least recently active instance is forgotten
 //! past `max_instances` (its held events are released first).
+//!
+//! Positions: with the persistent queue each event comes with the `lsn` of
+//! the record it arrived in ([`Sequencer::push_at`]). The sequencer tells
+//! the lowest lsn among the events it still holds ([`Sequencer::min_held_lsn`])
+//! and among the events it released since the last ask
+//! ([`Sequencer::take_released_lsn`]): what the queue must keep for them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -62,9 +68,32 @@ struct Instance {
     shim: Arc<ShimInfo>,
     /// The seq released next.
     next: u64,
-    /// Early events with their arrival time.
-    held: BTreeMap<u64, (Event, u64)>,
+    /// Early events by seq.
+    held: BTreeMap<u64, Held>,
     last_active: u64,
+}
+
+struct Held {
+    event: Event,
+    /// Arrival time.
+    arrived: u64,
+    /// Position in the persistent queue (0 without one).
+    lsn: u64,
+}
+
+/// Where released events go, and the lowest lsn among them.
+struct Out<'a> {
+    ready: &'a mut Vec<Ready>,
+    stats: &'a mut SequencerStats,
+    min_lsn: &'a mut u64,
+}
+
+impl Out<'_> {
+    fn release(&mut self, shim: &Arc<ShimInfo>, held: Held) {
+        self.stats.released += 1;
+        *self.min_lsn = (*self.min_lsn).min(held.lsn);
+        self.ready.push((shim.clone(), held.event));
+    }
 }
 
 /// See the module docs.
@@ -72,6 +101,9 @@ pub struct Sequencer {
     config: SequencerConfig,
     instances: HashMap<String, Instance>,
     stats: SequencerStats,
+    /// Lowest lsn released since [`Sequencer::take_released_lsn`]
+    /// (`u64::MAX`: none).
+    released_lsn: u64,
 }
 
 impl Sequencer {
@@ -80,6 +112,7 @@ impl Sequencer {
             config,
             instances: HashMap::new(),
             stats: SequencerStats::default(),
+            released_lsn: u64::MAX,
         }
     }
 
@@ -92,6 +125,32 @@ impl Sequencer {
         self.instances.values().map(|i| i.held.len()).sum()
     }
 
+    /// Lowest lsn among the held events, if any.
+    pub fn min_held_lsn(&self) -> Option<u64> {
+        self.instances
+            .values()
+            .flat_map(|i| i.held.values().map(|h| h.lsn))
+            .min()
+    }
+
+    /// Lowest lsn among the events released since the last call, if any.
+    pub fn take_released_lsn(&mut self) -> Option<u64> {
+        let lsn = std::mem::replace(&mut self.released_lsn, u64::MAX);
+        (lsn != u64::MAX).then_some(lsn)
+    }
+
+    fn out<'a>(
+        stats: &'a mut SequencerStats,
+        released_lsn: &'a mut u64,
+        ready: &'a mut Vec<Ready>,
+    ) -> Out<'a> {
+        Out {
+            ready,
+            stats,
+            min_lsn: released_lsn,
+        }
+    }
+
     /// Takes one event of `shim`'s stream that arrived at `now` in a batch
     /// with `floor_seq`; appends what became ready, in order, to `ready`.
     pub fn push(
@@ -99,6 +158,20 @@ impl Sequencer {
         shim: &ShimInfo,
         floor_seq: u64,
         event: Event,
+        now: u64,
+        ready: &mut Vec<Ready>,
+    ) {
+        self.push_at(shim, floor_seq, event, 0, now, ready);
+    }
+
+    /// As [`Sequencer::push`], for an event stored at `lsn` in the
+    /// persistent queue.
+    pub fn push_at(
+        &mut self,
+        shim: &ShimInfo,
+        floor_seq: u64,
+        event: Event,
+        lsn: u64,
         now: u64,
         ready: &mut Vec<Ready>,
     ) {
@@ -120,20 +193,29 @@ impl Sequencer {
         if *instance.shim != *shim {
             instance.shim = Arc::new(shim.clone());
         }
+        let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
         if floor_seq > instance.next {
             // Everything below the floor is settled at the shim: stop waiting.
-            skip_to(instance, floor_seq, &mut self.stats, ready);
+            skip_to(instance, floor_seq, &mut out);
         }
         if event.seq < instance.next || instance.held.contains_key(&event.seq) {
-            self.stats.duplicates += 1;
+            out.stats.duplicates += 1;
             return;
         }
-        instance.held.insert(event.seq, (event, now));
-        release(instance, &mut self.stats, ready);
+        let seq = event.seq;
+        instance.held.insert(
+            seq,
+            Held {
+                event,
+                arrived: now,
+                lsn,
+            },
+        );
+        release(instance, &mut out);
         if instance.held.len() > self.config.max_held
             && let Some(first) = instance.held.keys().next().copied()
         {
-            skip_to(instance, first, &mut self.stats, ready);
+            skip_to(instance, first, &mut out);
         }
     }
 
@@ -143,12 +225,13 @@ impl Sequencer {
         let mut ids: Vec<&String> = self.instances.keys().collect();
         ids.sort();
         let ids: Vec<String> = ids.into_iter().cloned().collect();
+        let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
         for id in ids {
             if let Some(instance) = self.instances.get_mut(&id)
-                && let Some((&first, (_, arrived))) = instance.held.iter().next()
-                && now.saturating_sub(*arrived) >= timeout
+                && let Some((&first, held)) = instance.held.iter().next()
+                && now.saturating_sub(held.arrived) >= timeout
             {
-                skip_to(instance, first, &mut self.stats, ready);
+                skip_to(instance, first, &mut out);
             }
         }
     }
@@ -157,10 +240,11 @@ impl Sequencer {
     pub fn flush_all(&mut self, ready: &mut Vec<Ready>) {
         let mut ids: Vec<String> = self.instances.keys().cloned().collect();
         ids.sort();
+        let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
         for id in ids {
             if let Some(instance) = self.instances.get_mut(&id) {
                 while let Some(first) = instance.held.keys().next().copied() {
-                    skip_to(instance, first, &mut self.stats, ready);
+                    skip_to(instance, first, &mut out);
                 }
             }
         }
@@ -173,36 +257,35 @@ impl Sequencer {
             .min_by(|a, b| (a.1.last_active, a.0).cmp(&(b.1.last_active, b.0)))
             .map(|(k, _)| k.clone());
         if let Some(mut instance) = oldest.and_then(|k| self.instances.remove(&k)) {
+            let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
             while let Some(first) = instance.held.keys().next().copied() {
-                skip_to(&mut instance, first, &mut self.stats, ready);
+                skip_to(&mut instance, first, &mut out);
             }
         }
     }
 }
 
 /// Gives up on every seq below `seq`, then releases what is contiguous.
-fn skip_to(instance: &mut Instance, seq: u64, stats: &mut SequencerStats, ready: &mut Vec<Ready>) {
+fn skip_to(instance: &mut Instance, seq: u64, out: &mut Out<'_>) {
     if seq > instance.next {
         // Held events below the floor are still released, in order.
         let below: Vec<u64> = instance.held.range(..seq).map(|(k, _)| *k).collect();
-        stats.skipped += (seq - instance.next) - below.len() as u64;
+        out.stats.skipped += (seq - instance.next) - below.len() as u64;
         for k in below {
-            if let Some((event, _)) = instance.held.remove(&k) {
-                stats.released += 1;
-                ready.push((instance.shim.clone(), event));
+            if let Some(held) = instance.held.remove(&k) {
+                out.release(&instance.shim, held);
             }
         }
         instance.next = seq;
     }
-    release(instance, stats, ready);
+    release(instance, out);
 }
 
 /// Releases the contiguous run starting at `next`.
-fn release(instance: &mut Instance, stats: &mut SequencerStats, ready: &mut Vec<Ready>) {
-    while let Some((event, _)) = instance.held.remove(&instance.next) {
+fn release(instance: &mut Instance, out: &mut Out<'_>) {
+    while let Some(held) = instance.held.remove(&instance.next) {
         instance.next += 1;
-        stats.released += 1;
-        ready.push((instance.shim.clone(), event));
+        out.release(&instance.shim, held);
     }
 }
 
@@ -316,6 +399,22 @@ mod tests {
             vec![1, 2, 1],
             "a's held event is released when a is forgotten"
         );
+    }
+
+    #[test]
+    fn lsns_of_held_and_released_events() {
+        let mut s = Sequencer::new(SequencerConfig::default());
+        let mut out = Vec::new();
+        s.push_at(&shim("a"), 0, ev(2), 7, 0, &mut out);
+        s.push_at(&shim("b"), 0, ev(1), 8, 0, &mut out);
+        assert_eq!(s.min_held_lsn(), Some(7));
+        assert_eq!(s.take_released_lsn(), Some(8));
+        assert_eq!(s.take_released_lsn(), None);
+        // seq 1 of a arrives later (lsn 9) and releases seq 2 (lsn 7).
+        s.push_at(&shim("a"), 0, ev(1), 9, 0, &mut out);
+        assert_eq!(seqs(&out), vec![1, 1, 2]);
+        assert_eq!(s.take_released_lsn(), Some(7));
+        assert_eq!(s.min_held_lsn(), None);
     }
 
     #[test]

@@ -887,3 +887,87 @@ fn reset_closes_open_turns_of_the_session() {
     assert_eq!(boolean(root, "hermes.incomplete"), Some(true));
     assert_eq!(f.c.open_turns(), 0);
 }
+
+#[test]
+fn open_state_remembers_the_lowest_queue_position_that_touched_it() {
+    let mut f = Feed::new();
+    assert_eq!(f.c.min_lsn(), None);
+    f.c.set_lsn(7);
+    f.ev(
+        "on_session_start",
+        0,
+        v1::Ids {
+            session_id: SESSION.into(),
+            ..Default::default()
+        },
+        None,
+    );
+    assert_eq!(f.c.min_lsn(), Some(7), "a pending session start counts");
+    f.c.set_lsn(9);
+    f.ev("pre_llm_call", 1, ids("turn-1"), turn_body());
+    // The turn took the pending start: the turn (9) is what is open now.
+    assert_eq!(f.c.min_lsn(), Some(9));
+    // A late event from an older record (released by the sequencer after a
+    // hole closed) lowers the turn's position.
+    f.c.set_lsn(4);
+    f.ev(
+        "pre_tool_call",
+        2,
+        tool_ids("turn-1", "call-1"),
+        tool("terminal"),
+    );
+    f.c.set_lsn(12);
+    f.ev(
+        "post_tool_call",
+        3,
+        tool_ids("turn-1", "call-1"),
+        tool_done("terminal", "ok", 1),
+    );
+    assert_eq!(f.c.min_lsn(), Some(4));
+    f.ev("post_llm_call", 4, ids("turn-1"), turn_body());
+    f.ev("on_session_end", 5, ids("turn-1"), end_body(true, false));
+    assert_eq!(f.c.min_lsn(), None, "nothing open, nothing needed");
+}
+
+#[test]
+fn eviction_below_a_queue_position_closes_what_depends_on_it() {
+    let mut f = Feed::new();
+    f.c.set_lsn(3);
+    f.ev("pre_llm_call", 0, ids("turn-old"), turn_body());
+    f.c.set_lsn(10);
+    let other_session = v1::Ids {
+        session_id: "session-2".into(),
+        ..ids("turn-new")
+    };
+    f.ev("pre_llm_call", 1, other_session, turn_body());
+    f.c.evict_below_lsn(5, &mut f.out);
+    assert_eq!(f.c.open_turns(), 1);
+    assert_eq!(f.c.min_lsn(), Some(10));
+    assert_eq!(f.c.stats().turns_evicted, 1);
+    let old = &f.out[0].span;
+    assert_eq!(boolean(old, "hermes.incomplete"), Some(true));
+}
+
+#[test]
+fn a_backlog_does_not_split_a_turn_at_the_end_grace() {
+    let mut f = Feed::new();
+    // The collector's clock is 10 s past the events' capture times (events
+    // queued in front of the correlator).
+    f.c.expire(T0 + 10_000 * MS, &mut f.out);
+    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    f.ev("post_llm_call", 100, ids(TURN), turn_body());
+    f.c.expire(T0 + 10_100 * MS, &mut f.out);
+    assert!(
+        f.out.is_empty(),
+        "the grace runs from when the end was seen"
+    );
+    f.ev("on_session_end", 101, ids(TURN), end_body(true, false));
+    assert_eq!(f.names(), ["invoke_agent hermes"]);
+    assert_eq!(boolean(&f.out[0].span, "hermes.incomplete"), None);
+    f.c.expire(T0 + 20_000 * MS, &mut f.out);
+    assert_eq!(
+        f.out.len(),
+        1,
+        "one turn, not a second one from its end event"
+    );
+}

@@ -13,6 +13,11 @@
 //! * HTTP: 429, 502, 503, 504 are retryable, throttled when `Retry-After`
 //!   carries a number of seconds; other 5xx are retryable; other 4xx are not.
 //! * Transport failures and timeouts are retryable; bad configuration is not.
+//! * A failed TLS handshake ([`ExportError::TlsHandshake`]: the backend's
+//!   certificate is not trusted or does not name the host, or the backend
+//!   refused our client certificate) is not retryable: it is a configuration
+//!   problem that retrying for `max_elapsed` would not fix, so the batch is
+//!   dropped and counted at once, with an ERROR line that says what to check.
 //!
 //! Invariant: the error stays small (no `tonic::Status` or response body kept
 //! whole), so `Result<_, ExportError>` is cheap to move around.
@@ -51,6 +56,13 @@ pub enum ExportError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The TLS settings cannot be used (a PEM file that does not parse, a key
+    /// that does not fit its certificate, no root certificate).
+    #[error("invalid TLS settings: {0}")]
+    TlsConfig(String),
+    /// The TLS handshake with the backend failed (see [`crate::tls`]).
+    #[error("TLS handshake with the backend failed: {0}")]
+    TlsHandshake(String),
     /// The gRPC server answered with a non-OK status (or the channel failed).
     #[error("gRPC export failed with {code:?}: {message}")]
     Grpc {
@@ -64,7 +76,7 @@ pub enum ExportError {
         transport: bool,
     },
     /// The HTTP request could not be sent or its response not read.
-    #[error("HTTP export failed: {0}")]
+    #[error("HTTP export failed: {}", error_chain(.0.as_ref()))]
     HttpTransport(#[source] Box<dyn StdError + Send + Sync + 'static>),
     /// The HTTP server answered with a non-2xx status.
     #[error("HTTP export failed with status {status}: {message}")]
@@ -106,6 +118,8 @@ impl ExportError {
         match self {
             Self::InvalidEndpoint { .. }
             | Self::InvalidHeader { .. }
+            | Self::TlsConfig(_)
+            | Self::TlsHandshake(_)
             | Self::Encode(_)
             | Self::Console(_) => RetryClass::NonRetryable,
             Self::Grpc {
@@ -126,8 +140,12 @@ impl ExportError {
 
     /// Builds a [`ExportError::Grpc`] from a tonic status, reading any
     /// `RetryInfo` detail and walking the `source()` chain for transport
-    /// causes.
+    /// causes; a failed TLS handshake in that chain gives
+    /// [`ExportError::TlsHandshake`].
     pub(crate) fn from_status(status: &tonic::Status) -> Self {
+        if let Some(failure) = crate::tls::handshake_failure(status) {
+            return Self::TlsHandshake(failure);
+        }
         let transport = source_chain_has_transport_error(status);
         let retry_after = rpc_status::retry_delay(status.details());
         Self::Grpc {
@@ -135,6 +153,15 @@ impl ExportError {
             message: truncate(status.message(), 512),
             retry_after,
             transport,
+        }
+    }
+
+    /// Wraps a failed HTTP request: [`ExportError::TlsHandshake`] when a TLS
+    /// error is in its `source()` chain, else [`ExportError::HttpTransport`].
+    pub(crate) fn from_http_transport(error: Box<dyn StdError + Send + Sync + 'static>) -> Self {
+        match crate::tls::handshake_failure(error.as_ref()) {
+            Some(failure) => Self::TlsHandshake(failure),
+            None => Self::HttpTransport(error),
         }
     }
 }
@@ -203,6 +230,22 @@ fn source_chain_has_transport_error(err: &(dyn StdError + 'static)) -> bool {
         current = cause.source();
     }
     false
+}
+
+/// `error` and its causes, `: `-separated, each cause once (hyper's
+/// "client error (Connect)" says little without them).
+pub(crate) fn error_chain(error: &(dyn StdError + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut current = error.source();
+    while let Some(cause) = current {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        current = cause.source();
+    }
+    truncate(&text, 512)
 }
 
 /// Cuts `s` to at most `max` bytes on a char boundary.

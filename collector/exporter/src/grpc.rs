@@ -3,15 +3,19 @@
 //! This module owns [`GrpcExporter`]: one tonic `TraceServiceClient` over a
 //! lazily connected HTTP/2 channel, with a per-request timeout (enforced
 //! locally and sent as `grpc-timeout`), optional gzip compression and extra
-//! metadata. Configuration is validated in [`GrpcExporter::new`], which does no
-//! I/O and needs no runtime; the channel is created on the first export (it
+//! metadata. Configuration is validated in [`GrpcExporter::new`], which
+//! connects nothing and needs no runtime; the channel is created on the first export (it
 //! must live on the runtime that drives it), and tonic reconnects it by itself
 //! after a failure.
 //!
-//! TLS: not supported yet; `https://` endpoints are rejected by `new`. TLS
-//! will come as a `tls` field on [`GrpcExporterConfig`] applied in
-//! `GrpcExporter::endpoint` through `Endpoint::tls_config` (tonic feature
-//! `tls-ring`).
+//! TLS: an `https://` endpoint is reached over TLS (rustls, tonic's
+//! `tls-ring`), verified against the CA of its [`TlsSettings`] or the
+//! system's roots, with its client certificate if given (mutual TLS); see
+//! [`crate::tls`]. `new` checks the TLS material and reads the system's
+//! root store when no CA is given; TLS settings with an `http://` endpoint
+//! are refused, so a typo in the scheme never sends in plaintext what was
+//! meant to be encrypted. Header values are sent as sensitive metadata and
+//! never appear in `Debug` output or logs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +26,9 @@ use tonic::codec::CompressionEncoding;
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::{ExportError, truncate};
+use crate::error::{ExportError, error_chain, truncate};
 use crate::sink::{ExportFuture, ExportOutcome, SpanExporter};
+use crate::tls::{ClientTls, TlsSettings};
 
 /// Compression of export requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,10 +41,10 @@ pub enum Compression {
 }
 
 /// Settings of the OTLP/gRPC exporter, filled by the binary from its config.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct GrpcExporterConfig {
-    /// Receiver URL with scheme, host and port, e.g. `http://127.0.0.1:4317`.
-    /// Only `http` (plain HTTP/2) for now.
+    /// Receiver URL with scheme, host and port, e.g. `http://127.0.0.1:4317`
+    /// (plain HTTP/2) or `https://otlp.example.com:443` (TLS).
     pub endpoint: String,
     /// Deadline of one export request, connection included.
     pub timeout: Duration,
@@ -50,6 +55,26 @@ pub struct GrpcExporterConfig {
     /// Extra metadata sent with every request (e.g. an authorization token).
     /// Names are lower-cased; `-bin` (binary) keys are not supported.
     pub headers: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for GrpcExporterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcExporterConfig")
+            .field("endpoint", &self.endpoint)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("compression", &self.compression)
+            .field("headers", &redacted_headers(&self.headers))
+            .finish()
+    }
+}
+
+/// Header names with their values replaced, for `Debug` output.
+pub(crate) fn redacted_headers(headers: &[(String, String)]) -> Vec<(&str, &'static str)> {
+    headers
+        .iter()
+        .map(|(name, _)| (name.as_str(), "<redacted>"))
+        .collect()
 }
 
 impl Default for GrpcExporterConfig {
@@ -67,6 +92,7 @@ impl Default for GrpcExporterConfig {
 /// Exports batches with OTLP/gRPC `TraceService/Export`.
 pub struct GrpcExporter {
     endpoint: Endpoint,
+    tls: bool,
     metadata: MetadataMap,
     compression: Compression,
     timeout: Duration,
@@ -79,17 +105,32 @@ impl std::fmt::Debug for GrpcExporter {
             .field("endpoint", &self.endpoint.uri())
             .field("compression", &self.compression)
             .field("timeout", &self.timeout)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
 
 impl GrpcExporter {
-    /// Validates the configuration. Does no I/O: the connection is made on
-    /// the first export.
+    /// Validates the configuration. Connects nothing: the connection is made
+    /// on the first export. An `https://` endpoint gets the system's roots
+    /// and no client certificate; see [`GrpcExporter::new_with_tls`].
     pub fn new(config: GrpcExporterConfig) -> Result<Self, ExportError> {
-        let endpoint = Self::endpoint(&config)?;
+        Self::new_with_tls(config, None)
+    }
+
+    /// Like [`GrpcExporter::new`], with the TLS settings of an `https://`
+    /// endpoint (None: the system's roots, no client certificate); TLS
+    /// settings with an `http://` endpoint are an error. Checks the TLS
+    /// material; its only I/O is reading the system's root certificates for
+    /// an `https://` endpoint without a CA of its own.
+    pub fn new_with_tls(
+        config: GrpcExporterConfig,
+        tls: Option<TlsSettings>,
+    ) -> Result<Self, ExportError> {
+        let endpoint = Self::endpoint(&config, tls.as_ref())?;
         let metadata = metadata_map(&config.headers)?;
         Ok(Self {
+            tls: endpoint.uri().scheme_str() == Some("https"),
             endpoint,
             metadata,
             compression: config.compression,
@@ -98,8 +139,11 @@ impl GrpcExporter {
         })
     }
 
-    /// Builds the tonic endpoint. The place where TLS settings will go.
-    fn endpoint(config: &GrpcExporterConfig) -> Result<Endpoint, ExportError> {
+    /// Builds the tonic endpoint, with TLS for `https`.
+    fn endpoint(
+        config: &GrpcExporterConfig,
+        tls: Option<&TlsSettings>,
+    ) -> Result<Endpoint, ExportError> {
         let invalid = |reason: String| ExportError::InvalidEndpoint {
             endpoint: config.endpoint.clone(),
             reason,
@@ -108,19 +152,34 @@ impl GrpcExporter {
             .endpoint
             .parse()
             .map_err(|e: http::uri::InvalidUri| invalid(e.to_string()))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => return Err(invalid("TLS is not supported yet; use http://".into())),
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
             Some(other) => return Err(invalid(format!("unsupported scheme {other:?}"))),
-            None => return Err(invalid("missing scheme, expected http://host:port".into())),
-        }
-        if uri.host().is_none() {
+            None => {
+                return Err(invalid(
+                    "missing scheme, expected http://host:port or https://host:port".into(),
+                ));
+            }
+        };
+        let Some(host) = uri.host().filter(|h| !h.is_empty()).map(str::to_owned) else {
             return Err(invalid("missing host".into()));
+        };
+        if !https && tls.is_some() {
+            return Err(invalid(
+                "TLS settings need an https:// endpoint (refusing to send in plaintext)".into(),
+            ));
         }
-        let endpoint = Endpoint::from(uri)
+        let mut endpoint = Endpoint::from(uri)
             .connect_timeout(config.connect_timeout)
             .timeout(config.timeout)
             .tcp_nodelay(true);
+        if https {
+            let tls = ClientTls::new(&tls.cloned().unwrap_or_default(), &host)?;
+            endpoint = endpoint
+                .tls_config(tls.tonic_config())
+                .map_err(|e| ExportError::TlsConfig(error_chain(&e)))?;
+        }
         Ok(endpoint)
     }
 
@@ -177,7 +236,10 @@ fn metadata_map(headers: &[(String, String)]) -> Result<MetadataMap, ExportError
         };
         let key = MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
             .map_err(|e| invalid(e.to_string()))?;
-        let value = MetadataValue::try_from(value.as_str()).map_err(|e| invalid(e.to_string()))?;
+        let mut value =
+            MetadataValue::try_from(value.as_str()).map_err(|e| invalid(e.to_string()))?;
+        // Never HPACK-indexed: values are credentials more often than not.
+        value.set_sensitive(true);
         map.append(key, value);
     }
     Ok(map)
@@ -196,7 +258,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_endpoints() {
-        for bad in ["127.0.0.1:4317", "https://x:4317", "ftp://x", "http://"] {
+        for bad in ["127.0.0.1:4317", "ftp://x", "http://"] {
             assert!(
                 matches!(
                     GrpcExporter::new(config(bad)),

@@ -16,9 +16,12 @@
 //! decompression). OTLP/HTTP needs one POST with fixed headers, a timeout and
 //! a bounded body read, which is a few lines on hyper.
 //!
-//! TLS: not supported yet; `https://` endpoints are rejected by `new`. TLS
-//! will come as a `tls` field on [`HttpExporterConfig`] and an
-//! `hyper-rustls` connector built in [`HttpExporter::new`].
+//! TLS: an `https://` endpoint goes through a `hyper-rustls` connector
+//! (rustls with `ring`, HTTP/1.1 over TLS) verified against the CA of its
+//! [`TlsSettings`] or the system's roots, with its client certificate if
+//! given (mutual TLS); see [`crate::tls`]. An `http://` endpoint never
+//! upgrades nor falls back, and TLS settings with it are refused. Header
+//! values are marked sensitive and never appear in `Debug` output or logs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +30,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER, USER_AGENT};
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -36,7 +40,9 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use prost::Message;
 
 use crate::error::{ExportError, rpc_status, truncate};
+use crate::grpc::redacted_headers;
 use crate::sink::{ExportFuture, ExportOutcome, SpanExporter};
+use crate::tls::{ClientTls, TlsSettings};
 
 /// The most bytes read from a response body.
 pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;
@@ -45,15 +51,25 @@ const TRACES_PATH: &str = "/v1/traces";
 const PROTOBUF: &str = "application/x-protobuf";
 
 /// Settings of the OTLP/HTTP exporter, filled by the binary from its config.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct HttpExporterConfig {
-    /// Base URL, e.g. `http://127.0.0.1:4318`; `/v1/traces` is appended
-    /// unless the URL already ends with it. Only `http` for now.
+    /// Base URL, e.g. `http://127.0.0.1:4318` or `https://otlp.example.com`;
+    /// `/v1/traces` is appended unless the URL already ends with it.
     pub endpoint: String,
     /// Deadline of one export (connect, send, and reading the response).
     pub timeout: Duration,
     /// Extra headers sent with every request (e.g. an authorization token).
     pub headers: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for HttpExporterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpExporterConfig")
+            .field("endpoint", &self.endpoint)
+            .field("timeout", &self.timeout)
+            .field("headers", &redacted_headers(&self.headers))
+            .finish()
+    }
 }
 
 impl Default for HttpExporterConfig {
@@ -68,7 +84,7 @@ impl Default for HttpExporterConfig {
 
 /// Exports batches with OTLP/HTTP, binary protobuf.
 pub struct HttpExporter {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     uri: Uri,
     headers: HeaderMap,
     timeout: Duration,
@@ -79,18 +95,69 @@ impl std::fmt::Debug for HttpExporter {
         f.debug_struct("HttpExporter")
             .field("uri", &self.uri)
             .field("timeout", &self.timeout)
+            .field("tls", &(self.uri.scheme_str() == Some("https")))
             .finish_non_exhaustive()
     }
 }
 
 impl HttpExporter {
     /// Validates the configuration and builds the (lazily connecting) client.
+    /// An `https://` endpoint gets the system's roots and no client
+    /// certificate; see [`HttpExporter::new_with_tls`].
     pub fn new(config: HttpExporterConfig) -> Result<Self, ExportError> {
+        Self::new_with_tls(config, None)
+    }
+
+    /// Like [`HttpExporter::new`], with the TLS settings of an `https://`
+    /// endpoint (None: the system's roots, no client certificate); TLS
+    /// settings with an `http://` endpoint are an error. Checks the TLS
+    /// material; its only I/O is reading the system's root certificates for
+    /// an `https://` endpoint without a CA of its own.
+    pub fn new_with_tls(
+        config: HttpExporterConfig,
+        tls: Option<TlsSettings>,
+    ) -> Result<Self, ExportError> {
         let uri = traces_uri(&config.endpoint)?;
         let headers = header_map(&config.headers)?;
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.timeout));
         connector.set_nodelay(true);
+        // The TLS connector hands `https` URIs to rustls; `http` ones need
+        // the plain connector to accept them.
+        connector.enforce_http(false);
+        let connector = if uri.scheme_str() == Some("https") {
+            let host = uri.host().unwrap_or_default();
+            let tls = ClientTls::new(&tls.unwrap_or_default(), host)?;
+            HttpsConnectorBuilder::new()
+                .with_tls_config(tls.rustls_config()?)
+                .https_only()
+                .with_server_name_resolver(FixedServerNameResolver::new(tls.server_name().clone()))
+                .enable_http1()
+                .wrap_connector(connector)
+        } else {
+            if tls.is_some() {
+                return Err(ExportError::InvalidEndpoint {
+                    endpoint: config.endpoint.clone(),
+                    reason:
+                        "TLS settings need an https:// endpoint (refusing to send in plaintext)"
+                            .into(),
+                });
+            }
+            // The URI is `http://`: this TLS configuration is never used.
+            HttpsConnectorBuilder::new()
+                .with_tls_config(
+                    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                        rustls::crypto::ring::default_provider(),
+                    ))
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| ExportError::TlsConfig(e.to_string()))?
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+                )
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(connector)
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
@@ -118,7 +185,7 @@ impl HttpExporter {
             .client
             .request(request)
             .await
-            .map_err(|e| ExportError::HttpTransport(Box::new(e)))?;
+            .map_err(|e| ExportError::from_http_transport(Box::new(e)))?;
         let status = response.status();
         let retry_after = response
             .headers()
@@ -182,10 +249,13 @@ fn traces_uri(endpoint: &str) -> Result<Uri, ExportError> {
         .parse()
         .map_err(|e: http::uri::InvalidUri| invalid(e.to_string()))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err(invalid("TLS is not supported yet; use http://".into())),
+        Some("http" | "https") => {}
         Some(other) => return Err(invalid(format!("unsupported scheme {other:?}"))),
-        None => return Err(invalid("missing scheme, expected http://host:port".into())),
+        None => {
+            return Err(invalid(
+                "missing scheme, expected http://host:port or https://host:port".into(),
+            ));
+        }
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err(invalid("missing host".into()));
@@ -209,7 +279,8 @@ fn header_map(headers: &[(String, String)]) -> Result<HeaderMap, ExportError> {
         if key == CONTENT_TYPE {
             return Err(invalid("Content-Type is fixed by the exporter".into()));
         }
-        let value = HeaderValue::from_str(value).map_err(|e| invalid(e.to_string()))?;
+        let mut value = HeaderValue::from_str(value).map_err(|e| invalid(e.to_string()))?;
+        value.set_sensitive(true);
         if key == USER_AGENT {
             map.insert(key, value);
         } else {
@@ -242,7 +313,10 @@ mod tests {
             uri("http://h:4318/otlp").ok().as_deref(),
             Some("http://h:4318/otlp/v1/traces")
         );
-        assert!(uri("https://h:4318").is_err());
+        assert_eq!(
+            uri("https://h/otlp").ok().as_deref(),
+            Some("https://h/otlp/v1/traces")
+        );
         assert!(uri("h:4318").is_err());
         assert!(uri("not a url").is_err());
     }

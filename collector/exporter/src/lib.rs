@@ -14,10 +14,13 @@
 //! | [`console`] | human-readable turn trees ([`ConsoleExporter`]) |
 //! | [`error`] | [`ExportError`] and its [`RetryClass`] |
 //! | [`retry`] | [`RetrySettings`] and the backoff sequence |
+//! | [`tls`] | [`TlsSettings`] of `https://` endpoints: roots, client certificate, handshake errors |
 //!
 //! The binary owns configuration parsing and fills the plain `*Config` /
-//! `*Settings` structs of this crate; nothing here reads the environment or
-//! files other than the file exporter's output.
+//! `*Settings` structs of this crate (TLS material as PEM text); nothing
+//! here reads the environment or files other than the file exporter's output
+//! and, for an `https://` endpoint without a CA of its own, the system's root
+//! certificate store.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), hermes_exporter::ExportError> {
@@ -44,6 +47,7 @@ pub mod http;
 pub mod retry;
 pub mod sink;
 pub mod stage;
+pub mod tls;
 
 pub use console::{ConsoleExporter, ConsoleExporterConfig};
 pub use error::{ExportError, RetryClass};
@@ -53,3 +57,4 @@ pub use http::{HttpExporter, HttpExporterConfig};
 pub use retry::RetrySettings;
 pub use sink::{ExportFuture, ExportOutcome, Sink, SpanExporter, span_count};
 pub use stage::{ExporterSettings, ExporterStage, ExporterStats, SinkStats, run};
+pub use tls::TlsSettings;

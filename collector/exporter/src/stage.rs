@@ -31,6 +31,14 @@
 //! Accounting invariant: when `run` returns, for every sink
 //! `spans_sent + spans_failed == spans_received` (unless a worker panicked,
 //! which is logged).
+//!
+//! Completion: the stage numbers its input messages 1, 2, 3, ... and
+//! [`ExporterStats::done_through`] tells the highest `n` such that every
+//! span of messages `1..=n` is finished at every sink: exported, or dropped
+//! for good (non-retryable, retries exhausted). A batch abandoned at the
+//! shutdown deadline is not finished. Batches keep message order and each
+//! worker exports one at a time, so one number per sink suffices. The
+//! persistent queue deletes records only up to what is finished.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,6 +98,8 @@ pub struct SinkStats {
     batches_sent: AtomicU64,
     batches_failed: AtomicU64,
     retries: AtomicU64,
+    /// Input messages `1..=n` are finished at this sink.
+    done_through: AtomicU64,
 }
 
 impl SinkStats {
@@ -101,6 +111,7 @@ impl SinkStats {
             batches_sent: AtomicU64::new(0),
             batches_failed: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            done_through: AtomicU64::new(0),
         }
     }
 
@@ -129,6 +140,10 @@ impl SinkStats {
     pub fn retries(&self) -> u64 {
         self.retries.load(Ordering::Relaxed)
     }
+    /// Input messages `1..=n` are finished at this sink.
+    pub fn done_through(&self) -> u64 {
+        self.done_through.load(Ordering::Acquire)
+    }
 
     fn record_failed(&self, spans: u64) {
         self.spans_failed.fetch_add(spans, Ordering::Relaxed);
@@ -140,6 +155,7 @@ impl SinkStats {
 #[derive(Debug)]
 pub struct ExporterStats {
     spans_received: AtomicU64,
+    messages_received: AtomicU64,
     sinks: Vec<SinkStats>,
 }
 
@@ -147,8 +163,19 @@ impl ExporterStats {
     fn new(sinks: &[Sink]) -> Self {
         Self {
             spans_received: AtomicU64::new(0),
+            messages_received: AtomicU64::new(0),
             sinks: sinks.iter().map(|s| SinkStats::new(s.name())).collect(),
         }
+    }
+
+    /// Every span of input messages `1..=n` is finished at every sink (see
+    /// the module docs).
+    pub fn done_through(&self) -> u64 {
+        self.sinks
+            .iter()
+            .map(|s| s.done_through.load(Ordering::Acquire))
+            .min()
+            .unwrap_or_else(|| self.messages_received.load(Ordering::Acquire))
     }
 
     /// Spans taken from the input channel.
@@ -248,7 +275,8 @@ impl ExporterStage {
                 () = sleep_until_opt(batch_deadline), if batch_deadline.is_some() => {
                     batch_deadline = None;
                     if let Some(batch) = batcher.take() {
-                        dispatcher.dispatch(batch).await;
+                        let through = stats.messages_received.load(Ordering::Relaxed);
+                        dispatcher.dispatch(batch, through).await;
                     }
                 }
                 message = rx.recv() => {
@@ -273,7 +301,8 @@ impl ExporterStage {
             receive(&stats, &mut batcher, &mut dispatcher, message).await;
         }
         if let Some(batch) = batcher.take() {
-            dispatcher.dispatch(batch).await;
+            let through = stats.messages_received.load(Ordering::Relaxed);
+            dispatcher.dispatch(batch, through).await;
         }
         let mut left = 0u64;
         while let Ok(message) = rx.try_recv() {
@@ -331,10 +360,20 @@ async fn receive(
         .map(|ss| ss.spans.len() as u64)
         .sum();
     stats.spans_received.fetch_add(count, Ordering::Relaxed);
+    let n = stats.messages_received.fetch_add(1, Ordering::Relaxed) + 1;
     let full = batcher.push(message);
     let flushed = !full.is_empty();
-    for batch in full {
-        dispatcher.dispatch(batch).await;
+    // Every batch returned finishes message n-1 (the older spans go first);
+    // the last one finishes message n too when nothing of it is left over.
+    let last = full.len();
+    let rest_empty = batcher.is_empty();
+    for (i, batch) in full.into_iter().enumerate() {
+        let through = if i + 1 == last && rest_empty {
+            n
+        } else {
+            n - 1
+        };
+        dispatcher.dispatch(batch, through).await;
     }
     flushed
 }
@@ -356,9 +395,15 @@ async fn join_all(workers: &mut JoinSet<()>) {
     }
 }
 
+/// A batch on its way to one sink, with the input messages it finishes.
+struct Queued {
+    request: Arc<ExportTraceServiceRequest>,
+    through: u64,
+}
+
 /// Hands batches to the sink queues.
 struct Dispatcher {
-    queues: Vec<mpsc::Sender<Arc<ExportTraceServiceRequest>>>,
+    queues: Vec<mpsc::Sender<Queued>>,
     stats: Arc<ExporterStats>,
     shutdown: CancellationToken,
     drain_timeout: Duration,
@@ -373,14 +418,17 @@ impl Dispatcher {
             .get_or_insert_with(|| Instant::now() + self.drain_timeout)
     }
 
-    async fn dispatch(&mut self, batch: Vec<ResourceSpans>) {
+    async fn dispatch(&mut self, batch: Vec<ResourceSpans>, through: u64) {
         let request = Arc::new(ExportTraceServiceRequest {
             resource_spans: batch,
         });
         let spans = span_count(&request);
         for index in 0..self.queues.len() {
             if let Some(permit) = self.reserve(index).await {
-                permit.send(Arc::clone(&request));
+                permit.send(Queued {
+                    request: Arc::clone(&request),
+                    through,
+                });
                 continue;
             }
             if let Some(sink) = self.stats.sinks.get(index) {
@@ -397,10 +445,7 @@ impl Dispatcher {
     /// Waits for room in queue `index`: unbounded while running, until the
     /// drain deadline once shutdown started. `None` when the deadline passed
     /// or the worker is gone.
-    async fn reserve(
-        &mut self,
-        index: usize,
-    ) -> Option<mpsc::Permit<'_, Arc<ExportTraceServiceRequest>>> {
+    async fn reserve(&mut self, index: usize) -> Option<mpsc::Permit<'_, Queued>> {
         if self.drain_deadline.is_none() {
             let queue = self.queues.get(index)?;
             let reserved = tokio::select! {
@@ -431,7 +476,7 @@ struct SinkWorker {
     stats: Arc<ExporterStats>,
     retry: RetrySettings,
     abort: CancellationToken,
-    queue: mpsc::Receiver<Arc<ExportTraceServiceRequest>>,
+    queue: mpsc::Receiver<Queued>,
 }
 
 enum Failure {
@@ -465,7 +510,7 @@ impl SinkWorker {
         let mut spans = 0;
         let mut batches = 0;
         while let Ok(batch) = self.queue.try_recv() {
-            spans += span_count(&batch);
+            spans += span_count(&batch.request);
             batches += 1;
         }
         if let Some(stats) = self.stats()
@@ -482,10 +527,13 @@ impl SinkWorker {
         }
     }
 
-    async fn export(&mut self, batch: Arc<ExportTraceServiceRequest>) {
-        let spans = span_count(&batch);
-        let result = self.export_with_retry(batch).await;
+    async fn export(&mut self, Queued { request, through }: Queued) {
+        let spans = span_count(&request);
+        let result = self.export_with_retry(request).await;
         let Some(stats) = self.stats() else { return };
+        if !matches!(result, Err(Failure::Aborted)) {
+            stats.done_through.fetch_max(through, Ordering::Release);
+        }
         match result {
             Ok(ExportOutcome { rejected_spans }) => {
                 let rejected = rejected_spans.min(spans);
@@ -558,7 +606,7 @@ impl SinkWorker {
             }
             tokio::select! {
                 biased;
-                () = self.abort.cancelled() => return Err(Failure::Error(error)),
+                () = self.abort.cancelled() => return Err(Failure::Aborted),
                 () = tokio::time::sleep(delay) => {}
             }
             attempt = attempt.saturating_add(1);

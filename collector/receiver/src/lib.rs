@@ -3,9 +3,12 @@
 //! Each shim holds one bidirectional stream. Every batch it sends is handed
 //! to the pipeline through a bounded channel ([`Ingested`]); awaiting a place
 //! in that channel is the backpressure: a slow pipeline stops this stream's
-//! reads, and HTTP/2 flow control stops the shim. Only after the pipeline has
-//! the batch is it acknowledged (the "in memory" delivery policy): the shim
-//! keeps every unacknowledged batch and resends it after a reconnect.
+//! reads, and HTTP/2 flow control stops the shim. A batch is acknowledged
+//! once it is safe by the [`Delivery`] policy: once the pipeline has it
+//! (`Memory`), or once the persistent queue has written it ([`Ingested::safe`]
+//! fired, `Durable`; acks of one stream are sent in order, batches keep
+//! flowing while earlier ones are written). The shim keeps every
+//! unacknowledged batch and resends it after a reconnect.
 //!
 //! A closed pipeline channel (shutdown) ends the stream with `UNAVAILABLE`,
 //! which the shim retries.
@@ -15,16 +18,25 @@
 //! before anything is read ([`auth`]). A message above
 //! [`Limits::max_message_bytes`] ends its stream with `RESOURCE_EXHAUSTED`
 //! as soon as its length prefix is read (its body is never buffered); a
-//! malformed one with `INTERNAL`; every other stream goes on. Refusals are
+//! malformed one with `INTERNAL`; a batch that breaks the rules of
+//! [`validate`] (an event above [`Limits::max_event_bytes`], too many
+//! events, no shim identity, seqs not increasing) with the status its
+//! [`Refusal`] names; every other stream goes on. Refusals are
 //! counted in [`ReceiverStats`] and logged at the 1st, 2nd, 4th, 8th, …
-//! occurrence, so a flood cannot flood the logs.
+//! occurrence, so a flood cannot flood the logs. Each stream is paced by its
+//! own token bucket ([`rate`]): past [`Limits::stream_events_per_sec`] and
+//! its burst, the receiver delays reading that stream (counted in
+//! [`ReceiverStats::throttled_batches`]); other streams are not slowed.
 //!
 //! The service listens on TCP or on a Unix domain socket ([`listener`]),
 //! optionally with TLS, mutual when a client CA is given ([`tls`]).
 
 pub mod auth;
 pub mod listener;
+pub mod memory;
+pub mod rate;
 pub mod tls;
+pub mod validate;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -40,21 +52,56 @@ use tonic::{Code, Request, Response, Status, Streaming};
 
 pub use auth::{AuthFailure, BearerToken, TokenError};
 pub use listener::{ListenAddr, Listener};
+pub use memory::MemoryLimit;
 pub use tls::{TlsError, TlsPem};
+pub use validate::{Refusal, check_batch};
 
 /// One batch as received, ready for the pipeline.
 #[derive(Debug)]
 pub struct Ingested {
     pub batch: EventBatch,
+    /// Position in the persistent queue (0: not persisted).
+    pub lsn: u64,
+    /// With [`Delivery::Durable`]: fired by the persistent queue once the
+    /// batch is written; the receiver acknowledges it then. Dropping it
+    /// unfired ends the stream with `UNAVAILABLE` (the shim resends).
+    pub safe: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-/// Limits of the ingest, enforced per message.
+impl Ingested {
+    /// A batch that needs no acknowledgement handshake.
+    pub fn new(batch: EventBatch) -> Self {
+        Self {
+            batch,
+            lsn: 0,
+            safe: None,
+        }
+    }
+}
+
+/// When a batch is acknowledged to its shim.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Delivery {
+    /// Once the pipeline's bounded channel has it.
+    #[default]
+    Memory,
+    /// Once the persistent queue signals [`Ingested::safe`].
+    Durable,
+}
+
+/// Limits of the ingest, enforced per message and per stream.
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// Largest encoded message accepted (tonic's `max_decoding_message_size`).
     pub max_message_bytes: usize,
     /// Most events in one batch.
     pub max_events_per_batch: usize,
+    /// Largest encoded event; a batch holding a larger one is refused.
+    pub max_event_bytes: usize,
+    /// Average events per second one stream may send ([`rate`]).
+    pub stream_events_per_sec: u64,
+    /// Events one stream may send at once above that rate.
+    pub stream_burst_events: u64,
 }
 
 impl Default for Limits {
@@ -62,6 +109,9 @@ impl Default for Limits {
         Self {
             max_message_bytes: 16 * 1024 * 1024,
             max_events_per_batch: 8192,
+            max_event_bytes: 1024 * 1024,
+            stream_events_per_sec: 20_000,
+            stream_burst_events: 40_000,
         }
     }
 }
@@ -76,6 +126,14 @@ pub struct ReceiverStats {
     pub batches_refused: AtomicU64,
     /// Stream calls refused for a missing or wrong bearer token.
     pub auth_failures: AtomicU64,
+    /// Batches refused with `UNAVAILABLE` above the memory limit.
+    pub memory_refusals: AtomicU64,
+    /// Batches refused because one of their events was above
+    /// [`Limits::max_event_bytes`] (also counted in `batches_refused`).
+    pub oversized_events: AtomicU64,
+    /// Batches whose stream had to wait for its rate limit before they were
+    /// forwarded (the stream was not read meanwhile).
+    pub throttled_batches: AtomicU64,
     /// Cumulative drops reported by shims (latest report of each stream summed
     /// as deltas).
     pub shim_dropped_events: AtomicU64,
@@ -89,6 +147,8 @@ pub struct Ingest {
     stats: Arc<ReceiverStats>,
     shutdown: CancellationToken,
     token: Option<BearerToken>,
+    delivery: Delivery,
+    memory: Option<Arc<MemoryLimit>>,
 }
 
 impl Ingest {
@@ -107,7 +167,22 @@ impl Ingest {
             stats,
             shutdown,
             token: None,
+            delivery: Delivery::Memory,
+            memory: None,
         }
+    }
+
+    /// Refuses batches with `UNAVAILABLE` while `limit` says the process is
+    /// above its memory limit (the watcher is the caller's to start).
+    pub fn with_memory_limit(mut self, limit: Option<Arc<MemoryLimit>>) -> Self {
+        self.memory = limit;
+        self
+    }
+
+    /// Sets when batches are acknowledged (default [`Delivery::Memory`]).
+    pub fn with_delivery(mut self, delivery: Delivery) -> Self {
+        self.delivery = delivery;
+        self
     }
 
     /// Requires every stream call to present `token` (`authorization:
@@ -192,8 +267,13 @@ impl EventIngest for Ingest {
         let (ack_tx, ack_rx) = mpsc::channel::<Result<Ack, Status>>(64);
         let this = self.clone();
         this.stats.streams_opened.fetch_add(1, Ordering::Relaxed);
+        let durable_acks = match this.delivery {
+            Delivery::Memory => None,
+            Delivery::Durable => Some(spawn_acker(ack_tx.clone())),
+        };
         tokio::spawn(async move {
             let mut last_dropped = 0u64;
+            let mut rate = rate::StreamRate::new(&this.limits, tokio::time::Instant::now());
             loop {
                 let next = tokio::select! {
                     next = inbound.message() => next,
@@ -228,6 +308,27 @@ impl EventIngest for Ingest {
                     this.refuse(status, &ack_tx).await;
                     break;
                 }
+                if !this.pace(&mut rate, batch.events.len(), &ack_tx).await {
+                    break;
+                }
+                if let Some(memory) = &this.memory
+                    && memory.is_over()
+                {
+                    let (n, log) = Self::count(&this.stats.memory_refusals);
+                    if log {
+                        tracing::warn!(
+                            memory_refusals = n,
+                            "refused a batch above the memory limit (logged at the 1st, 2nd, 4th, ... refusal)"
+                        );
+                    }
+                    let _ = ack_tx
+                        .send(Err(Status::unavailable(format!(
+                            "the collector is above its memory limit of {} MiB; resend later",
+                            memory.limit_bytes() / (1024 * 1024)
+                        ))))
+                        .await;
+                    break;
+                }
                 if batch.dropped_events > last_dropped {
                     this.stats
                         .shim_dropped_events
@@ -242,7 +343,19 @@ impl EventIngest for Ingest {
                     last_seq: last.seq,
                 };
                 let events = batch.events.len() as u64;
-                if this.tx.send(Ingested { batch }).await.is_err() {
+                let (safe, written) = match durable_acks {
+                    Some(_) => {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        (Some(tx), Some(rx))
+                    }
+                    None => (None, None),
+                };
+                let ingested = Ingested {
+                    batch,
+                    lsn: 0,
+                    safe,
+                };
+                if this.tx.send(ingested).await.is_err() {
                     let _ = ack_tx
                         .send(Err(Status::unavailable("collector is shutting down")))
                         .await;
@@ -252,13 +365,42 @@ impl EventIngest for Ingest {
                 this.stats
                     .events_accepted
                     .fetch_add(events, Ordering::Relaxed);
-                if ack_tx.send(Ok(ack)).await.is_err() {
+                let sent = match (&durable_acks, written) {
+                    (Some(acker), Some(written)) => acker.send((written, ack)).await.is_ok(),
+                    _ => ack_tx.send(Ok(ack)).await.is_ok(),
+                };
+                if !sent {
                     break;
                 }
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(ack_rx))))
     }
+}
+
+/// Acknowledges the batches of one stream in order, each once the persistent
+/// queue has written it; a batch whose write failed ends the stream with
+/// `UNAVAILABLE` (the shim resends it). Bounded: at most 64 batches of one
+/// stream wait for their write.
+fn spawn_acker(
+    ack_tx: mpsc::Sender<Result<Ack, Status>>,
+) -> mpsc::Sender<(tokio::sync::oneshot::Receiver<()>, Ack)> {
+    let (tx, mut rx) = mpsc::channel::<(tokio::sync::oneshot::Receiver<()>, Ack)>(64);
+    tokio::spawn(async move {
+        while let Some((written, ack)) = rx.recv().await {
+            let reply = match written.await {
+                Ok(()) => Ok(ack),
+                Err(_) => Err(Status::unavailable(
+                    "the collector could not persist the batch; resend it",
+                )),
+            };
+            let failed = reply.is_err();
+            if ack_tx.send(reply).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    tx
 }
 
 impl Ingest {
@@ -275,28 +417,45 @@ impl Ingest {
         let _ = ack_tx.send(Err(status)).await;
     }
 
+    /// [`check_batch`], counting an oversized event.
     fn validate(&self, batch: &EventBatch) -> Result<(), Status> {
-        let Some(shim) = &batch.shim else {
-            return Err(Status::invalid_argument("event batch without shim info"));
+        check_batch(batch, &self.limits).map_err(|refusal| {
+            if matches!(refusal, Refusal::EventTooLarge { .. }) {
+                self.stats.oversized_events.fetch_add(1, Ordering::Relaxed);
+            }
+            refusal.status()
+        })
+    }
+
+    /// Applies the stream's rate limit to a batch of `events`: waits (not
+    /// reading the stream) while its bucket is in debt. False when the
+    /// collector shut down meanwhile (the stream then ends with
+    /// `UNAVAILABLE`; the batch was neither forwarded nor acknowledged).
+    async fn pace(
+        &self,
+        rate: &mut rate::StreamRate,
+        events: usize,
+        ack_tx: &mpsc::Sender<Result<Ack, Status>>,
+    ) -> bool {
+        let Some(wait) = rate.take(events as u64, tokio::time::Instant::now()) else {
+            return true;
         };
-        if shim.instance_id.is_empty() {
-            return Err(Status::invalid_argument(
-                "event batch with an empty shim instance_id",
-            ));
+        let (n, log) = Self::count(&self.stats.throttled_batches);
+        if log {
+            tracing::info!(
+                wait_ms = wait.as_millis() as u64,
+                limit = self.limits.stream_events_per_sec,
+                throttled_batches = n,
+                "an ingest stream is over its rate limit; reading it slower (logged at the 1st, 2nd, 4th, ... time)"
+            );
         }
-        if batch.events.len() > self.limits.max_events_per_batch {
-            return Err(Status::resource_exhausted(format!(
-                "{} events in one batch, more than the limit of {}",
-                batch.events.len(),
-                self.limits.max_events_per_batch
-            )));
+        tokio::select! {
+            () = tokio::time::sleep(wait) => true,
+            () = self.shutdown.cancelled() => {
+                let _ = ack_tx.send(Err(Status::unavailable("collector is shutting down"))).await;
+                false
+            }
         }
-        if batch.events.windows(2).any(|w| w[0].seq >= w[1].seq) {
-            return Err(Status::invalid_argument(
-                "events of a batch must have strictly increasing seq",
-            ));
-        }
-        Ok(())
     }
 }
 

@@ -1,5 +1,5 @@
 //! The service in process, over real sockets: bearer tokens, oversized
-//! messages, Unix sockets.
+//! messages and events, per-stream rate limits, Unix sockets.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -192,4 +192,196 @@ async fn serves_on_a_unix_socket_and_removes_it_at_shutdown() {
         .unwrap()
         .unwrap();
     assert!(!path.exists(), "the socket file is removed at shutdown");
+}
+
+/// A server whose pipeline side is the test's: it gets the `Ingested`s.
+async fn start_with(
+    delivery: Delivery,
+    memory: Option<Arc<MemoryLimit>>,
+) -> (Server, mpsc::Receiver<Ingested>) {
+    let listener = Listener::bind(&ListenAddr::Tcp(([127, 0, 0, 1], 0).into()))
+        .await
+        .unwrap();
+    let endpoint = format!("{}", listener.local_addr().unwrap());
+    let endpoint = format!("http://{endpoint}");
+    let (tx, rx) = mpsc::channel(64);
+    let stats = Arc::new(ReceiverStats::default());
+    let stop = CancellationToken::new();
+    let ingest = Ingest::new(tx, Limits::default(), stats.clone(), stop.clone())
+        .with_delivery(delivery)
+        .with_memory_limit(memory);
+    let served = tokio::spawn(ingest.serve(listener, None, stop.clone()));
+    let server = Server {
+        endpoint,
+        stats,
+        stop,
+        served,
+        _batches: tokio::spawn(async {}),
+    };
+    (server, rx)
+}
+
+#[tokio::test]
+async fn durable_delivery_acks_in_order_once_written_and_never_a_lost_write() {
+    let (server, mut pipeline) = start_with(Delivery::Durable, None).await;
+    let mut client = client(&server.endpoint).await;
+    let (tx, rx) = mpsc::channel(8);
+    let mut acks = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    for seq in 1..=3 {
+        tx.send(batch(seq, 1)).await.unwrap();
+    }
+    let mut got: Vec<Ingested> = Vec::new();
+    while got.len() < 3 {
+        got.push(
+            tokio::time::timeout(WAIT, pipeline.recv())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    // Nothing is acknowledged before the queue says the batch is written.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), acks.message())
+            .await
+            .is_err()
+    );
+    // Written out of order: acks still come in stream order.
+    let [first, second, third]: [Ingested; 3] = got.try_into().unwrap();
+    second.safe.unwrap().send(()).unwrap();
+    first.safe.unwrap().send(()).unwrap();
+    assert_eq!(acks.message().await.unwrap().unwrap().last_seq, 1);
+    assert_eq!(acks.message().await.unwrap().unwrap().last_seq, 2);
+    // A failed write (the signal dropped unfired) ends the stream with
+    // UNAVAILABLE: the shim resends batch 3.
+    drop(third.safe);
+    let status = acks.message().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    server.stop.cancel();
+}
+
+#[tokio::test]
+async fn above_the_memory_limit_batches_are_refused_with_unavailable() {
+    let limit = MemoryLimit::new(1);
+    limit.check();
+    let (server, mut pipeline) = start_with(Delivery::Memory, Some(limit)).await;
+    let mut client = client(&server.endpoint).await;
+    let refused = exchange(&mut client, None, vec![batch(1, 1)])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("memory limit"), "{refused:?}");
+    assert_eq!(server.stats.memory_refusals.load(Ordering::Relaxed), 1);
+    assert!(pipeline.try_recv().is_err(), "nothing reached the pipeline");
+    server.stop.cancel();
+}
+
+/// A batch of `n` small events from `first_seq` on, of instance `instance`.
+fn events_batch(instance: &str, first_seq: u64, n: u64) -> EventBatch {
+    EventBatch {
+        shim: Some(ShimInfo {
+            instance_id: instance.into(),
+            ..Default::default()
+        }),
+        events: (first_seq..first_seq + n)
+            .map(|seq| Event {
+                seq,
+                hook: "pre_tool_call".into(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn an_event_above_max_event_bytes_is_refused_naming_the_limit() {
+    let limits = Limits {
+        max_event_bytes: 1000,
+        ..Limits::default()
+    };
+    let server = start(ListenAddr::Tcp(([127, 0, 0, 1], 0).into()), limits, None).await;
+    let mut sender = client(&server.endpoint).await;
+
+    // The message is far below max_message_bytes; one event is not.
+    let mut big = events_batch("i-1", 1, 3);
+    big.events[1].hook = "x".repeat(2000);
+    let refused = exchange(&mut sender, None, vec![events_batch("i-1", 10, 1), big])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("max_event_bytes"), "{refused:?}");
+    assert!(refused.message().contains("seq 2"), "{refused:?}");
+    assert_eq!(server.stats.oversized_events.load(Ordering::Relaxed), 1);
+    assert_eq!(server.stats.batches_refused.load(Ordering::Relaxed), 1);
+    // The batch before it was accepted; other streams go on.
+    assert_eq!(server.stats.batches_accepted.load(Ordering::Relaxed), 1);
+    let acks = exchange(&mut sender, None, vec![events_batch("i-1", 20, 3)])
+        .await
+        .unwrap();
+    assert_eq!(acks, [22]);
+    server.stop.cancel();
+}
+
+#[tokio::test]
+async fn a_stream_over_its_rate_is_read_slower_and_other_streams_are_not() {
+    // 100 events/s, bursts of 20: 200 events take about 1.8 s.
+    let limits = Limits {
+        stream_events_per_sec: 100,
+        stream_burst_events: 20,
+        ..Limits::default()
+    };
+    let server = start(ListenAddr::Tcp(([127, 0, 0, 1], 0).into()), limits, None).await;
+    let mut flooder = client(&server.endpoint).await;
+    let mut honest = client(&server.endpoint).await;
+
+    let started = tokio::time::Instant::now();
+    let flood = tokio::spawn(async move {
+        let batches = (0..40)
+            .map(|i| events_batch("flood", 1 + i * 5, 5))
+            .collect();
+        let acks = exchange(&mut flooder, None, batches).await;
+        (acks, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The flooder is being paced now; another stream is read at once.
+    let honest_started = tokio::time::Instant::now();
+    let acks = exchange(
+        &mut honest,
+        None,
+        vec![
+            events_batch("honest", 1, 10),
+            events_batch("honest", 11, 10),
+        ],
+    )
+    .await
+    .unwrap();
+    let honest_took = honest_started.elapsed();
+    assert_eq!(acks, [10, 20]);
+    assert!(!flood.is_finished(), "the flood was not paced");
+
+    let (flood_acks, flood_took) = tokio::time::timeout(WAIT, flood).await.unwrap().unwrap();
+    let flood_acks = flood_acks.unwrap();
+    assert_eq!(flood_acks.len(), 40, "paced, never refused");
+    assert_eq!(flood_acks.last(), Some(&200));
+    assert!(
+        flood_took >= Duration::from_millis(1500),
+        "200 events at 100/s after a burst of 20: {flood_took:?}"
+    );
+    assert!(
+        honest_took < flood_took / 2,
+        "{honest_took:?} vs {flood_took:?}"
+    );
+    let throttled = server.stats.throttled_batches.load(Ordering::Relaxed);
+    assert!((30..=40).contains(&throttled), "{throttled}");
+    assert_eq!(server.stats.batches_refused.load(Ordering::Relaxed), 0);
+    assert_eq!(server.stats.events_accepted.load(Ordering::Relaxed), 220);
+    server.stop.cancel();
 }

@@ -1,18 +1,39 @@
 //! `hermes-loadgen`: streams realistic Hermes turns to a collector over the
 //! `hermes.collector.v1` wire protocol, as many shims would.
 //!
-//! Each simulated agent ("instance") is one stream with its own instance id
-//! and contiguous seqs. Its turns are the recorded hook calls of a real
+//! Each simulated agent ("instance") has its own instance id (unique per
+//! run) and contiguous seqs. Its turns are the recorded hook calls of a real
 //! Hermes run (`tests/fixtures/hermes-0.19.0/*.jsonl`), converted exactly as
 //! the shim converts them (`hermes_collector_shim::convert`), with every
 //! session id replaced by a fresh one per turn and the capture times moved to
 //! now. At the end it prints one JSON line: events sent and acknowledged,
-//! turns, seconds, events per second. It exits non-zero if a stream failed,
-//! after printing what was acknowledged until then.
+//! turns, seconds, events per second.
+//!
+//! Two ways to send:
+//! - default: each instance drives the shim's real sender core
+//!   (`hermes_collector_shim::sender`: unacknowledged batches kept, reconnect
+//!   with jittered backoff, resend), so a collector that is killed and
+//!   restarted, or that pushes back, only delays it; it exits 0 once every
+//!   event is acknowledged, non-zero at `--timeout-secs` or when nothing was
+//!   acknowledged for `--give-up-secs` while events were outstanding (the
+//!   collector is gone for good);
+//! - `--raw`: one raw stream per instance, as fast as the collector takes
+//!   it; exits non-zero if a stream fails.
+//!
+//! Either way it prints the summary (what was acknowledged until then)
+//! before exiting.
+//!
+//! `--expect-spans FILE` writes the spans the collector must produce for
+//! exactly the events sent (`trace_id/span_id` in hex, one per line, sorted,
+//! unique), computed in process by the collector's own sequencer and
+//! correlator with default settings, so a test can compare them with what an
+//! OTLP receiver got.
 
+use std::collections::BTreeSet;
+use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
@@ -20,6 +41,10 @@ use clap::Parser;
 use hermes_collector_shim::attempts::AttemptTracker;
 use hermes_collector_shim::config::CaptureLevel;
 use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
+use hermes_collector_shim::queue::event_queue;
+use hermes_collector_shim::sender::{self, PassThrough, SenderConfig, SenderShared};
+use hermes_correlator::sequencer::{Ready, Sequencer, SequencerConfig};
+use hermes_correlator::{Correlator, FinishedSpan};
 use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch, ShimInfo};
 use tokio::sync::mpsc;
@@ -46,6 +71,19 @@ struct Args {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
+    /// One raw stream per instance that fails when the collector goes away,
+    /// instead of the shim's sender core (which resends unacknowledged
+    /// batches after reconnecting with backoff).
+    #[arg(long)]
+    raw: bool,
+    /// Give up when no event was acknowledged for this many seconds while
+    /// some were outstanding (0: wait until `--timeout-secs`). Not with `--raw`.
+    #[arg(long, default_value_t = 20)]
+    give_up_secs: u64,
+    /// Write the spans the collector must produce for the events sent
+    /// (`trace_id/span_id` hex per line, sorted, unique) to this file.
+    #[arg(long, value_name = "FILE")]
+    expect_spans: Option<PathBuf>,
 }
 
 fn default_fixtures() -> Vec<PathBuf> {
@@ -112,8 +150,8 @@ fn load_template(path: &PathBuf) -> anyhow::Result<Template> {
     Ok(Template { events, sessions })
 }
 
-/// The template's events for one turn of one instance: fresh session ids,
-/// times moved so the first event is `now`.
+/// The template's events for one turn of one instance: fresh session ids
+/// (`lg<run>i<instance>t<turn>s<n>`), times moved so the first event is `now`.
 fn instantiate(template: &Template, tag: &str, now: u64) -> Vec<Event> {
     let base = template.events.first().map_or(0, |e| e.time_unix_nano);
     let fresh = |s: &mut String| {
@@ -157,30 +195,161 @@ fn instantiate(template: &Template, tag: &str, now: u64) -> Vec<Event> {
         .collect()
 }
 
+/// A random number per run (no extra dependency: std's randomly keyed
+/// hasher, over the time and the pid).
+fn run_nonce() -> u64 {
+    let mut hasher = std::hash::RandomState::new().build_hasher();
+    hasher.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
+fn now_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The spans the collector must produce: its sequencer and correlator, with
+/// default settings, over the events sent.
+struct Expect {
+    sequencer: Sequencer,
+    correlator: Correlator,
+    ready: Vec<Ready>,
+    out: Vec<FinishedSpan>,
+    ids: BTreeSet<String>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Expect {
+    fn new() -> Self {
+        Expect {
+            sequencer: Sequencer::new(SequencerConfig::default()),
+            correlator: Correlator::new(hermes_correlator::Config::default()),
+            ready: Vec::new(),
+            out: Vec::new(),
+            ids: BTreeSet::new(),
+        }
+    }
+
+    fn push(&mut self, shim: &ShimInfo, event: &Event) {
+        self.sequencer.push(
+            shim,
+            0,
+            event.clone(),
+            event.time_unix_nano,
+            &mut self.ready,
+        );
+        self.drain();
+    }
+
+    fn drain(&mut self) {
+        for (shim, event) in self.ready.drain(..) {
+            self.correlator.ingest(&shim, &event, &mut self.out);
+        }
+        for span in self.out.drain(..) {
+            self.ids.insert(format!(
+                "{}/{}",
+                hex(&span.span.trace_id),
+                hex(&span.span.span_id)
+            ));
+        }
+    }
+
+    /// Closes everything (as the collector does at shutdown); the span ids.
+    fn finish(&mut self) -> BTreeSet<String> {
+        self.sequencer.flush_all(&mut self.ready);
+        self.drain();
+        self.correlator.flush_all(&mut self.out);
+        self.drain();
+        std::mem::take(&mut self.ids)
+    }
+}
+
+type SharedExpect = Option<Arc<Mutex<Expect>>>;
+
+fn expect_push(expect: &SharedExpect, shim: &ShimInfo, event: &Event) {
+    if let Some(expect) = expect {
+        expect
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(shim, event);
+    }
+}
+
 #[derive(Default)]
 struct Counters {
     sent: AtomicU64,
     acked: AtomicU64,
     turns: AtomicU64,
+    /// Senders of the instances (not `--raw`), for their counters.
+    senders: Mutex<Vec<Arc<SenderShared>>>,
 }
 
-async fn run_instance(
-    index: usize,
+impl Counters {
+    fn senders(&self) -> Vec<Arc<SenderShared>> {
+        self.senders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// What every instance shares.
+struct Run {
     args: Args,
-    templates: Arc<Vec<Template>>,
-    counters: Arc<Counters>,
-) -> anyhow::Result<()> {
-    let shim = ShimInfo {
-        instance_id: format!(
-            "{:032x}",
-            (u128::from(std::process::id()) << 64) | index as u128
-        ),
-        service_name: "hermes-loadgen".into(),
-        host_name: "loadgen".into(),
-        pid: std::process::id(),
-        shim_version: env!("CARGO_PKG_VERSION").into(),
-        capture: "metadata".into(),
-    };
+    templates: Vec<Template>,
+    nonce: u64,
+    counters: Counters,
+    expect: SharedExpect,
+}
+
+impl Run {
+    fn shim(&self, index: usize) -> ShimInfo {
+        ShimInfo {
+            instance_id: format!("{:016x}{:016x}", self.nonce, index as u64),
+            service_name: "hermes-loadgen".into(),
+            host_name: "loadgen".into(),
+            pid: std::process::id(),
+            shim_version: env!("CARGO_PKG_VERSION").into(),
+            capture: "metadata".into(),
+        }
+    }
+
+    /// The events of turn `turn` of instance `index`, numbered from
+    /// `*seq + 1` and with their API attempts numbered as the shim's sender
+    /// does.
+    fn turn_events(
+        &self,
+        index: usize,
+        turn: usize,
+        seq: &mut u64,
+        attempts: &mut AttemptTracker,
+    ) -> Vec<Event> {
+        let template = &self.templates[(index + turn) % self.templates.len()];
+        let tag = format!("{:08x}i{index}t{turn}", self.nonce as u32);
+        let mut events = instantiate(template, &tag, now_nanos());
+        for event in &mut events {
+            *seq += 1;
+            event.seq = *seq;
+            attempts.stamp(event);
+        }
+        events
+    }
+}
+
+/// One instance on one raw stream; fails when the stream does.
+async fn run_instance(index: usize, run: Arc<Run>) -> anyhow::Result<()> {
+    let args = &run.args;
+    let counters = &run.counters;
+    let shim = run.shim(index);
     let mut client = EventIngestClient::connect(args.endpoint.clone())
         .await
         .context("connect")?;
@@ -190,35 +359,34 @@ async fn run_instance(
         .await
         .context("open stream")?
         .into_inner();
-    let expected = expected_last(&args, &templates, index);
-    let mut seq = 0u64;
+    let expected = expected_last(args, &run.templates, index);
     let mut last_seq = 0u64;
     let producer = {
-        let counters = counters.clone();
         let shim = shim.clone();
+        let run = Arc::clone(&run);
         async move {
+            let mut seq = 0u64;
+            let mut attempts = AttemptTracker::default();
             let mut pending: Vec<Event> = Vec::with_capacity(args.batch);
+            let send = |events: Vec<Event>| {
+                counters
+                    .sent
+                    .fetch_add(events.len() as u64, Ordering::Relaxed);
+                for event in &events {
+                    expect_push(&run.expect, &shim, event);
+                }
+                tx.send(EventBatch {
+                    shim: Some(shim.clone()),
+                    events,
+                    dropped_events: 0,
+                    floor_seq: 0,
+                })
+            };
             for turn in 0..args.turns {
-                let template = &templates[(index + turn) % templates.len()];
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos() as u64);
-                for mut event in instantiate(template, &format!("{index}t{turn}"), now) {
-                    seq += 1;
-                    event.seq = seq;
+                for event in run.turn_events(index, turn, &mut seq, &mut attempts) {
                     pending.push(event);
                     if pending.len() >= args.batch {
-                        let events = std::mem::take(&mut pending);
-                        counters
-                            .sent
-                            .fetch_add(events.len() as u64, Ordering::Relaxed);
-                        let batch = EventBatch {
-                            shim: Some(shim.clone()),
-                            events,
-                            dropped_events: 0,
-                            floor_seq: 0,
-                        };
-                        tx.send(batch)
+                        send(std::mem::take(&mut pending))
                             .await
                             .map_err(|_| anyhow::anyhow!("stream closed"))?;
                     }
@@ -226,16 +394,7 @@ async fn run_instance(
                 counters.turns.fetch_add(1, Ordering::Relaxed);
             }
             if !pending.is_empty() {
-                counters
-                    .sent
-                    .fetch_add(pending.len() as u64, Ordering::Relaxed);
-                let batch = EventBatch {
-                    shim: Some(shim.clone()),
-                    events: pending,
-                    dropped_events: 0,
-                    floor_seq: 0,
-                };
-                tx.send(batch)
+                send(pending)
                     .await
                     .map_err(|_| anyhow::anyhow!("stream closed"))?;
             }
@@ -259,11 +418,93 @@ async fn run_instance(
     Ok(())
 }
 
+/// Events an instance may hand to its sender before they are acknowledged:
+/// a flow-control window (the queue never drops, the unacknowledged buffer
+/// never evicts).
+fn window(batch: usize) -> u64 {
+    (batch as u64 * 32).max(16_384)
+}
+
+/// One instance through the shim's sender core; returns once every event is
+/// acknowledged (or fails if some were lost).
+async fn run_instance_resend(index: usize, run: Arc<Run>) -> anyhow::Result<()> {
+    let args = &run.args;
+    let counters = &run.counters;
+    let shim = run.shim(index);
+    let window = window(args.batch);
+    let capacity = usize::try_from(window).unwrap_or(usize::MAX) + args.batch;
+    let (tx, rx) = event_queue::<Event>(capacity);
+    let shared = Arc::new(SenderShared::default());
+    let mut config = SenderConfig::new(args.endpoint.as_str(), shim.clone());
+    config.max_batch_events = args.batch.max(1);
+    // Room for the whole window, so nothing is evicted while the collector
+    // is away or pushes back.
+    config.max_unacked_batches = 1 << 20;
+    config.max_unacked_bytes = 1 << 30;
+    counters
+        .senders
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Arc::clone(&shared));
+    let thread = sender::spawn(
+        rx,
+        PassThrough,
+        config,
+        Arc::clone(&shared),
+        Arc::clone(tx.counters()),
+    )
+    .context("start the sender thread")?;
+    let mut seq = 0u64;
+    let mut attempts = AttemptTracker::default();
+    let mut pushed = 0u64;
+    for turn in 0..args.turns {
+        for event in run.turn_events(index, turn, &mut seq, &mut attempts) {
+            while pushed.saturating_sub(shared.settled_events()) >= window {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            expect_push(&run.expect, &shim, &event);
+            if tx.push(event).is_err() {
+                bail!("the sender's queue refused an event");
+            }
+            pushed += 1;
+            counters.sent.fetch_add(1, Ordering::Relaxed);
+        }
+        counters.turns.fetch_add(1, Ordering::Relaxed);
+    }
+    while shared.settled_events() < pushed {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = shared.stats();
+    // The queue closes: the sender ends (everything is acknowledged).
+    drop(tx);
+    drop(thread);
+    if stats.acked_events < pushed {
+        bail!(
+            "instance {index}: {} of {pushed} events lost (evicted {}, discarded {})",
+            pushed - stats.acked_events,
+            stats.evicted_events,
+            stats.discarded_events
+        );
+    }
+    Ok(())
+}
+
 /// The last seq instance `index` sends.
 fn expected_last(args: &Args, templates: &[Template], index: usize) -> u64 {
     (0..args.turns)
         .map(|turn| templates[(index + turn) % templates.len()].events.len() as u64)
         .sum()
+}
+
+fn write_expected(path: &PathBuf, ids: &BTreeSet<String>) -> anyhow::Result<()> {
+    let mut text = String::with_capacity(ids.len() * 50);
+    for id in ids {
+        text.push_str(id);
+        text.push('\n');
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))
 }
 
 #[tokio::main]
@@ -274,21 +515,33 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .map(load_template)
         .collect::<anyhow::Result<_>>()?;
-    let templates = Arc::new(templates);
-    let counters = Arc::new(Counters::default());
+    let run = Arc::new(Run {
+        expect: args
+            .expect_spans
+            .as_ref()
+            .map(|_| Arc::new(Mutex::new(Expect::new()))),
+        args: args.clone(),
+        templates,
+        nonce: run_nonce(),
+        counters: Counters::default(),
+    });
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for index in 0..args.instances {
-        tasks.spawn(run_instance(
-            index,
-            args.clone(),
-            templates.clone(),
-            counters.clone(),
-        ));
+        if args.raw {
+            tasks.spawn(run_instance(index, Arc::clone(&run)));
+        } else {
+            tasks.spawn(run_instance_resend(index, Arc::clone(&run)));
+        }
     }
     let mut failure = None;
     let deadline = tokio::time::sleep(Duration::from_secs(args.timeout_secs));
     tokio::pin!(deadline);
+    let give_up =
+        (!args.raw && args.give_up_secs > 0).then(|| Duration::from_secs(args.give_up_secs));
+    let mut progress = tokio::time::interval(Duration::from_millis(250));
+    let mut last_acked = 0u64;
+    let mut last_progress = Instant::now();
     loop {
         tokio::select! {
             joined = tasks.join_next() => match joined {
@@ -298,12 +551,40 @@ async fn main() -> anyhow::Result<()> {
                 Some(Err(e)) => { failure.get_or_insert(e.to_string()); }
             },
             () = &mut deadline => { failure.get_or_insert("timeout".to_owned()); break; }
+            _ = progress.tick(), if give_up.is_some() => {
+                let senders = run.counters.senders();
+                let acked: u64 = senders.iter().map(|s| s.stats().acked_events).sum();
+                let settled: u64 = senders.iter().map(|s| s.settled_events()).sum();
+                let outstanding = run.counters.sent.load(Ordering::Relaxed).saturating_sub(settled);
+                if acked != last_acked || outstanding == 0 {
+                    last_acked = acked;
+                    last_progress = Instant::now();
+                } else if let Some(limit) = give_up
+                    && last_progress.elapsed() >= limit
+                {
+                    failure.get_or_insert(format!(
+                        "no event acknowledged for {} s ({outstanding} outstanding)",
+                        limit.as_secs()
+                    ));
+                    break;
+                }
+            }
         }
     }
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
     let secs = started.elapsed().as_secs_f64();
+    let counters = &run.counters;
     let sent = counters.sent.load(Ordering::Relaxed);
-    let acked = counters.acked.load(Ordering::Relaxed);
-    let summary = serde_json::json!({
+    let senders = counters.senders();
+    let sum =
+        |f: fn(&sender::SenderStats) -> u64| -> u64 { senders.iter().map(|s| f(&s.stats())).sum() };
+    let acked = if args.raw {
+        counters.acked.load(Ordering::Relaxed)
+    } else {
+        sum(|s| s.acked_events)
+    };
+    let mut summary = serde_json::json!({
         "instances": args.instances,
         "turns": counters.turns.load(Ordering::Relaxed),
         "events_sent": sent,
@@ -312,6 +593,18 @@ async fn main() -> anyhow::Result<()> {
         "events_per_second": if secs > 0.0 { acked as f64 / secs } else { 0.0 },
         "error": failure,
     });
+    if !args.raw {
+        summary["batches_sent"] = sum(|s| s.sent_batches).into();
+        summary["events_evicted"] = sum(|s| s.evicted_events).into();
+    }
+    if let (Some(path), Some(expect)) = (&args.expect_spans, &run.expect) {
+        let ids = expect
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .finish();
+        summary["expected_spans"] = ids.len().into();
+        write_expected(path, &ids)?;
+    }
     println!("{summary}");
     if let Some(e) = failure {
         bail!("load generation failed: {e}");

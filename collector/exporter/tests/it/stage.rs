@@ -248,3 +248,39 @@ async fn non_retryable_errors_are_dropped_at_once() {
     assert_eq!((s.spans_failed(), s.spans_sent(), s.retries()), (3, 1, 0));
     assert_accounted(&stats);
 }
+
+#[tokio::test(start_paused = true)]
+async fn done_through_follows_the_slowest_sink_and_never_counts_abandoned_batches() {
+    // "slow" fails retryably twice before accepting; "hanging" never answers.
+    let slow = ScriptedSink::new(vec![Step::Fail(unavailable()), Step::Fail(unavailable())]);
+    let fast = ScriptedSink::new(vec![]);
+    let run = start(
+        vec![("slow", slow.clone()), ("fast", fast.clone())],
+        settings(2, 100),
+    );
+    // Message 1: 3 spans (a full batch of 2 + 1 left over); message 2: 1 span.
+    run.tx.send(resource_spans(leaf_spans(1, 3))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(run.stats.done_through(), 0, "message 1 is not complete yet");
+    run.tx.send(resource_spans(leaf_spans(4, 1))).await.unwrap();
+    // Both messages go out; the slow sink needs its retries.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(run.stats.sink("fast").unwrap().done_through(), 2);
+    assert_eq!(run.stats.done_through(), 2);
+    drop(run.tx);
+    run.task.await.unwrap();
+
+    let hanging = ScriptedSink::new(vec![Step::Hang]);
+    let mut s = settings(1, 100);
+    s.drain_timeout = Duration::from_secs(1);
+    let run = start(vec![("hanging", hanging)], s);
+    run.tx.send(resource_spans(leaf_spans(1, 1))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    run.shutdown.cancel();
+    let stats = run.task.await.unwrap();
+    assert_eq!(
+        stats.done_through(),
+        0,
+        "an abandoned batch is not finished"
+    );
+}

@@ -1,0 +1,159 @@
+//! What makes a decoded batch acceptable: the pure checks the stream loop
+//! runs on every message before anything else sees it.
+//!
+//! Owns [`check_batch`] and its verdict, [`Refusal`]. Pure and total: no I/O,
+//! no allocation proportional to the input beyond the refusal's message, no
+//! panic on any input (the wire fuzz target `fuzz/fuzz_targets/wire.rs` feeds
+//! it every batch prost can decode from arbitrary bytes).
+//!
+//! Checks, in order (the first failure is reported):
+//! 1. the batch names its shim (`ShimInfo` with a non-empty `instance_id`);
+//! 2. at most [`Limits::max_events_per_batch`] events;
+//! 3. no event encodes to more than [`Limits::max_event_bytes`];
+//! 4. seqs strictly increase within the batch, and none is `u64::MAX` (a
+//!    shim counts from 1 and never gets there; the sequencer's "next seq"
+//!    after it would not exist).
+
+use hermes_proto::v1::EventBatch;
+use prost::Message;
+use tonic::Status;
+
+use crate::Limits;
+
+/// Why a batch is refused. Every refusal ends its stream with
+/// [`Refusal::status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `ShimInfo`, or an empty `instance_id`: `INVALID_ARGUMENT`.
+    NoShim,
+    /// More events than `max_events_per_batch`: `RESOURCE_EXHAUSTED`.
+    TooManyEvents { events: usize, limit: usize },
+    /// An event encodes to more than `max_event_bytes`: `RESOURCE_EXHAUSTED`.
+    EventTooLarge {
+        seq: u64,
+        bytes: usize,
+        limit: usize,
+    },
+    /// Seqs that do not strictly increase: `INVALID_ARGUMENT`.
+    SeqNotIncreasing,
+    /// A seq of `u64::MAX`: `INVALID_ARGUMENT`.
+    SeqOutOfRange,
+}
+
+impl Refusal {
+    /// The status the stream ends with; its message names the limit.
+    pub fn status(&self) -> Status {
+        match self {
+            Self::NoShim => {
+                Status::invalid_argument("event batch without shim info (ShimInfo.instance_id)")
+            }
+            Self::TooManyEvents { events, limit } => Status::resource_exhausted(format!(
+                "{events} events in one batch, more than the limit of {limit} (max_events_per_batch)"
+            )),
+            Self::EventTooLarge { seq, bytes, limit } => Status::resource_exhausted(format!(
+                "event seq {seq} is {bytes} bytes, more than the limit of {limit} (max_event_bytes)"
+            )),
+            Self::SeqNotIncreasing => {
+                Status::invalid_argument("events of a batch must have strictly increasing seq")
+            }
+            Self::SeqOutOfRange => {
+                Status::invalid_argument("event seq out of range (at most 2^64 - 2)")
+            }
+        }
+    }
+}
+
+/// Checks `batch` against `limits` (see the module docs).
+pub fn check_batch(batch: &EventBatch, limits: &Limits) -> Result<(), Refusal> {
+    match &batch.shim {
+        Some(shim) if !shim.instance_id.is_empty() => {}
+        _ => return Err(Refusal::NoShim),
+    }
+    if batch.events.len() > limits.max_events_per_batch {
+        return Err(Refusal::TooManyEvents {
+            events: batch.events.len(),
+            limit: limits.max_events_per_batch,
+        });
+    }
+    if let Some(event) = batch
+        .events
+        .iter()
+        .find(|e| e.encoded_len() > limits.max_event_bytes)
+    {
+        return Err(Refusal::EventTooLarge {
+            seq: event.seq,
+            bytes: event.encoded_len(),
+            limit: limits.max_event_bytes,
+        });
+    }
+    if batch.events.windows(2).any(|w| w[0].seq >= w[1].seq) {
+        return Err(Refusal::SeqNotIncreasing);
+    }
+    // Increasing: only the last can be u64::MAX.
+    if batch.events.last().is_some_and(|e| e.seq == u64::MAX) {
+        return Err(Refusal::SeqOutOfRange);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hermes_proto::v1::{Event, ShimInfo};
+
+    fn batch(hooks: &[(u64, usize)]) -> EventBatch {
+        EventBatch {
+            shim: Some(ShimInfo {
+                instance_id: "i".into(),
+                ..Default::default()
+            }),
+            events: hooks
+                .iter()
+                .map(|&(seq, len)| Event {
+                    seq,
+                    hook: "h".repeat(len),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_limit_is_named() {
+        let limits = Limits {
+            max_event_bytes: 100,
+            max_events_per_batch: 3,
+            ..Limits::default()
+        };
+        assert_eq!(check_batch(&batch(&[(1, 10), (2, 80)]), &limits), Ok(()));
+        let big = check_batch(&batch(&[(1, 10), (2, 200)]), &limits).unwrap_err();
+        assert!(
+            matches!(
+                big,
+                Refusal::EventTooLarge {
+                    seq: 2,
+                    limit: 100,
+                    ..
+                }
+            ),
+            "{big:?}"
+        );
+        let status = big.status();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(status.message().contains("max_event_bytes"), "{status:?}");
+        let many = check_batch(&batch(&[(1, 1), (2, 1), (3, 1), (4, 1)]), &limits).unwrap_err();
+        assert!(many.status().message().contains("max_events_per_batch"));
+        assert_eq!(
+            check_batch(&batch(&[(2, 1), (2, 1)]), &limits),
+            Err(Refusal::SeqNotIncreasing)
+        );
+        assert_eq!(
+            check_batch(&batch(&[(1, 1), (u64::MAX, 1)]), &limits),
+            Err(Refusal::SeqOutOfRange)
+        );
+        let mut anonymous = batch(&[(1, 1)]);
+        anonymous.shim = None;
+        assert_eq!(check_batch(&anonymous, &limits), Err(Refusal::NoShim));
+    }
+}

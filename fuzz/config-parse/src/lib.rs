@@ -1,0 +1,21 @@
+//! The collector's configuration parser, outside the collector binary, for
+//! the `config` fuzz target: `collector/src/config.rs` and `interpolate.rs`
+//! compiled as they are (as a dependency, so their `#[cfg(test)]` modules
+//! are left out).
+
+#![allow(dead_code, unreachable_pub)]
+
+#[path = "../../../collector/src/config.rs"]
+pub mod config;
+#[path = "../../../collector/src/interpolate.rs"]
+pub mod interpolate;
+
+/// What the collector does with a configuration file's text: `${VAR}`
+/// interpolation (through `env`), parsing, validation. The error, if any, as
+/// the collector prints it.
+pub fn load(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    let text = interpolate::interpolate(text, env).map_err(|e| e.to_string())?;
+    config::Config::from_yaml(&text)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,186 @@
+//! Support for the fault tests (`tests/tests/fault_agent.rs`): the collector
+//! binary on a chosen port or with a configuration file, its admin metrics,
+//! the load generator, and the span-id sets `hermes-loadgen --expect-spans`
+//! writes.
+//!
+//! Everything listens on 127.0.0.1 and every wait is bounded.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::trace::v1::Span;
+
+use crate::otlp_receiver::ReceivedExport;
+use crate::span_tree::hex;
+use crate::{ChildGuard, RunOutput, cargo_bin, run_with_timeout};
+
+/// How long a collector may take to start.
+const START: Duration = Duration::from_secs(30);
+
+/// A collector process; killed (with its process group) on drop.
+pub struct CollectorProcess {
+    pub guard: ChildGuard,
+    /// Its ingest, `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+}
+
+impl CollectorProcess {
+    /// Starts `hermes-collector --listen LISTEN --admin-listen 127.0.0.1:0
+    /// ARGS…` in `cwd` and waits until it receives events.
+    pub fn start_on(cwd: &Path, listen: &str, args: &[&str]) -> CollectorProcess {
+        let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+        cmd.current_dir(cwd)
+            .args(["--listen", listen, "--admin-listen", "127.0.0.1:0"])
+            .args(args);
+        Self::spawn(cmd, format!("http://{listen}"))
+    }
+
+    /// Starts `hermes-collector --config FILE` in `cwd`, the file holding
+    /// `yaml` (which must set `receiver.listen` to `listen` and
+    /// `admin.listen` to `127.0.0.1:0`).
+    pub fn start_with_config(cwd: &Path, listen: &str, yaml: &str) -> CollectorProcess {
+        let config = cwd.join("collector.yaml");
+        std::fs::write(&config, yaml).unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
+        let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+        cmd.current_dir(cwd).arg("--config").arg(&config);
+        Self::spawn(cmd, format!("http://{listen}"))
+    }
+
+    fn spawn(mut cmd: Command, endpoint: String) -> CollectorProcess {
+        cmd.env("RUST_LOG", "info")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut guard = ChildGuard::spawn_named("hermes-collector", &mut cmd)
+            .unwrap_or_else(|e| panic!("spawn collector: {e}"));
+        let up = guard.wait_for_stderr(START, |e| e.contains("receiving Hermes events"));
+        assert!(up, "collector did not start:\n{}", guard.stderr_text());
+        CollectorProcess { guard, endpoint }
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        self.guard.try_wait().is_none()
+    }
+
+    /// `GET path` on the admin server (address from the collector's log);
+    /// the whole HTTP response.
+    pub fn admin_get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let log = self.guard.stderr_text();
+        let addr = log
+            .lines()
+            .find(|l| l.contains("serving /livez"))
+            .and_then(|l| l.split("listen=").nth(1))
+            .map(|a| a.trim().to_string())
+            .unwrap_or_else(|| panic!("no admin address in the log:\n{log}"));
+        let mut stream =
+            std::net::TcpStream::connect(&addr).unwrap_or_else(|e| panic!("connect admin: {e}"));
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap_or_else(|e| panic!("admin request: {e}"));
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .unwrap_or_else(|e| panic!("admin response: {e}"));
+        response
+    }
+
+    /// The sum of every sample of metric `name` (all label sets) on
+    /// `/metrics`; 0 if absent.
+    pub fn metric(&self, name: &str) -> f64 {
+        metric_sum(&self.admin_get("/metrics"), name)
+    }
+}
+
+/// The sum of every sample of `name` in a Prometheus text exposition.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next())
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// Runs `hermes-loadgen ARGS…` to completion, bounded by `timeout`.
+pub fn run_loadgen(args: &[&str], timeout: Duration) -> RunOutput {
+    let mut cmd = Command::new(cargo_bin("hermes-loadgen", "hermes-loadgen"));
+    cmd.args(args).env("RUST_BACKTRACE", "0");
+    run_with_timeout(&mut cmd, timeout)
+}
+
+/// The JSON summary line of a loadgen run.
+pub fn loadgen_summary(out: &RunOutput) -> serde_json::Value {
+    out.stdout()
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no loadgen summary:\n{}", out.describe()))
+}
+
+/// `trace_id/span_id` in hex, as `hermes-loadgen --expect-spans` writes.
+pub fn span_key(span: &Span) -> String {
+    format!("{}/{}", hex(&span.trace_id), hex(&span.span_id))
+}
+
+/// The span keys of an `--expect-spans` file.
+pub fn read_span_keys(path: &Path) -> BTreeSet<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// The span keys of every span in `exports`, with how often each occurs.
+pub fn export_span_counts(exports: &[ReceivedExport]) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for export in exports {
+        for rs in &export.request.resource_spans {
+            for ss in &rs.scope_spans {
+                for span in &ss.spans {
+                    *counts.entry(span_key(span)).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    counts
+}
+
+/// The spool files (`*.spool`) in `dir`.
+pub fn spool_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.to_string_lossy().ends_with(".spool"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_a_metric_over_its_labels() {
+        let text = "# HELP x_total help\n# TYPE x_total counter\n\
+                    x_total{exporter=\"a\"} 3\nx_total{exporter=\"b\"} 4\n\
+                    x_total_other 100\nx_total 1\n";
+        assert_eq!(metric_sum(text, "x_total"), 8.0);
+        assert_eq!(metric_sum(text, "missing_total"), 0.0);
+    }
+}

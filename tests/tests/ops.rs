@@ -1,0 +1,811 @@
+//! Operating the collector binary: its configuration schema, the derived
+//! metrics exported over OTLP, and its health probes through start, run and
+//! drain.
+//!
+//! Probe behaviour (what `probes_follow_start_run_and_drain` checks):
+//!
+//! | phase | `/livez` | `/readyz` |
+//! |---|---|---|
+//! | starting, before the admin listener is bound | connection refused | connection refused |
+//! | admin bound, ingest or exporter not up yet (a moment) | `200` | `503 not ready: …` |
+//! | running | `200` | `200 ready` |
+//! | draining (from SIGTERM/SIGINT until the exporters are done or `shutdown.grace_ms` passed) | `200` | `503 not ready: draining` |
+//! | exited (the admin server stops last) | connection refused | connection refused |
+//!
+//! `/readyz` never goes back to `200` once the drain started, and `/livez`
+//! never answers anything but `200`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hermes_e2e::collector::Collector;
+use hermes_e2e::{
+    AttrsExt, ChildGuard, MetricsReceiver, OtlpReceiver, ReceivedHistogram, cargo_bin, free_port,
+    repo_root, run_with_timeout, wait_until,
+};
+use opentelemetry_proto::tonic::trace::v1::Span;
+
+/// `gen_ai.client.token.usage` bucket boundaries of the semantic conventions.
+const SEMCONV_TOKEN_BUCKETS: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+/// `gen_ai.client.operation.duration` bucket boundaries of the semantic
+/// conventions, seconds.
+const SEMCONV_DURATION_BUCKETS: [f64; 14] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn fixture(name: &str) -> PathBuf {
+    repo_root().join("tests/fixtures/hermes-0.19.0").join(name)
+}
+
+/// What the recorded hook calls of some fixtures add up to, read from the
+/// fixture files themselves (independent of the collector).
+#[derive(Debug, Default)]
+struct FixtureTotals {
+    /// `pre_llm_call`: one turn each.
+    turns: u64,
+    /// `pre_api_request`: one chat span per attempt.
+    attempts: u64,
+    /// `api_request_error`: failed attempts.
+    failed_attempts: u64,
+    /// `post_api_request` usage: billable input (`prompt_tokens`) and output.
+    input_tokens: u64,
+    output_tokens: u64,
+    /// Attempts with usage.
+    usages: u64,
+    /// `post_tool_call` by (tool, status).
+    tools: BTreeMap<(String, String), u64>,
+}
+
+fn fixture_totals(names: &[&str]) -> FixtureTotals {
+    let mut totals = FixtureTotals::default();
+    for name in names {
+        let text = std::fs::read_to_string(fixture(name)).unwrap();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let record: serde_json::Value = serde_json::from_str(line).unwrap();
+            let kwargs = &record["kwargs"];
+            match record["hook"].as_str().unwrap() {
+                "pre_llm_call" => totals.turns += 1,
+                "pre_api_request" => totals.attempts += 1,
+                "api_request_error" => totals.failed_attempts += 1,
+                "post_api_request" => {
+                    let usage = &kwargs["usage"];
+                    totals.input_tokens += usage["prompt_tokens"].as_u64().unwrap();
+                    totals.output_tokens += usage["output_tokens"].as_u64().unwrap();
+                    totals.usages += 1;
+                }
+                "post_tool_call" => {
+                    let key = (
+                        kwargs["tool_name"].as_str().unwrap().to_owned(),
+                        kwargs["status"].as_str().unwrap().to_owned(),
+                    );
+                    *totals.tools.entry(key).or_default() += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    totals
+}
+
+/// Runs the load generator against `endpoint`: each of `instances` agents
+/// replays every fixture once. Returns its summary.
+fn loadgen(endpoint: &str, fixtures: &[&str], instances: usize) -> serde_json::Value {
+    let mut cmd = Command::new(cargo_bin("hermes-loadgen", "hermes-loadgen"));
+    cmd.args(["--endpoint", endpoint])
+        .arg("--fixture")
+        .args(fixtures.iter().map(|f| fixture(f)))
+        .args(["--instances", &instances.to_string()])
+        .args(["--turns", &fixtures.len().to_string()])
+        .args(["--timeout-secs", "60"]);
+    let out = run_with_timeout(&mut cmd, Duration::from_secs(90));
+    assert!(out.success(), "loadgen failed:\n{}", out.describe());
+    let summary: serde_json::Value = out
+        .stdout()
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no loadgen summary:\n{}", out.describe()));
+    assert_eq!(summary["events_sent"], summary["events_acked"], "{summary}");
+    summary
+}
+
+fn seconds(span: &Span) -> f64 {
+    span.end_time_unix_nano
+        .saturating_sub(span.start_time_unix_nano) as f64
+        / 1e9
+}
+
+/// Bucket counts of `values` for explicit `bounds` (upper bounds inclusive,
+/// one more bucket for the values above the last bound).
+fn bucket_counts(values: &[f64], bounds: &[f64]) -> Vec<u64> {
+    let mut counts = vec![0; bounds.len() + 1];
+    for v in values {
+        counts[bounds.iter().position(|b| v <= b).unwrap_or(bounds.len())] += 1;
+    }
+    counts
+}
+
+/// The points' bucket counts added up (they share the boundaries).
+fn merged_buckets(histogram: &ReceivedHistogram) -> Vec<u64> {
+    let mut merged = Vec::new();
+    for point in &histogram.points {
+        merged.resize(point.bucket_counts.len().max(merged.len()), 0);
+        for (m, c) in merged.iter_mut().zip(&point.bucket_counts) {
+            *m += c;
+        }
+    }
+    merged
+}
+
+fn assert_close(actual: f64, expected: f64, what: &str) {
+    assert!(
+        (actual - expected).abs() <= 1e-6 * expected.abs().max(1.0),
+        "{what}: {actual} != {expected}"
+    );
+}
+
+/// The sum of the samples of `name` (any labels) in a Prometheus text
+/// exposition, filtered by a label text such as `exporter="otlp_grpc"`.
+fn prometheus_sum(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+        .filter(|l| l.contains(label))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// The turn outcome the collector derives from a turn span.
+fn outcome(span: &Span) -> &'static str {
+    if span.bool_attr("hermes.incomplete") == Some(true) {
+        "incomplete"
+    } else if span.bool_attr("hermes.turn.interrupted") == Some(true) {
+        "interrupted"
+    } else if span.bool_attr("hermes.turn.completed") == Some(false) {
+        "failed"
+    } else {
+        "completed"
+    }
+}
+
+fn write_config(dir: &Path, yaml: &str) -> String {
+    let path = dir.join("collector.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn derived_metrics_reach_an_otlp_grpc_receiver_and_match_the_spans() {
+    const FIXTURES: [&str; 4] = [
+        "basic.jsonl",
+        "retry.jsonl",
+        "parallel.jsonl",
+        "multiturn.jsonl",
+    ];
+    const INSTANCES: usize = 2;
+    let traces = OtlpReceiver::start();
+    let metrics = MetricsReceiver::start_grpc();
+    let work = tempfile::tempdir().unwrap();
+    let config = write_config(
+        work.path(),
+        &format!(
+            "exporters:\n  otlp:\n    endpoint: {}\n  otlp_metrics:\n    endpoint: {}\n    protocol: grpc\n    interval_ms: 300\n",
+            traces.endpoint(),
+            metrics.endpoint()
+        ),
+    );
+    let collector = Collector::start(work.path(), &["--config", &config]);
+    let summary = loadgen(&collector.endpoint, &FIXTURES, INSTANCES);
+
+    let totals = fixture_totals(&FIXTURES);
+    let n = INSTANCES as u64;
+    let chat = |s: &Span| s.str_attr("gen_ai.operation.name") == Some("chat");
+    let tool = |s: &Span| s.str_attr("gen_ai.operation.name") == Some("execute_tool");
+    let turn = |s: &Span| s.has_attr("hermes.turn.api_attempts");
+    let tool_calls: u64 = totals.tools.values().sum::<u64>() * n;
+    assert!(
+        traces.wait_for(
+            |spans| {
+                let count = |f: &dyn Fn(&Span) -> bool| spans.iter().filter(|(_, s)| f(s)).count();
+                count(&chat) as u64 == totals.attempts * n
+                    && count(&tool) as u64 == tool_calls
+                    && count(&turn) as u64 == totals.turns * n
+            },
+            WAIT
+        ),
+        "not every span arrived: {} spans\n{}",
+        traces.store().span_count(),
+        collector.guard.stderr_text()
+    );
+    let spans: Vec<Span> = traces.spans().into_iter().map(|(_, s)| s).collect();
+    let chats: Vec<&Span> = spans.iter().filter(|s| chat(s)).collect();
+    let tools: Vec<&Span> = spans.iter().filter(|s| tool(s)).collect();
+    let turns: Vec<&Span> = spans.iter().filter(|s| turn(s)).collect();
+
+    // Cumulative temporality: the latest export carries the totals.
+    let store = metrics.store();
+    let complete = store.wait_for(
+        |s| {
+            let count = |name| s.histogram(name).map_or(0, |h| h.count());
+            count("gen_ai.client.operation.duration") == totals.attempts * n
+                && count("gen_ai.client.token.usage") == totals.usages * n * 2
+                && count("hermes.tool.duration") == tool_calls
+                && count("hermes.turn.duration") == totals.turns * n
+        },
+        WAIT,
+    );
+    assert!(
+        complete,
+        "the exported metrics never added up: {:?}\n{}",
+        store.metric_names(),
+        collector.guard.stderr_text()
+    );
+    assert!(store.exports().iter().all(|e| e.transport == "grpc"));
+
+    // gen_ai.client.token.usage: semconv buckets, sums of the fixtures' usage.
+    let tokens = store.histogram("gen_ai.client.token.usage").unwrap();
+    assert_eq!(tokens.unit, "{token}");
+    assert_eq!(tokens.temporality, 2, "cumulative");
+    let service = tokens
+        .resource
+        .attributes
+        .iter()
+        .find(|kv| kv.key == "service.name")
+        .and_then(|kv| kv.value.as_ref()?.value.clone());
+    assert_eq!(
+        service,
+        Some(
+            opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(
+                "hermes-collector".into()
+            )
+        )
+    );
+    for point in &tokens.points {
+        assert_eq!(point.explicit_bounds, SEMCONV_TOKEN_BUCKETS);
+        let keys: Vec<&str> = point.attributes.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "gen_ai.operation.name",
+                "gen_ai.provider.name",
+                "gen_ai.request.model",
+                "gen_ai.token.type"
+            ],
+            "{point:?}"
+        );
+        assert_eq!(point.attributes["gen_ai.operation.name"], "chat");
+    }
+    for (kind, key, total) in [
+        ("input", "gen_ai.usage.input_tokens", totals.input_tokens),
+        ("output", "gen_ai.usage.output_tokens", totals.output_tokens),
+    ] {
+        let points = tokens.with("gen_ai.token.type", kind);
+        let count: u64 = points.iter().map(|p| p.count).sum();
+        let sum: f64 = points.iter().map(|p| p.sum).sum();
+        assert_eq!(count, totals.usages * n, "{kind} count");
+        assert_close(sum, (total * n) as f64, &format!("{kind} tokens"));
+        let values: Vec<f64> = chats
+            .iter()
+            .filter_map(|s| s.int_attr(key))
+            .map(|v| v as f64)
+            .collect();
+        let mut buckets = vec![0; SEMCONV_TOKEN_BUCKETS.len() + 1];
+        for p in &points {
+            for (b, c) in buckets.iter_mut().zip(&p.bucket_counts) {
+                *b += c;
+            }
+        }
+        assert_eq!(
+            buckets,
+            bucket_counts(&values, &SEMCONV_TOKEN_BUCKETS),
+            "{kind} buckets"
+        );
+    }
+
+    // gen_ai.client.operation.duration: one per attempt, failed ones with
+    // error.type; durations are the chat spans'.
+    let durations = store.histogram("gen_ai.client.operation.duration").unwrap();
+    assert_eq!(durations.unit, "s");
+    for point in &durations.points {
+        assert_eq!(point.explicit_bounds, SEMCONV_DURATION_BUCKETS);
+    }
+    let values: Vec<f64> = chats.iter().map(|s| seconds(s)).collect();
+    assert_eq!(durations.count(), chats.len() as u64);
+    assert_close(
+        durations.sum(),
+        values.iter().sum(),
+        "operation duration sum",
+    );
+    assert_eq!(
+        merged_buckets(&durations),
+        bucket_counts(&values, &SEMCONV_DURATION_BUCKETS)
+    );
+    let failed: u64 = durations
+        .points
+        .iter()
+        .filter(|p| p.attributes.contains_key("error.type"))
+        .map(|p| p.count)
+        .sum();
+    assert_eq!(
+        failed,
+        totals.failed_attempts * n,
+        "attempts with error.type"
+    );
+    assert!(totals.failed_attempts > 0, "the retry fixture has failures");
+
+    // hermes.tool.duration: count and duration by tool and status.
+    let tool_hist = store.histogram("hermes.tool.duration").unwrap();
+    assert_eq!(tool_hist.unit, "s");
+    for ((name, status), calls) in &totals.tools {
+        let points: Vec<_> = tool_hist
+            .with("gen_ai.tool.name", name)
+            .into_iter()
+            .filter(|p| p.attributes.get("hermes.tool.status") == Some(status))
+            .collect();
+        assert_eq!(points.len(), 1, "{name}/{status}: {:?}", tool_hist.points);
+        assert_eq!(points[0].count, calls * n, "{name}/{status}");
+        assert_eq!(points[0].explicit_bounds, SEMCONV_DURATION_BUCKETS);
+        let expected: f64 = tools
+            .iter()
+            .filter(|s| s.str_attr("gen_ai.tool.name") == Some(name))
+            .filter(|s| s.str_attr("hermes.tool.status") == Some(status))
+            .map(|s| seconds(s))
+            .sum();
+        assert_close(points[0].sum, expected, &format!("{name}/{status} seconds"));
+    }
+
+    // hermes.turn.duration: by outcome.
+    let turn_hist = store.histogram("hermes.turn.duration").unwrap();
+    let mut outcomes: BTreeMap<&str, (u64, f64)> = BTreeMap::new();
+    for span in &turns {
+        let entry = outcomes.entry(outcome(span)).or_default();
+        entry.0 += 1;
+        entry.1 += seconds(span);
+    }
+    assert_eq!(
+        turn_hist.points.len(),
+        outcomes.len(),
+        "{:?}",
+        turn_hist.points
+    );
+    for (outcome, (count, sum)) in outcomes {
+        let points = turn_hist.with("hermes.turn.outcome", outcome);
+        assert_eq!(points.len(), 1, "{outcome}");
+        assert_eq!(points[0].count, count, "{outcome}");
+        assert_close(points[0].sum, sum, outcome);
+    }
+
+    // /metrics: the events accepted are the ones the load generator got
+    // acknowledged, the spans sent are the ones the trace receiver holds,
+    // and the Prometheus histograms count what OTLP carried.
+    let received = traces.store().span_count() as f64;
+    let mut text = String::new();
+    let agreed = wait_until(WAIT, Duration::from_millis(100), || {
+        text = collector.admin_get("/metrics");
+        prometheus_sum(
+            &text,
+            "hermes_collector_exporter_sent_spans_total",
+            "exporter=\"otlp_grpc\"",
+        ) == received
+    });
+    assert!(agreed, "sent spans != {received} received:\n{text}");
+    assert_eq!(
+        prometheus_sum(&text, "hermes_collector_receiver_accepted_events_total", ""),
+        summary["events_acked"].as_f64().unwrap(),
+        "{text}"
+    );
+    assert_eq!(
+        prometheus_sum(&text, "hermes_collector_spans_total", ""),
+        received
+    );
+    assert_eq!(
+        prometheus_sum(&text, "gen_ai_client_operation_duration_seconds_count", ""),
+        durations.count() as f64
+    );
+    assert_eq!(
+        prometheus_sum(&text, "gen_ai_client_token_usage_token_count", ""),
+        tokens.count() as f64
+    );
+    assert_eq!(
+        prometheus_sum(&text, "hermes_tool_duration_seconds_count", ""),
+        tool_hist.count() as f64
+    );
+    assert_eq!(
+        prometheus_sum(&text, "hermes_turn_duration_seconds_count", ""),
+        turn_hist.count() as f64
+    );
+}
+
+#[test]
+fn derived_metrics_over_otlp_http_with_delta_temporality() {
+    let metrics = MetricsReceiver::start_http();
+    let work = tempfile::tempdir().unwrap();
+    let config = write_config(
+        work.path(),
+        &format!(
+            "exporters:\n  file:\n    path: {}\n  otlp_metrics:\n    endpoint: {}\n    protocol: http/protobuf\n    compression: gzip\n    temporality: delta\n    interval_ms: 200\n",
+            work.path().join("spans.jsonl").display(),
+            metrics.endpoint()
+        ),
+    );
+    let mut collector = Collector::start(work.path(), &["--config", &config]);
+    loadgen(&collector.endpoint, &["basic.jsonl"], 1);
+    let totals = fixture_totals(&["basic.jsonl"]);
+
+    // Delta temporality: each export carries what is new; together, the totals.
+    let store = metrics.store();
+    let total = |name: &str| -> (u64, f64) {
+        let all = store.histograms(name);
+        (
+            all.iter().map(ReceivedHistogram::count).sum(),
+            all.iter().map(ReceivedHistogram::sum).sum(),
+        )
+    };
+    assert!(
+        store.wait_for(
+            |_| total("hermes.turn.duration").0 == totals.turns
+                && total("gen_ai.client.token.usage").0 == totals.usages * 2,
+            WAIT
+        ),
+        "{:?}\n{}",
+        store.metric_names(),
+        collector.guard.stderr_text()
+    );
+    let (count, sum) = total("gen_ai.client.token.usage");
+    assert_eq!(count, totals.usages * 2);
+    assert_close(
+        sum,
+        (totals.input_tokens + totals.output_tokens) as f64,
+        "tokens",
+    );
+    assert_eq!(total("gen_ai.client.operation.duration").0, totals.attempts);
+    let exports = store.exports();
+    assert!(
+        exports
+            .iter()
+            .all(|e| e.transport == "http" && e.encoding.as_deref() == Some("gzip")),
+        "every request is gzip-compressed protobuf over HTTP"
+    );
+    for histogram in store.histograms("gen_ai.client.token.usage") {
+        assert_eq!(histogram.temporality, 1, "delta");
+        for point in histogram.points {
+            assert_eq!(point.explicit_bounds, SEMCONV_TOKEN_BUCKETS);
+        }
+    }
+
+    // A clean stop still exports; nothing new, so the totals stay.
+    let status = collector.guard.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", collector.guard.stderr_text());
+    assert_eq!(total("gen_ai.client.token.usage").0, totals.usages * 2);
+}
+
+/// One probe's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    Refused,
+    Status(u16),
+    /// Connected but no complete answer (e.g. the server closing).
+    Broken,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    at: Instant,
+    path: &'static str,
+    answer: Answer,
+}
+
+fn probe(addr: SocketAddr, path: &'static str) -> Probe {
+    let answer = match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+        Err(_) => Answer::Refused,
+        Ok(mut stream) => {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
+            let mut response = String::new();
+            let sent = write!(
+                stream,
+                "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            );
+            match sent.and_then(|()| stream.read_to_string(&mut response)) {
+                Ok(_) => response
+                    .split(' ')
+                    .nth(1)
+                    .and_then(|s| s.parse().ok())
+                    .map_or(Answer::Broken, Answer::Status),
+                Err(_) => Answer::Broken,
+            }
+        }
+    };
+    Probe {
+        at: Instant::now(),
+        path,
+        answer,
+    }
+}
+
+#[test]
+fn probes_follow_start_run_and_drain() {
+    let collector_bin = cargo_bin("hermes-collector", "hermes-collector");
+    let loadgen_bin = cargo_bin("hermes-loadgen", "hermes-loadgen");
+    let work = tempfile::tempdir().unwrap();
+    let ingest = free_port();
+    let admin: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    // Nothing listens there: the spans stay in the exporter's retries, so
+    // the drain lasts the whole grace period.
+    let nowhere = free_port();
+    let grace_ms = 3000;
+    let config = write_config(
+        work.path(),
+        &format!(
+            "receiver:\n  listen: 127.0.0.1:{ingest}\nadmin:\n  listen: {admin}\nexporters:\n  otlp:\n    endpoint: http://127.0.0.1:{nowhere}\n    timeout_ms: 500\nshutdown:\n  grace_ms: {grace_ms}\n"
+        ),
+    );
+
+    // Probe both paths every 20 ms from before the start until after the exit.
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let mut probes = Vec::new();
+            let started = Instant::now();
+            while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(120) {
+                probes.push(probe(admin, "/livez"));
+                probes.push(probe(admin, "/readyz"));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            probes
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let mut collector = ChildGuard::spawn_named(
+        "hermes-collector",
+        Command::new(&collector_bin)
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .unwrap();
+    assert!(
+        collector.wait_for_stderr(Duration::from_secs(30), |e| e
+            .contains("receiving Hermes events")),
+        "{}",
+        collector.stderr_text()
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+            probe(admin, "/readyz").answer == Answer::Status(200)
+        }),
+        "never ready:\n{}",
+        collector.stderr_text()
+    );
+
+    // Running: a turn whose spans cannot be delivered.
+    let out = run_with_timeout(
+        Command::new(&loadgen_bin).args([
+            "--endpoint",
+            &format!("http://127.0.0.1:{ingest}"),
+            "--fixture",
+            fixture("basic.jsonl").to_str().unwrap(),
+            "--instances",
+            "1",
+            "--turns",
+            "1",
+            "--timeout-secs",
+            "30",
+        ]),
+        Duration::from_secs(60),
+    );
+    assert!(out.success(), "{}", out.describe());
+    std::thread::sleep(Duration::from_millis(300));
+
+    let signalled = Instant::now();
+    assert!(collector.signal("TERM"));
+    let status = collector.wait_timeout(Duration::from_millis(grace_ms + 10_000));
+    let exited = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let probes = poller.join().unwrap();
+    let log = collector.stderr_text();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "no clean exit: {status:?}\n{log}"
+    );
+    let drain = exited - signalled;
+    assert!(
+        drain >= Duration::from_millis(grace_ms / 2)
+            && drain <= Duration::from_millis(grace_ms + 3000),
+        "the drain took {drain:?}, the grace period is {grace_ms} ms\n{log}"
+    );
+
+    let describe = |probes: &[Probe]| -> String {
+        probes
+            .iter()
+            .map(|p| {
+                let at = if p.at >= signalled {
+                    format!("+{:?}", p.at - signalled)
+                } else {
+                    format!("-{:?}", signalled - p.at)
+                };
+                format!("{at} {} {:?}\n", p.path, p.answer)
+            })
+            .collect()
+    };
+    let all = describe(&probes);
+    let (livez, readyz): (Vec<Probe>, Vec<Probe>) = probes.iter().partition(|p| p.path == "/livez");
+
+    // /livez: refused before the start, then 200 until the admin server
+    // stops at the very end, then refused.
+    assert!(
+        livez.iter().all(|p| p.answer != Answer::Status(503)),
+        "{all}"
+    );
+    let first_live = livez
+        .iter()
+        .position(|p| p.answer == Answer::Status(200))
+        .expect("/livez never answered");
+    assert!(
+        livez[..first_live]
+            .iter()
+            .all(|p| p.answer == Answer::Refused),
+        "{all}"
+    );
+    let last_live = livez
+        .iter()
+        .rposition(|p| p.answer == Answer::Status(200))
+        .unwrap();
+    assert!(
+        livez[first_live..=last_live]
+            .iter()
+            .all(|p| p.answer == Answer::Status(200)),
+        "/livez answered something else than 200 while up:\n{all}"
+    );
+    assert!(
+        livez[last_live].at > signalled + Duration::from_millis(grace_ms / 2),
+        "/livez stopped answering early in the drain:\n{all}"
+    );
+    assert!(
+        livez[last_live + 1..]
+            .iter()
+            .all(|p| p.answer != Answer::Status(200)),
+        "{all}"
+    );
+    assert!(
+        livez.last().unwrap().answer == Answer::Refused,
+        "the admin port is closed after the exit:\n{all}"
+    );
+
+    // /readyz: refused, maybe 503 for a moment, then 200 until the signal,
+    // then 503 through the drain, then refused.
+    let first_ready = readyz
+        .iter()
+        .position(|p| p.answer == Answer::Status(200))
+        .unwrap();
+    assert!(
+        readyz[..first_ready]
+            .iter()
+            .all(|p| matches!(p.answer, Answer::Refused | Answer::Status(503))),
+        "{all}"
+    );
+    let last_ready = readyz
+        .iter()
+        .rposition(|p| p.answer == Answer::Status(200))
+        .unwrap();
+    assert!(
+        readyz[first_ready..=last_ready]
+            .iter()
+            .all(|p| p.answer == Answer::Status(200)),
+        "/readyz flapped while running:\n{all}"
+    );
+    assert!(
+        readyz[last_ready].at < signalled + Duration::from_millis(200),
+        "/readyz was still 200 after SIGTERM:\n{all}"
+    );
+    let draining: Vec<&Probe> = readyz
+        .iter()
+        .filter(|p| p.at > signalled + Duration::from_millis(200) && p.at < exited)
+        .collect();
+    assert!(
+        draining.len() >= 10,
+        "too few probes during the drain:\n{all}"
+    );
+    assert!(
+        draining.iter().all(|p| matches!(
+            p.answer,
+            Answer::Status(503) | Answer::Refused | Answer::Broken
+        )),
+        "/readyz must be 503 while draining:\n{all}"
+    );
+    let answered_503 = draining
+        .iter()
+        .filter(|p| p.answer == Answer::Status(503))
+        .count();
+    assert!(
+        answered_503 * 10 >= draining.len() * 8,
+        "/readyz answered 503 for most of the drain:\n{all}"
+    );
+    assert!(
+        readyz[last_ready + 1..]
+            .iter()
+            .all(|p| p.answer != Answer::Status(200)),
+        "/readyz never returns to 200 after the drain started:\n{all}"
+    );
+    assert!(log.contains("shutting down: draining"), "{log}");
+    let count =
+        |probes: &[Probe], answer: Answer| probes.iter().filter(|p| p.answer == answer).count();
+    eprintln!(
+        "drain {drain:?}; /readyz: {} refused, {} x 503, {} x 200 ({} x 503 while draining); /livez: {} x 200",
+        count(&readyz, Answer::Refused),
+        count(&readyz, Answer::Status(503)),
+        count(&readyz, Answer::Status(200)),
+        answered_503,
+        count(&livez, Answer::Status(200)),
+    );
+}
+
+#[test]
+fn schema_subcommand_prints_the_checked_in_schema() {
+    let out = run_with_timeout(
+        Command::new(cargo_bin("hermes-collector", "hermes-collector")).arg("schema"),
+        Duration::from_secs(30),
+    );
+    assert!(out.success(), "{}", out.describe());
+    let checked_in =
+        std::fs::read_to_string(repo_root().join("config/collector.schema.json")).unwrap();
+    assert!(
+        out.stdout() == checked_in,
+        "config/collector.schema.json is out of date; regenerate it with\n\n    cargo run -p hermes-collector -- schema > config/collector.schema.json\n"
+    );
+    let schema: serde_json::Value = serde_json::from_str(&checked_in).unwrap();
+    assert_eq!(
+        schema["$schema"],
+        "https://json-schema.org/draft/2020-12/schema"
+    );
+    assert!(
+        schema["$defs"]["ExportersConfig"]["properties"]["otlp_metrics"].is_object(),
+        "{schema}"
+    );
+}
+
+#[test]
+fn bad_metrics_export_config_exits_64_naming_the_key() {
+    let work = tempfile::tempdir().unwrap();
+    for (yaml, key) in [
+        (
+            "exporters:\n  otlp_metrics:\n    endpoint: ftp://x\n",
+            "exporters.otlp_metrics.endpoint",
+        ),
+        (
+            "exporters:\n  otlp_metrics:\n    endpoint: http://x:4317\n    interval_ms: 0\n",
+            "exporters.otlp_metrics.interval_ms",
+        ),
+        (
+            "exporters:\n  otlp_metrics:\n    endpoint: http://x:4317\n    temporality: sometimes\n",
+            "exporters.otlp_metrics.temporality",
+        ),
+    ] {
+        let config = write_config(work.path(), yaml);
+        let out = run_with_timeout(
+            Command::new(cargo_bin("hermes-collector", "hermes-collector"))
+                .args(["validate", "--config", &config]),
+            Duration::from_secs(30),
+        );
+        assert_eq!(out.output.status.code(), Some(64), "{}", out.describe());
+        assert!(out.stderr().contains(key), "{yaml}: {}", out.stderr());
+    }
+}
