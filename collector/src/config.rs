@@ -85,6 +85,10 @@ pub struct ReceiverConfig {
     /// Resident memory (MiB) above which new batches are refused with
     /// `UNAVAILABLE` (the shims keep them and resend); 0 disables the limit.
     pub memory_limit_mib: u64,
+    /// Concurrent ingest streams on one connection (a shim uses one, plus
+    /// one per spool file it replays); more wait for a free one.
+    #[schemars(range(min = 1))]
+    pub max_streams_per_connection: u32,
     /// Largest accepted event (its encoded protobuf size), bytes. A batch
     /// with a larger event is refused with `RESOURCE_EXHAUSTED`.
     #[schemars(range(min = 1))]
@@ -205,6 +209,7 @@ impl Default for ReceiverConfig {
             max_events_per_batch: 8192,
             queue_batches: 16,
             memory_limit_mib: 512,
+            max_streams_per_connection: 8,
             max_event_bytes: 1024 * 1024,
             stream_events_per_sec: 20_000,
             stream_burst_events: 40_000,
@@ -238,6 +243,10 @@ pub struct CorrelatorConfig {
     /// Most turns open at once; the oldest is closed as incomplete past it.
     #[schemars(range(min = 1))]
     pub max_open_turns: usize,
+    /// Most turns open at once for one agent process (shim instance); its
+    /// oldest is closed as incomplete past it, never another agent's.
+    #[schemars(range(min = 1))]
+    pub max_open_turns_per_agent: usize,
     /// Open state with no event for this long is closed as incomplete.
     #[schemars(range(min = 1))]
     pub state_ttl_secs: u64,
@@ -256,6 +265,7 @@ impl Default for CorrelatorConfig {
     fn default() -> Self {
         Self {
             max_open_turns: 10_000,
+            max_open_turns_per_agent: 1_000,
             state_ttl_secs: 3600,
             turn_end_grace_ms: 2000,
             tick_ms: 500,
@@ -721,6 +731,10 @@ impl Config {
         )?;
         positive("receiver.queue_batches", self.receiver.queue_batches as u64)?;
         positive(
+            "receiver.max_streams_per_connection",
+            u64::from(self.receiver.max_streams_per_connection),
+        )?;
+        positive(
             "receiver.max_event_bytes",
             self.receiver.max_event_bytes as u64,
         )?;
@@ -731,6 +745,10 @@ impl Config {
         positive(
             "receiver.stream_burst_events",
             self.receiver.stream_burst_events,
+        )?;
+        positive(
+            "correlator.max_open_turns_per_agent",
+            self.correlator.max_open_turns_per_agent as u64,
         )?;
         positive(
             "correlator.max_open_turns",

@@ -428,6 +428,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
     let correlator = Correlator::new(hermes_correlator::Config {
         max_open_turns: config.correlator.max_open_turns,
+        max_open_turns_per_agent: config.correlator.max_open_turns_per_agent,
         state_ttl_nanos: config
             .correlator
             .state_ttl_secs
@@ -493,6 +494,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         max_event_bytes: config.receiver.max_event_bytes,
         stream_events_per_sec: config.receiver.stream_events_per_sec,
         stream_burst_events: config.receiver.stream_burst_events,
+        max_streams_per_connection: config.receiver.max_streams_per_connection,
     };
     if let ListenAddr::Tcp(addr) = &listen
         && !addr.ip().is_loopback()

@@ -287,34 +287,6 @@ fn shim(instance: u8) -> v1::ShimInfo {
     }
 }
 
-/// Durations and token counts near `u64::MAX` still overflow the
-/// correlator's arithmetic (see README.md, "Known findings"); until that is
-/// fixed, raw protobuf events are cut to values a real agent can report.
-fn tame(event: &mut v1::Event) {
-    const PLAUSIBLE: u64 = 1 << 40;
-    match &mut event.body {
-        Some(Body::Tool(t)) => t.duration_ms = t.duration_ms.map(|d| d.min(PLAUSIBLE)),
-        Some(Body::Subagent(s)) => s.duration_ms = s.duration_ms.map(|d| d.min(PLAUSIBLE)),
-        Some(Body::Api(a)) => {
-            if let Some(u) = &mut a.usage {
-                for n in [
-                    &mut u.input_tokens,
-                    &mut u.output_tokens,
-                    &mut u.cache_read_tokens,
-                    &mut u.cache_write_tokens,
-                    &mut u.reasoning_tokens,
-                    &mut u.prompt_tokens,
-                    &mut u.total_tokens,
-                    &mut u.request_count,
-                ] {
-                    *n = (*n).min(PLAUSIBLE);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
 struct Pipeline {
     limits: Limits,
     sequencer: Sequencer,
@@ -401,7 +373,6 @@ impl Pipeline {
                 if let Ok(mut batch) = EventBatch::decode(bytes.as_slice()) {
                     // One of the few agents, so that instances collide.
                     batch.shim = Some(shim(*instance));
-                    batch.events.iter_mut().for_each(tame);
                     self.batch(batch);
                 }
             }

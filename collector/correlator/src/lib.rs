@@ -48,6 +48,10 @@ pub const SCOPE_NAME: &str = "hermes-collector";
 pub struct Config {
     /// Most turns open at once; opening one more closes the oldest as incomplete.
     pub max_open_turns: usize,
+    /// Most turns open at once for one agent process (shim instance);
+    /// opening one more closes that agent's oldest as incomplete, so one
+    /// agent cannot evict the others' turns.
+    pub max_open_turns_per_agent: usize,
     /// A turn, subagent or pending record with no event for this long is
     /// closed as incomplete (turns) or forgotten (links, pending records).
     pub state_ttl_nanos: u64,
@@ -63,6 +67,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             max_open_turns: 10_000,
+            max_open_turns_per_agent: 1_000,
             state_ttl_nanos: 3600 * NANOS_PER_SEC,
             turn_end_grace_nanos: 2 * NANOS_PER_SEC,
             sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -205,6 +210,8 @@ pub struct Correlator {
     config: Config,
     resources: HashMap<String, ResourceEntry>,
     turns: HashMap<String, Turn>,
+    /// Open turns per shim instance.
+    turns_per_agent: HashMap<String, usize>,
     links: HashMap<String, SubagentLink>,
     subagents: HashMap<String, OpenSubagent>,
     pending_starts: HashMap<String, PendingSessionStart>,
@@ -221,6 +228,7 @@ impl Correlator {
             config,
             resources: HashMap::new(),
             turns: HashMap::new(),
+            turns_per_agent: HashMap::new(),
             links: HashMap::new(),
             subagents: HashMap::new(),
             pending_starts: HashMap::new(),
@@ -322,7 +330,7 @@ impl Correlator {
                         turn.end_reason = b.reason.clone();
                     }
                     let end = turn.end.unwrap_or(t);
-                    if let Some(turn) = self.turns.remove(&ids.turn_id) {
+                    if let Some(turn) = self.take_turn(&ids.turn_id) {
                         self.emit_turn(turn, end, false, out);
                     }
                 }
@@ -463,7 +471,9 @@ impl Correlator {
         self.stats.spans += (out.len() - before) as u64;
     }
 
-    /// Closes what has outlived its timers at wall-clock time `now`.
+    /// Closes what has outlived its timers at wall-clock time `now`. The
+    /// TTL counts both ways: state stamped further than the TTL in the
+    /// future (a hostile or broken clock) is closed too, never kept forever.
     pub fn expire(&mut self, now: u64, out: &mut Vec<FinishedSpan>) {
         self.clock = self.clock.max(now);
         let before = out.len();
@@ -474,13 +484,13 @@ impl Correlator {
             .iter()
             .filter_map(|(id, turn)| match turn.end {
                 Some(_) if now.saturating_sub(turn.end_seen) >= grace => Some((id.clone(), false)),
-                _ if now.saturating_sub(turn.last_seen) >= ttl => Some((id.clone(), true)),
+                _ if now.abs_diff(turn.last_seen) >= ttl => Some((id.clone(), true)),
                 _ => None,
             })
             .collect();
         ended.sort();
         for (id, incomplete) in ended {
-            if let Some(turn) = self.turns.remove(&id) {
+            if let Some(turn) = self.take_turn(&id) {
                 if incomplete {
                     self.stats.expired += 1;
                 }
@@ -491,7 +501,7 @@ impl Correlator {
         let mut stale: Vec<String> = self
             .subagents
             .iter()
-            .filter(|(_, s)| now.saturating_sub(s.start) >= ttl)
+            .filter(|(_, s)| now.abs_diff(s.start) >= ttl)
             .map(|(k, _)| k.clone())
             .collect();
         stale.sort();
@@ -499,10 +509,8 @@ impl Correlator {
             self.stats.expired += 1;
             self.subagent_stop_at(&child, &v1::Subagent::default(), now, true, out);
         }
-        self.links
-            .retain(|_, l| now.saturating_sub(l.last_seen) < ttl);
-        self.pending_starts
-            .retain(|_, p| now.saturating_sub(p.at) < ttl);
+        self.links.retain(|_, l| now.abs_diff(l.last_seen) < ttl);
+        self.pending_starts.retain(|_, p| now.abs_diff(p.at) < ttl);
         self.resources
             .retain(|_, r| Arc::strong_count(&r.resource) > 1);
         self.stats.spans += (out.len() - before) as u64;
@@ -521,7 +529,7 @@ impl Correlator {
             .collect();
         ids.sort();
         for id in ids {
-            if let Some(turn) = self.turns.remove(&id) {
+            if let Some(turn) = self.take_turn(&id) {
                 self.stats.turns_evicted += 1;
                 let end = turn.end.unwrap_or(turn.last_seen);
                 self.emit_turn(turn, end, true, out);
@@ -548,7 +556,7 @@ impl Correlator {
         let mut ids: Vec<String> = self.turns.keys().cloned().collect();
         ids.sort();
         for id in ids {
-            if let Some(turn) = self.turns.remove(&id) {
+            if let Some(turn) = self.take_turn(&id) {
                 let end = turn.end.unwrap_or(turn.last_seen);
                 let incomplete = turn.end.is_none();
                 self.emit_turn(turn, end, incomplete, out);
@@ -624,11 +632,18 @@ impl Correlator {
             return None;
         }
         if !self.turns.contains_key(&ids.turn_id) {
+            let agent = resource_instance(resource).unwrap_or_default().to_owned();
+            if self.turns_per_agent.get(&agent).copied().unwrap_or(0)
+                >= self.config.max_open_turns_per_agent
+            {
+                self.evict_oldest_turn(Some(&agent), out);
+            }
             if self.turns.len() >= self.config.max_open_turns {
-                self.evict_oldest_turn(out);
+                self.evict_oldest_turn(None, out);
             }
             let turn = self.new_turn(ids, resource, t);
             self.turns.insert(ids.turn_id.clone(), turn);
+            *self.turns_per_agent.entry(agent).or_default() += 1;
         }
         let lsn = self.lsn;
         let turn = self.turns.get_mut(&ids.turn_id)?;
@@ -705,13 +720,29 @@ impl Correlator {
         }
     }
 
-    fn evict_oldest_turn(&mut self, out: &mut Vec<FinishedSpan>) {
+    /// Removes an open turn, keeping the per-agent count.
+    fn take_turn(&mut self, id: &str) -> Option<Turn> {
+        let turn = self.turns.remove(id)?;
+        let agent = resource_instance(&turn.resource).unwrap_or_default();
+        if let Some(n) = self.turns_per_agent.get_mut(agent) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.turns_per_agent.remove(agent);
+            }
+        }
+        Some(turn)
+    }
+
+    /// Closes the least recently active turn (of `agent` when given) as
+    /// incomplete.
+    fn evict_oldest_turn(&mut self, agent: Option<&str>, out: &mut Vec<FinishedSpan>) {
         let oldest = self
             .turns
             .iter()
+            .filter(|(_, t)| agent.is_none_or(|a| resource_instance(&t.resource) == Some(a)))
             .min_by(|a, b| (a.1.last_seen, a.0).cmp(&(b.1.last_seen, b.0)))
             .map(|(id, _)| id.clone());
-        if let Some(turn) = oldest.and_then(|id| self.turns.remove(&id)) {
+        if let Some(turn) = oldest.and_then(|id| self.take_turn(&id)) {
             self.stats.turns_evicted += 1;
             let end = turn.end.unwrap_or(turn.last_seen);
             self.emit_turn(turn, end, true, out);
@@ -782,7 +813,7 @@ impl Correlator {
             .collect();
         ended.sort();
         for id in ended {
-            if let Some(turn) = self.turns.remove(&id) {
+            if let Some(turn) = self.take_turn(&id) {
                 let incomplete = turn.end.is_none();
                 let end = turn.end.unwrap_or(turn.last_seen);
                 self.emit_turn(turn, end, incomplete, out);
@@ -814,7 +845,7 @@ impl Correlator {
             .collect();
         ids.sort();
         for id in ids {
-            if let Some(turn) = self.turns.remove(&id) {
+            if let Some(turn) = self.take_turn(&id) {
                 let incomplete = turn.end.is_none();
                 let end = turn.end.unwrap_or(t);
                 self.emit_turn(turn, end, incomplete, out);

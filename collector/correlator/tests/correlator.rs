@@ -971,3 +971,67 @@ fn a_backlog_does_not_split_a_turn_at_the_end_grace() {
         "one turn, not a second one from its end event"
     );
 }
+
+#[test]
+fn one_agent_cannot_evict_the_turns_of_another() {
+    let mut c = Correlator::new(Config {
+        max_open_turns_per_agent: 2,
+        ..Config::default()
+    });
+    let mut out = Vec::new();
+    let agent = |id: &str| v1::ShimInfo {
+        instance_id: id.into(),
+        ..shim()
+    };
+    let start = |turn: &str, session: &str| v1::Event {
+        hook: "pre_llm_call".into(),
+        time_unix_nano: T0,
+        ids: Some(v1::Ids {
+            session_id: session.into(),
+            turn_id: turn.into(),
+            ..Default::default()
+        }),
+        body: turn_body(),
+        ..Default::default()
+    };
+    c.ingest(&agent("quiet"), &start("q1", "qs"), &mut out);
+    for n in 0..5 {
+        // A flooding agent opens turns in sessions of its own.
+        c.ingest(
+            &agent("flood"),
+            &start(&format!("f{n}"), &format!("fs{n}")),
+            &mut out,
+        );
+    }
+    assert_eq!(
+        c.open_turns(),
+        3,
+        "2 of the flooder's, 1 of the quiet agent's"
+    );
+    assert_eq!(c.stats().turns_evicted, 3);
+    let evicted: Vec<String> = out
+        .iter()
+        .map(|s| string(&s.span, "hermes.turn_id"))
+        .collect();
+    assert_eq!(evicted, ["f0", "f1", "f2"]);
+}
+
+#[test]
+fn far_future_timestamps_do_not_keep_state_forever() {
+    let mut f = Feed::new();
+    // A shim whose clock is a year ahead.
+    let year_ms = 365 * 24 * 3600 * 1000;
+    f.ev("pre_llm_call", year_ms, ids(TURN), turn_body());
+    f.ev(
+        "on_session_start",
+        year_ms,
+        v1::Ids {
+            session_id: "other".into(),
+            ..Default::default()
+        },
+        None,
+    );
+    f.c.expire(T0 + 1000 * MS, &mut f.out);
+    assert_eq!(f.c.open_turns(), 0, "closed by the TTL, counted both ways");
+    assert_eq!(f.c.min_lsn(), None, "the pending session start is gone too");
+}

@@ -102,6 +102,11 @@ pub struct Limits {
     pub stream_events_per_sec: u64,
     /// Events one stream may send at once above that rate.
     pub stream_burst_events: u64,
+    /// Concurrent ingest streams on one connection (HTTP/2
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`): one connection cannot multiply
+    /// its rate limit by opening streams. A shim uses one, plus one per
+    /// spool file it replays.
+    pub max_streams_per_connection: u32,
 }
 
 impl Default for Limits {
@@ -112,6 +117,7 @@ impl Default for Limits {
             max_event_bytes: 1024 * 1024,
             stream_events_per_sec: 20_000,
             stream_burst_events: 40_000,
+            max_streams_per_connection: 8,
         }
     }
 }
@@ -208,8 +214,10 @@ impl Ingest {
         tls: Option<tonic::transport::ServerTlsConfig>,
         shutdown: CancellationToken,
     ) -> Result<(), tonic::transport::Error> {
+        let max_streams = self.limits.max_streams_per_connection;
         let service = self.into_server();
-        let mut server = tonic::transport::Server::builder();
+        let mut server =
+            tonic::transport::Server::builder().max_concurrent_streams(Some(max_streams));
         if let Some(tls) = tls {
             server = server.tls_config(tls)?;
         }

@@ -385,3 +385,36 @@ async fn a_stream_over_its_rate_is_read_slower_and_other_streams_are_not() {
     assert_eq!(server.stats.events_accepted.load(Ordering::Relaxed), 220);
     server.stop.cancel();
 }
+
+#[tokio::test]
+async fn one_connection_gets_at_most_its_stream_limit() {
+    let limits = Limits {
+        max_streams_per_connection: 1,
+        ..Limits::default()
+    };
+    let server = start(ListenAddr::Tcp(([127, 0, 0, 1], 0).into()), limits, None).await;
+    // Two clients over one connection.
+    let mut first = client(&server.endpoint).await;
+    let mut second = first.clone();
+    let (tx, rx) = mpsc::channel(4);
+    let mut acks = first
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    tx.send(batch(1, 1)).await.unwrap();
+    assert_eq!(acks.message().await.unwrap().unwrap().last_seq, 1);
+    // The second stream waits for a free slot instead of running beside it.
+    let waiting = exchange(&mut second, None, vec![batch(1, 1)]);
+    tokio::pin!(waiting);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut waiting)
+            .await
+            .is_err()
+    );
+    drop(tx);
+    drop(acks);
+    let acks = tokio::time::timeout(WAIT, waiting).await.unwrap().unwrap();
+    assert_eq!(acks, [1]);
+    server.stop.cancel();
+}
