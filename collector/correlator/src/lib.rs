@@ -509,7 +509,10 @@ impl Correlator {
             self.stats.expired += 1;
             self.subagent_stop_at(&child, &v1::Subagent::default(), now, true, out);
         }
-        self.links.retain(|_, l| now.abs_diff(l.last_seen) < ttl);
+        // A link lives as long as its subagent is open (its span needs it).
+        let open = &self.subagents;
+        self.links
+            .retain(|child, l| open.contains_key(child) || now.abs_diff(l.last_seen) < ttl);
         self.pending_starts.retain(|_, p| now.abs_diff(p.at) < ttl);
         self.resources
             .retain(|_, r| Arc::strong_count(&r.resource) > 1);
@@ -861,6 +864,12 @@ impl Correlator {
         t: u64,
         out: &mut Vec<FinishedSpan>,
     ) {
+        // Without a child session nothing can hang from the subagent, and a
+        // session cannot be its own subagent (hostile or broken ids).
+        if ids.child_session_id.is_empty() || ids.child_session_id == ids.parent_session_id {
+            self.stats.unknown_hooks += 1;
+            return;
+        }
         let parent_ids = v1::Ids {
             session_id: ids.parent_session_id.clone(),
             turn_id: ids.parent_turn_id.clone(),
@@ -1409,13 +1418,16 @@ fn close_approval(
     if incomplete {
         a.bool("hermes.incomplete", true);
     }
-    let parent = if ids.tool_call_id.is_empty() {
-        turn.span_id
-    } else {
+    // Under its tool while that tool is open (Hermes asks while the tool
+    // runs); else under the turn, so that the parent is always a span that
+    // gets emitted.
+    let parent = if turn.tools.contains_key(&ids.tool_call_id) {
         span_id(SpanKey::Tool {
             turn_id: &turn_id,
             tool_call_id: &ids.tool_call_id,
         })
+    } else {
+        turn.span_id
     };
     let sid = span_id(SpanKey::Approval {
         turn_id: &turn_id,

@@ -391,11 +391,12 @@ proptest! {
     }
 
     /// Known gap of the correlator, kept as a reproducer (run with
-    /// `cargo test --workspace --test limits -- --ignored`): an approval
-    /// whose tool call never had a tool event, or ids that make a session
-    /// its own subagent, leave spans whose parent is never emitted. (Values
-    /// near `u64::MAX` no longer overflow: durations and token sums
-    /// saturate.)
+    /// `cargo test --workspace --test limits -- --ignored`): subagent ids
+    /// that form a cycle (a session the subagent of its own subagent) can
+    /// leave a subagent span whose parent is never emitted. (Fixed: values
+    /// near `u64::MAX` saturate; an approval without an open tool hangs
+    /// from its turn; a subagent without a child session, or of its own
+    /// session, is ignored; a link lives as long as its open subagent.)
     #[test]
     #[ignore = "reproduces known correlator gaps with hostile values; see the doc comment"]
     fn hostile_values_never_panic_and_every_parent_is_emitted(
