@@ -1,7 +1,8 @@
 //! OTLP/gRPC exporter.
 //!
-//! This module owns [`GrpcExporter`]: one tonic `TraceServiceClient` over a
-//! lazily connected HTTP/2 channel, with a per-request timeout (enforced
+//! This module owns [`GrpcExporter`]: one tonic gRPC client of the OTLP
+//! `TraceService/Export` method over a lazily connected HTTP/2 channel, whose
+//! codec encodes the shared batch in place (no copy per attempt), with a per-request timeout (enforced
 //! locally and sent as `grpc-timeout`), optional gzip compression and extra
 //! metadata. Configuration is validated in [`GrpcExporter::new`], which
 //! connects nothing and needs no runtime; the channel is created on the first export (it
@@ -20,9 +21,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
-use tonic::codec::CompressionEncoding;
+use http::uri::PathAndQuery;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use prost::Message as _;
+use tonic::client::Grpc;
+use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
@@ -96,7 +101,7 @@ pub struct GrpcExporter {
     metadata: MetadataMap,
     compression: Compression,
     timeout: Duration,
-    client: Option<TraceServiceClient<Channel>>,
+    client: Option<Grpc<Channel>>,
 }
 
 impl std::fmt::Debug for GrpcExporter {
@@ -183,12 +188,12 @@ impl GrpcExporter {
         Ok(endpoint)
     }
 
-    fn client(&mut self) -> TraceServiceClient<Channel> {
+    fn client(&mut self) -> Grpc<Channel> {
         if let Some(client) = &self.client {
             return client.clone();
         }
-        let mut client = TraceServiceClient::new(self.endpoint.connect_lazy())
-            .accept_compressed(CompressionEncoding::Gzip);
+        let mut client =
+            Grpc::new(self.endpoint.connect_lazy()).accept_compressed(CompressionEncoding::Gzip);
         if self.compression == Compression::Gzip {
             client = client.send_compressed(CompressionEncoding::Gzip);
         }
@@ -201,10 +206,24 @@ impl SpanExporter for GrpcExporter {
     fn export(&mut self, request: Arc<ExportTraceServiceRequest>) -> ExportFuture<'_> {
         Box::pin(async move {
             let mut client = self.client();
-            let mut grpc_request = tonic::Request::new(ExportTraceServiceRequest::clone(&request));
+            // The batch is shared with the other sinks and kept for retries:
+            // it is encoded from the `Arc`, never copied.
+            let mut grpc_request = tonic::Request::new(request);
             *grpc_request.metadata_mut() = self.metadata.clone();
             grpc_request.set_timeout(self.timeout);
-            let response = tokio::time::timeout(self.timeout, client.export(grpc_request))
+            let call = async {
+                client.ready().await.map_err(|e| {
+                    tonic::Status::unavailable(format!("OTLP gRPC channel not ready: {e}"))
+                })?;
+                client
+                    .unary(
+                        grpc_request,
+                        PathAndQuery::from_static(EXPORT_PATH),
+                        SharedCodec,
+                    )
+                    .await
+            };
+            let response = tokio::time::timeout(self.timeout, call)
                 .await
                 .map_err(|_| ExportError::Timeout(self.timeout))?
                 .map_err(|status| ExportError::from_status(&status))?;
@@ -224,6 +243,52 @@ impl SpanExporter for GrpcExporter {
                 .unwrap_or(0);
             Ok(ExportOutcome { rejected_spans })
         })
+    }
+}
+
+/// The OTLP trace service's `Export` method.
+const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+/// Protobuf codec of the `Export` call whose request is an
+/// `Arc<ExportTraceServiceRequest>`: encoded straight from the shared batch
+/// (the generated client takes the request by value, which meant a deep copy
+/// of every batch on every attempt).
+#[derive(Debug, Clone, Copy, Default)]
+struct SharedCodec;
+
+impl Codec for SharedCodec {
+    type Encode = Arc<ExportTraceServiceRequest>;
+    type Decode = ExportTraceServiceResponse;
+    type Encoder = SharedCodec;
+    type Decoder = SharedCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        SharedCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        SharedCodec
+    }
+}
+
+impl Encoder for SharedCodec {
+    type Item = Arc<ExportTraceServiceRequest>;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Self::Item, buf: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
+        item.encode(buf)
+            .map_err(|e| tonic::Status::internal(format!("encode OTLP request: {e}")))
+    }
+}
+
+impl Decoder for SharedCodec {
+    type Item = ExportTraceServiceResponse;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
+        ExportTraceServiceResponse::decode(buf)
+            .map(Some)
+            .map_err(|e| tonic::Status::internal(format!("decode OTLP response: {e}")))
     }
 }
 

@@ -148,7 +148,7 @@ impl SpanProcessor {
     /// Processes every span, event, link, scope and resource of a batch in
     /// place.
     pub fn process(&self, batch: &mut [ResourceSpans]) {
-        let mut scratch = String::new();
+        let mut scratch = redact::Scratch::default();
         for resource_spans in batch {
             if let Some(resource) = resource_spans.resource.as_mut() {
                 let mut cut = Vec::new();
@@ -168,10 +168,10 @@ impl SpanProcessor {
 
     /// Processes one span (its attributes, events and links) in place.
     pub fn process_span(&self, span: &mut Span) {
-        self.span(span, &mut String::new());
+        self.span(span, &mut redact::Scratch::default());
     }
 
-    fn span(&self, span: &mut Span, scratch: &mut String) {
+    fn span(&self, span: &mut Span, scratch: &mut redact::Scratch) {
         let c = &self.compiled;
         sets::derive(span, c.openinference, c.langfuse);
         let mut cut = Vec::new();
@@ -193,7 +193,7 @@ impl SpanProcessor {
         attrs: &mut [KeyValue],
         prefix: Option<&str>,
         cut: &mut Vec<String>,
-        scratch: &mut String,
+        scratch: &mut redact::Scratch,
     ) {
         let c = &self.compiled;
         let redacted = c.redactor.redact_attributes(attrs, scratch);

@@ -103,6 +103,20 @@ impl KeyGlob {
     }
 }
 
+/// Working memory of one processing pass: the normalized-key buffer and
+/// the key rules' verdicts per key seen (spans of a batch share most of their
+/// attribute keys, so each is normalized and matched once per pass).
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    normalized: String,
+    verdicts: std::collections::HashMap<String, bool>,
+}
+
+impl Scratch {
+    /// Keys remembered per pass (JSON member keys are arbitrary).
+    const MAX_VERDICTS: usize = 1024;
+}
+
 /// Lowercases `key` and drops `-` and `_`, into `out` (cleared first).
 fn normalize_into(key: &str, out: &mut String) {
     out.clear();
@@ -166,18 +180,29 @@ impl Redactor {
 
     /// Whether `key` (or its last dot-separated segment) matches a key rule.
     /// `scratch` is reused for the normalized key.
-    pub(crate) fn key_matches(&self, key: &str, scratch: &mut String) -> bool {
+    pub(crate) fn key_matches(&self, key: &str, scratch: &mut Scratch) -> bool {
         if self.keys.is_empty() {
             return false;
         }
-        normalize_into(key, scratch);
-        if self.keys.iter().any(|g| g.matches(scratch)) {
+        if let Some(&known) = scratch.verdicts.get(key) {
+            return known;
+        }
+        let matches = self.key_matches_uncached(key, &mut scratch.normalized);
+        if scratch.verdicts.len() < Scratch::MAX_VERDICTS {
+            scratch.verdicts.insert(key.to_owned(), matches);
+        }
+        matches
+    }
+
+    fn key_matches_uncached(&self, key: &str, normalized: &mut String) -> bool {
+        normalize_into(key, normalized);
+        if self.keys.iter().any(|g| g.matches(normalized)) {
             return true;
         }
         match key.rsplit_once('.') {
             Some((_, last)) if !last.is_empty() => {
-                normalize_into(last, scratch);
-                self.keys.iter().any(|g| g.matches(scratch))
+                normalize_into(last, normalized);
+                self.keys.iter().any(|g| g.matches(normalized))
             }
             _ => false,
         }
@@ -185,7 +210,7 @@ impl Redactor {
 
     /// Redacts an attribute list in place; returns how many attributes
     /// changed.
-    pub(crate) fn redact_attributes(&self, attrs: &mut [KeyValue], scratch: &mut String) -> u64 {
+    pub(crate) fn redact_attributes(&self, attrs: &mut [KeyValue], scratch: &mut Scratch) -> u64 {
         if self.is_noop() {
             return 0;
         }
@@ -195,7 +220,7 @@ impl Redactor {
             .sum()
     }
 
-    fn redact_key_value(&self, kv: &mut KeyValue, scratch: &mut String) -> bool {
+    fn redact_key_value(&self, kv: &mut KeyValue, scratch: &mut Scratch) -> bool {
         if self.key_matches(&kv.key, scratch) {
             let Some(value) = kv.value.as_mut() else {
                 return false;
@@ -215,7 +240,7 @@ impl Redactor {
         }
     }
 
-    fn redact_any(&self, v: &mut AnyValue, scratch: &mut String) -> bool {
+    fn redact_any(&self, v: &mut AnyValue, scratch: &mut Scratch) -> bool {
         match &mut v.value {
             Some(Value::StringValue(s)) => match self.redact_str(s, 0, scratch) {
                 Some(new) => {
@@ -243,7 +268,7 @@ impl Redactor {
     }
 
     /// The redacted form of `s`, or `None` when no rule applies.
-    pub(crate) fn redact_str(&self, s: &str, depth: u8, scratch: &mut String) -> Option<String> {
+    pub(crate) fn redact_str(&self, s: &str, depth: u8, scratch: &mut Scratch) -> Option<String> {
         if depth < MAX_JSON_NESTING
             && let Some(mut doc) = json::parse_container(s)
         {
@@ -265,7 +290,7 @@ impl Redactor {
     }
 
     /// Redacts a parsed JSON document in place; returns whether it changed.
-    fn redact_json(&self, v: &mut Json, depth: u8, scratch: &mut String) -> bool {
+    fn redact_json(&self, v: &mut Json, depth: u8, scratch: &mut Scratch) -> bool {
         match v {
             Json::String(s) => match self.redact_str(s, depth + 1, scratch) {
                 Some(new) => {
@@ -322,7 +347,7 @@ mod tests {
     #[test]
     fn key_rules_ignore_case_separators_and_honour_wildcards() {
         let r = redactor();
-        let mut s = String::new();
+        let mut s = Scratch::default();
         for key in [
             "api_key",
             "API-Key",
@@ -372,7 +397,7 @@ mod tests {
     #[test]
     fn patterns_leave_ordinary_words_alone() {
         let r = redactor();
-        let mut s = String::new();
+        let mut s = Scratch::default();
         assert_eq!(
             r.redact_str("task-management-system-design-notes", 0, &mut s),
             None
