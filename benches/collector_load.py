@@ -247,7 +247,9 @@ def scenario_open_turns(bins: str, logdir: str, turns: int, capture: str, settle
         [
             os.path.join(bins, "hermes-bench-driver"),
             "--endpoint", rig.endpoint,
-            "--instances", "4",
+            # 20 agents: 500 open turns each at 10 000, below the default
+            # correlator.max_open_turns_per_agent (1 000).
+            "--instances", "20",
             "--capture", capture,
             "open-turns", "--turns", str(turns),
         ],
