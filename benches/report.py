@@ -6,7 +6,8 @@ docs/BENCHMARKS.md (stdlib only).
 
 RESULTS_DIR holds: machine.txt, criterion/<pass>/... (copies of
 target/criterion after each pass), hook_ours_<n>.json, hook_otel_<n>.json,
-collector_load.json. Every number is the median over the repeats/passes found.
+collector_load.json, session_cost.json (benches/session_cost.py),
+agent_stall.json (benches/agent_stall.py); any of them may be missing. Every number is the median over the repeats/passes found.
 """
 
 from __future__ import annotations
@@ -373,6 +374,261 @@ def collector_tables(load: Dict[str, Any]) -> List[str]:
     return lines
 
 
+# ---------------------------------------------------------------- session cost
+
+SESSION_RATIO = 20  # target: our default level <= 1/20 of the peer's cost
+
+VARIANT_LABELS = {
+    "none": "no plugin",
+    "noop": "no-op plugin (metadata's hooks, `def f(**kw): pass`)",
+    "lean": "ours, `lean`",
+    "metadata": "ours, `metadata` (default)",
+    "content": "ours, `content`",
+    "otel": "hermes-plugin-otel-tracing (OTLP/HTTP, its defaults)",
+    "otel_quiet": "hermes-plugin-otel-tracing (no content, no log file)",
+}
+
+
+def fmt_us(ns: Optional[float]) -> str:
+    if ns is None:
+        return "–"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e3:.0f} µs" if ns >= 1e5 else f"{ns / 1e3:.1f} µs"
+
+
+def session_tables(d: Dict[str, Any]) -> List[str]:
+    summ = d["summary"]
+    variants = [v for v in d["variants"] if v in summ]
+    spp = d.get("sessions_per_process", 1)
+    lines = [
+        f"{d['rounds']} child processes per variant, interleaved in a shuffled order per round, "
+        f"{spp} sessions of 3 turns each per process (first = cold, the others warm); "
+        f"{d['rounds'] * max(spp - 1, 0)} warm and {d['rounds']} cold sessions per variant; "
+        f"{d.get('seconds', 0) / 60:.0f} min; Python {d.get('python', '?')}; "
+        f"load before/after: {d['loads'][0]} / {d['loads'][-1]}. A session: 4 model calls, 1 tool call "
+        f"(`terminal`, `echo turn-two`). Agent thread = the thread that runs `run_conversation`.",
+        "",
+    ]
+    calib = [summ[v].get("calib_wall_ns") for v in variants]
+    calib_cpu = [summ[v].get("calib_cpu_ns") for v in variants]
+    lines.append(
+        f"Instrumentation floor (an empty timed region, counted in every call below): "
+        f"{fmt_ns(med(calib))} wall, {fmt_ns(med(calib_cpu))} thread CPU (`thread_time_ns` is a system call here)."
+    )
+    lines.append("")
+    for phase, title in (("warm", "Warm sessions (2nd and later session of a process)"),
+                         ("cold", "Cold sessions (1st session of a process)")):
+        lines += [
+            f"{title}, per session, agent thread, median (p90):",
+            "",
+            "| variant | hooks registered | dispatch calls | dispatch wall | payload building wall | **total wall** | total thread CPU | other threads' CPU during the session | session wall time |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for v in variants:
+            ph = summ[v].get(phase)
+            if not ph:
+                continue
+            ps = ph["per_session"]
+
+            def mp(key: str) -> str:
+                e = ps.get(key) or {}
+                return f"{fmt_us(e.get('median'))} ({fmt_us(e.get('p90'))})"
+
+            lines.append(
+                f"| {VARIANT_LABELS.get(v, v)} | {len(summ[v].get('hooks_registered', {}))} | "
+                f"{ps['dispatch_calls']['median']:.0f} + {ps['payload_calls']['median']:.0f} payload | "
+                f"{mp('dispatch_wall_ns')} | {mp('payload_wall_ns')} | **{mp('total_wall_ns')}** | {mp('total_cpu_ns')} | "
+                f"{mp('other_threads_session_cpu_ns')} | {fmt_us(ps['session_wall_ns']['median'])} |"
+            )
+        lines.append("")
+
+    # Ratios against the peer.
+    def tot(v: str, key: str, phase: str = "warm") -> Optional[float]:
+        try:
+            return summ[v][phase]["per_session"][key]["median"]
+        except KeyError:
+            return None
+
+    peers = [p for p in ("otel", "otel_quiet") if p in summ]
+    ours = [o for o in ("metadata", "lean", "content") if o in summ]
+    if peers and ours:
+        lines += [
+            "Ours against the peer (warm sessions, medians per session, wall). *Total*: dispatch + payload "
+            "building, as measured; *above no plugin*: minus the `none` variant (what Hermes dispatches anyway); "
+            "*callbacks only*: dispatch minus the `noop` variant's dispatch (what the callbacks themselves cost, "
+            "without Hermes' payload building that any plugin registering these hooks triggers):",
+            "",
+            "| ours | peer | total: ours / peer | ratio | above no plugin: ours / peer | ratio | callbacks only: ours / peer | ratio | ≤ 1/20? (total) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        none_t = tot("none", "total_wall_ns") or 0.0
+        noop_d = tot("noop", "dispatch_wall_ns")
+        for o in ours:
+            for p in peers:
+                ot, pt = tot(o, "total_wall_ns"), tot(p, "total_wall_ns")
+                od, pd = tot(o, "dispatch_wall_ns"), tot(p, "dispatch_wall_ns")
+                if ot is None or pt is None:
+                    continue
+                r_tot = pt / ot if ot else None
+                on, pn = ot - none_t, pt - none_t
+                r_net = pn / on if on > 0 else None
+                if noop_d is not None and od is not None and pd is not None:
+                    oc, pcb = od - noop_d, pd - noop_d
+                    r_cb = pcb / oc if oc > 0 else None
+                    cb = f"{fmt_us(oc)} / {fmt_us(pcb)} | {r_cb:.1f}×" if r_cb else f"{fmt_us(oc)} / {fmt_us(pcb)} | –"
+                else:
+                    cb = "– | –"
+                lines.append(
+                    f"| {VARIANT_LABELS.get(o, o)} | {VARIANT_LABELS.get(p, p)} | {fmt_us(ot)} / {fmt_us(pt)} | "
+                    f"{r_tot:.1f}× | {fmt_us(on)} / {fmt_us(pn)} | {f'{r_net:.1f}×' if r_net else '–'} | {cb} | "
+                    f"{ok(bool(r_tot and r_tot >= SESSION_RATIO))} |"
+                )
+        lines.append("")
+
+    # Per hook call.
+    keys = sorted({k for v in variants for k in summ[v].get("warm", {}).get("per_call", {})},
+                  key=lambda k: (k.split(":")[0] != "dispatch", k))
+    lines += [
+        "Per call on the agent thread, warm sessions, wall median (p90); calls per session in brackets. "
+        "`dispatch:` = `PluginManager.invoke_hook` (one `**kwargs` pack + Hermes' loop over the callbacks); "
+        "`payload:` = Hermes' payload builders, run only when a plugin registered the hook:",
+        "",
+        "| call | " + " | ".join(f"`{v}`" for v in variants) + " |",
+        "|---|" + "---:|" * len(variants),
+    ]
+    for k in keys:
+        cells = []
+        for v in variants:
+            h = summ[v].get("warm", {}).get("per_call", {}).get(k)
+            cells.append(
+                f"{fmt_us(h['wall_median_ns'])} ({fmt_us(h['wall_p90_ns'])}) [{h['calls_per_session']:g}]" if h else "–"
+            )
+        lines.append(f"| `{k}` | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Other threads' CPU during a warm session, by thread name (median, ns-resolution `/proc/self/task/*/schedstat`; threads alive at the session's end):")
+    lines.append("")
+    for v in variants:
+        byn = summ[v].get("warm", {}).get("other_threads_cpu_ns_by_name", {})
+        shown = ", ".join(f"`{n}` {fmt_us(ns)}" for n, ns in sorted(byn.items(), key=lambda x: -x[1]) if ns > 0)
+        lines.append(f"* `{v}`: {shown or '–'}")
+    lines.append("")
+    lines.append(
+        "Plugin discovery and load (`discover_and_load`, once per process, median): "
+        + ", ".join(f"`{v}` {summ[v].get('discover_wall_ms', 0):.0f} ms" for v in variants)
+        + "; process exit after the last turn (median): "
+        + ", ".join(f"`{v}` {summ[v].get('exit_delay_ms', {}).get('median', 0):.0f} ms" for v in variants)
+        + "."
+    )
+    coll = d.get("collector", {})
+    lines.append(
+        f"Collector during the run: {coll.get('hermes_collector_receiver_accepted_events_total', '?'):.0f} events accepted, "
+        f"{coll.get('sink_spans', '?')} spans at the sink; peer's OTLP/HTTP receiver: "
+        + ", ".join(f"`{p}` {c[0]} requests ({c[1]} B)" for p, c in (d.get("otlp_http_receiver") or {}).items())
+        + "."
+        if isinstance(coll.get("hermes_collector_receiver_accepted_events_total"), (int, float)) else ""
+    )
+    lines.append("")
+    return lines
+
+
+# ---------------------------------------------------------------- agent stall
+
+STALL_LABELS = {
+    "healthy": "healthy (reference)",
+    "healthy_b": "healthy again (A/A: noise)",
+    "no_plugin": "no plugin",
+    "collector_down": "collector down (connection refused)",
+    "collector_hung": "collector hung (accepts TCP, never answers)",
+    "backend_down": "backend down (collector up, OTLP/gRPC refused)",
+    "backend_hung": "backend hung (collector up, OTLP/gRPC never answers)",
+    "backend_503": "backend answers 503 (collector up, OTLP/HTTP)",
+    "backend_slow": "backend slow (collector up, OTLP/HTTP 200 after {slow}s)",
+}
+
+
+def fmt_diff(e: Optional[Dict[str, Any]]) -> str:
+    v = (e or {}).get("vs_healthy")
+    if not v:
+        return "–"
+    return f"{v['diff']:+.0f} [{v['lo']:+.0f}, {v['hi']:+.0f}]"
+
+
+def stall_tables(d: Dict[str, Any]) -> List[str]:
+    summ = d["summary"]
+    conds = [c for c in d["conditions"] if c in summ]
+    spp = d.get("sessions_per_process", 1)
+    lines = [
+        f"{d['rounds']} child processes per condition, interleaved in a shuffled order per round, {spp} sessions "
+        f"of 3 turns per process (first = cold); our plugin at `metadata`; no hook instrumentation. "
+        f"{d.get('seconds', 0) / 60:.0f} min; load before/after: {d['loads'][0]} / {d['loads'][-1]}. "
+        "Cells: difference of the median turn wall time to `healthy`, in ms, with the 95 % bootstrap interval "
+        "of that difference in brackets; **within noise** when the interval of the whole session contains 0.",
+        "",
+    ]
+    verdicts: Dict[str, List[bool]] = {}
+    for phase, title in (("warm", "Warm sessions"), ("cold", "Cold sessions (first of the process)")):
+        base = summ["healthy"][phase]
+        lines += [
+            f"{title}: healthy medians turn 1 / 2 / 3 = {base['turn1']['median_ms']:.0f} / "
+            f"{base['turn2']['median_ms']:.0f} / {base['turn3']['median_ms']:.0f} ms "
+            f"(IQR {base['turn1']['iqr_ms']:.0f} / {base['turn2']['iqr_ms']:.0f} / {base['turn3']['iqr_ms']:.0f} ms), "
+            f"session {base['session']['median_ms']:.0f} ms, n = {base['session']['n']}.",
+            "",
+            "| condition | turn 1 Δ ms | turn 2 Δ ms | turn 3 Δ ms | session Δ ms | session median | within noise |",
+            "|---|---:|---:|---:|---:|---:|---|",
+        ]
+        for c in conds:
+            if c == "healthy":
+                continue
+            e = summ[c][phase]
+            sess = e["session"].get("vs_healthy", {})
+            within = sess.get("lo", 1) <= 0 <= sess.get("hi", -1)
+            if c not in ("healthy_b", "no_plugin"):
+                verdicts.setdefault(c, []).append(within)
+            lines.append(
+                f"| {STALL_LABELS.get(c, c).format(slow=d.get('slow_s'))} | {fmt_diff(e['turn1'])} | {fmt_diff(e['turn2'])} | "
+                f"{fmt_diff(e['turn3'])} | {fmt_diff(e['session'])} | {e['session']['median_ms']:.0f} ms | "
+                f"{'yes' if within else 'no'} |"
+            )
+        lines.append("")
+    lines += [
+        "Process exit after the last turn (includes the plugin's bounded exit flush), and the shim's counters "
+        "at the end of the last process of each condition:",
+        "",
+        "| condition | exit median | Δ to healthy [95 %] | shim: enqueued / acked / dropped, connected, last error |",
+        "|---|---:|---:|---|",
+    ]
+    for c in conds:
+        e = summ[c]
+        ex = e["exit_delay"]
+        st = e.get("shim_stats_last") or {}
+        shim = (
+            f"{st.get('enqueued')} / {st.get('acked_events')} / {st.get('dropped')}, {st.get('connected')}, "
+            f"{st.get('last_error') or '–'}" if st else "–"
+        )
+        lines.append(f"| {STALL_LABELS.get(c, c).format(slow=d.get('slow_s'))} | {ex['median_ms']:.0f} ms | {fmt_diff(ex)} | {shim} |")
+    lines.append("")
+    lines += ["| target | result |", "|---|---|"]
+    for c, vs in verdicts.items():
+        lines.append(
+            f"| added turn latency 0 within noise: {STALL_LABELS.get(c, c).format(slow=d.get('slow_s'))} | "
+            f"{ok(all(vs))} |"
+        )
+    lines.append("")
+    return lines
+
+
+def load_json(path: str) -> Optional[Dict[str, Any]]:
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError:
+            return None
+
+
 def main() -> None:
     results = sys.argv[1] if len(sys.argv) > 1 else "."
     out: List[str] = []
@@ -396,6 +652,14 @@ def main() -> None:
     out += collector_tables(load) if load else ["(no collector load results)", ""]
     out += ["## Criterion micro-benchmarks", ""]
     out += criterion_tables(criterion(results), spans_per_event)
+    session = load_json(os.path.join(results, "session_cost.json"))
+    if session:
+        out += ["## Cost per real session", ""]
+        out += session_tables(session)
+    stall = load_json(os.path.join(results, "agent_stall.json"))
+    if stall:
+        out += ["## Agent stall", ""]
+        out += stall_tables(stall)
     print("\n".join(out))
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark of docs/BENCHMARKS.md and prints the tables.
 #
-#   benches/run.sh                 # everything (~20 min on 2 cores)
+#   benches/run.sh                 # everything (~60 min on 2 cores)
 #   BENCH_REPEATS=1 BENCH_CRITERION_PASSES=1 benches/run.sh   # quicker
 #
 # Steps: (1) release build of the collector, loadgen and the bench helpers,
@@ -11,8 +11,11 @@
 # into the e2e venv); (3) criterion (`cargo bench -p hermes-benches`);
 # (4) hook cost in-process (benches/hook_cost.py) against a running release
 # collector exporting to hermes-bench-sink; (5) collector throughput, memory
-# and delay (benches/collector_load.py); (6) benches/report.py prints the
-# tables, also written to $OUT/report.md.
+# and delay (benches/collector_load.py); (7) cost per real three-turn Hermes
+# session, ours at each capture level against hermes-plugin-otel-tracing
+# (benches/session_cost.py, in target/session-venv); (8) turn latency with
+# the collector or its backend down/hung/failing (benches/agent_stall.py);
+# (6) benches/report.py prints the tables, also written to $OUT/report.md.
 #
 # Environment:
 #   BENCH_OUT                results directory (default target/bench-results/<date>)
@@ -22,8 +25,12 @@
 #                            OpenTelemetry variants: a fifth of it)
 #   BENCH_LOADGEN_TURNS      loadgen turns per agent, 4 agents (default 20000)
 #   BENCH_DELAY_TURNS        real-time turns per agent of the delay run (default 8)
+#   BENCH_SESSION_ROUNDS     child processes per variant of session_cost.py (default 20)
+#   BENCH_STALL_ROUNDS       child processes per condition of agent_stall.py (default 12)
+#   BENCH_SESSIONS_PER_PROCESS  sessions per child process, first one cold (default 3)
 #   BENCH_SKIP_SETUP_VENV=1  use target/e2e-venv as it is
-#   BENCH_ONLY               comma list of steps: criterion,hook,collector (default all)
+#   BENCH_ONLY               comma list of steps: criterion,hook,collector,session,stall
+#                            (default all)
 # Everything listens on 127.0.0.1 only.
 set -euo pipefail
 
@@ -33,9 +40,12 @@ OUT="${BENCH_OUT:-$ROOT/target/bench-results/$(date +%Y%m%d-%H%M%S)}"
 REPEATS="${BENCH_REPEATS:-3}"
 PASSES="${BENCH_CRITERION_PASSES:-1}"
 ITER="${BENCH_HOOK_ITERATIONS:-50000}"
-ONLY="${BENCH_ONLY:-criterion,hook,collector}"
+ONLY="${BENCH_ONLY:-criterion,hook,collector,session,stall}"
 E2E_VENV="$ROOT/target/e2e-venv"
 BENCH_VENV="$ROOT/target/bench-venv"
+# hermes-agent 0.19.0 + the peer plugin (never installed into the e2e venv).
+SESSION_VENV="$ROOT/target/session-venv"
+PEER_PLUGIN="hermes-plugin-otel-tracing==0.1.1"
 mkdir -p "$OUT/bin"
 log() { echo "run.sh: $*" >&2; }
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
@@ -81,11 +91,24 @@ if want criterion; then
   done
 fi
 
-# ---- 2 + 4. hook cost
-if want hook; then
+# ---- 2. the e2e venv and a snapshot of the installed plugin
+SHIM_SNAP="$OUT/shim"
+if want hook || want session || want stall; then
   if [[ "${BENCH_SKIP_SETUP_VENV:-}" != 1 ]]; then
     bash tests/setup_venv.sh >&2
   fi
+  # A copy of the installed plugin (package and dist-info, whose entry point
+  # lets Hermes discover it from PYTHONPATH), taken under the venv's lock, is
+  # what is measured: a concurrent tests/setup_venv.sh may reinstall it mid-run.
+  rm -rf "$SHIM_SNAP"; mkdir -p "$SHIM_SNAP"
+  flock -w 1800 "$E2E_VENV.lock" cp -r "$E2E_VENV"/lib/python3*/site-packages/hermes_collector \
+    "$E2E_VENV"/lib/python3*/site-packages/hermes_collector_shim-*.dist-info "$SHIM_SNAP/"
+  "$E2E_VENV/bin/python" -m pip show hermes-collector-shim 2>/dev/null | head -3 > "$OUT/shim-version.txt" || true
+  ls -l --time-style=full-iso "$SHIM_SNAP"/hermes_collector/_core*.so >> "$OUT/shim-version.txt" 2>/dev/null || true
+fi
+
+# ---- 4. hook cost
+if want hook; then
   if [[ ! -x "$BENCH_VENV/bin/python" ]] || ! "$BENCH_VENV/bin/python" -c 'import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc' 2>/dev/null; then
     log "creating $BENCH_VENV (OpenTelemetry SDK)"
     base_python="$("$E2E_VENV/bin/python" -c 'import sys; print(sys._base_executable)')"
@@ -93,13 +116,6 @@ if want hook; then
     "$BENCH_VENV/bin/python" -m pip install -q --disable-pip-version-check opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc
   fi
   "$BENCH_VENV/bin/python" -m pip list --disable-pip-version-check 2>/dev/null | grep -i -E '^(opentelemetry|grpcio|protobuf)' > "$OUT/bench-venv-packages.txt" || true
-  # A copy of the installed plugin, taken under the venv's lock, is what is
-  # measured: a concurrent tests/setup_venv.sh may reinstall it mid-run.
-  SHIM_SNAP="$OUT/shim"
-  rm -rf "$SHIM_SNAP"; mkdir -p "$SHIM_SNAP"
-  flock -w 1800 "$E2E_VENV.lock" cp -r "$E2E_VENV"/lib/python3*/site-packages/hermes_collector "$SHIM_SNAP/"
-  "$E2E_VENV/bin/python" -m pip show hermes-collector-shim 2>/dev/null | head -3 > "$OUT/shim-version.txt" || true
-  ls -l --time-style=full-iso "$SHIM_SNAP"/hermes_collector/_core*.so >> "$OUT/shim-version.txt" 2>/dev/null || true
 
   SINK_PORT=$(free_port); LISTEN=$(free_port); ADMIN=$(free_port)
   "$BIN/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "$OUT/hook_sink.json" 2> "$OUT/hook_sink.log" &
@@ -137,6 +153,37 @@ if want collector; then
     --turns "${BENCH_LOADGEN_TURNS:-20000}" --delay-turns "${BENCH_DELAY_TURNS:-8}" --logdir "$OUT/collector-logs" \
     > "$OUT/collector_load.json"
   echo "collector end: $(uptime)" >> "$OUT/loads.txt"
+fi
+
+# ---- 7 + 8. real Hermes sessions: cost per session, agent stall
+if want session || want stall; then
+  if [[ ! -x "$SESSION_VENV/bin/python" ]] || ! "$SESSION_VENV/bin/python" -c '
+import importlib.metadata as md, sys
+sys.exit(0 if md.version("hermes-agent") == "0.19.0" and md.version("hermes-plugin-otel-tracing") == "0.1.1" else 1)' 2>/dev/null; then
+    log "creating $SESSION_VENV (hermes-agent 0.19.0 + $PEER_PLUGIN)"
+    base_python="$("$E2E_VENV/bin/python" -c 'import sys; print(sys._base_executable)')"
+    rm -rf "$SESSION_VENV"
+    "$base_python" -m venv "$SESSION_VENV"
+    "$SESSION_VENV/bin/python" -m pip install -q --disable-pip-version-check "hermes-agent==0.19.0" "$PEER_PLUGIN"
+  fi
+  "$SESSION_VENV/bin/python" -m pip list --disable-pip-version-check 2>/dev/null \
+    | grep -i -E '^(hermes|opentelemetry|grpcio|protobuf|requests)' > "$OUT/session-venv-packages.txt" || true
+fi
+if want session; then
+  log "session cost (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "session cost start: $(uptime)" >> "$OUT/loads.txt"
+  python3 benches/session_cost.py --venv "$SESSION_VENV" --shim-path "$SHIM_SNAP" --bins "$BIN" \
+    --rounds "${BENCH_SESSION_ROUNDS:-20}" --sessions-per-process "${BENCH_SESSIONS_PER_PROCESS:-3}" \
+    --logdir "$OUT/session-logs" > "$OUT/session_cost.json"
+  echo "session cost end: $(uptime)" >> "$OUT/loads.txt"
+fi
+if want stall; then
+  log "agent stall (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "agent stall start: $(uptime)" >> "$OUT/loads.txt"
+  python3 benches/agent_stall.py --venv "$SESSION_VENV" --shim-path "$SHIM_SNAP" --bins "$BIN" \
+    --rounds "${BENCH_STALL_ROUNDS:-12}" --sessions-per-process "${BENCH_SESSIONS_PER_PROCESS:-3}" \
+    --logdir "$OUT/stall-logs" > "$OUT/agent_stall.json"
+  echo "agent stall end: $(uptime)" >> "$OUT/loads.txt"
 fi
 
 # ---- 6. tables
