@@ -35,6 +35,18 @@ impl ConfigError {
             reason: reason.into(),
         }
     }
+
+    /// Replaces each `(value, variable)` of `used` in the message by
+    /// `${variable}` (values of 4 bytes or more: shorter ones are no
+    /// secret, and replacing them would garble line numbers).
+    fn conceal(mut self, used: &[(String, String)]) -> Self {
+        for (value, name) in used.iter().filter(|(v, _)| v.len() >= 4) {
+            let reference = format!("${{{name}}}");
+            self.path = self.path.replace(value.as_str(), &reference);
+            self.reason = self.reason.replace(value.as_str(), &reference);
+        }
+        self
+    }
 }
 
 /// Root of the configuration file.
@@ -654,15 +666,25 @@ impl Config {
         Ok(config)
     }
 
-    /// Reads and parses a file.
     /// Reads a file, replaces `${VAR}`/`${VAR:-default}` from the
     /// environment, then parses and validates it.
     pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ConfigError::new("<file>", format!("cannot read {}: {e}", path.display()))
         })?;
-        let text = crate::interpolate::interpolate(&text, &|name| std::env::var(name).ok())?;
-        Self::from_yaml(&text)
+        Self::from_text(&text, &|name| std::env::var(name).ok())
+    }
+
+    /// Replaces `${VAR}`/`${VAR:-default}` through `env`, then parses and
+    /// validates. An error never shows a value taken from the environment
+    /// (a token written into the wrong key, say): it names the variable.
+    pub fn from_text(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut used = Vec::new();
+        let text = crate::interpolate::interpolate_with(text, env, &mut used)?;
+        Self::from_yaml(&text).map_err(|e| e.conceal(&used))
     }
 
     /// Whether no exporter is configured (the embedded default runs).
@@ -1015,6 +1037,17 @@ impl Default for RedactionSchema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_names_the_variable_not_its_secret_value() {
+        let env = |name: &str| (name == "TOKEN").then(|| "s3cret-token".to_owned());
+        let text = "exporters:\n  otlp:\n    endpoint: http://127.0.0.1:4317\n    protocol: \"http/p${TOKEN}\"\n";
+        let e = Config::from_text(text, &env).unwrap_err();
+        let shown = e.to_string();
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("${TOKEN}"), "{shown}");
+        assert_eq!(e.path, "exporters.otlp.protocol");
+    }
 
     #[test]
     fn empty_file_is_the_embedded_default() {

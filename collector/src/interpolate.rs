@@ -10,9 +10,21 @@
 use crate::config::ConfigError;
 
 /// Replaces the references in `text` using `lookup`.
+#[cfg(test)]
 pub fn interpolate(
     text: &str,
     lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, ConfigError> {
+    interpolate_with(text, lookup, &mut Vec::new())
+}
+
+/// As [`interpolate`], also recording each value taken from the
+/// environment with its variable's name in `used` (so that errors can name
+/// the variable instead of showing a secret).
+pub fn interpolate_with(
+    text: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    used: &mut Vec<(String, String)>,
 ) -> Result<String, ConfigError> {
     let mut out = String::with_capacity(text.len());
     for (index, line) in text.split_inclusive('\n').enumerate() {
@@ -44,10 +56,11 @@ pub fn interpolate(
                         &format!("`${{{reference}}}` is not a variable reference"),
                     ));
                 }
-                match lookup(name)
-                    .filter(|v| !v.is_empty())
-                    .or(default.map(str::to_owned))
-                {
+                let from_env = lookup(name).filter(|v| !v.is_empty());
+                if let Some(value) = &from_env {
+                    used.push((value.clone(), name.to_owned()));
+                }
+                match from_env.or(default.map(str::to_owned)) {
                     Some(value) => out.push_str(&value),
                     None => {
                         return Err(error(

@@ -14,8 +14,7 @@ pub mod interpolate;
 /// interpolation (through `env`), parsing, validation. The error, if any, as
 /// the collector prints it.
 pub fn load(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
-    let text = interpolate::interpolate(text, env).map_err(|e| e.to_string())?;
-    config::Config::from_yaml(&text)
+    config::Config::from_text(text, env)
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
