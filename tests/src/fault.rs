@@ -68,27 +68,7 @@ impl CollectorProcess {
     /// `GET path` on the admin server (address from the collector's log);
     /// the whole HTTP response.
     pub fn admin_get(&self, path: &str) -> String {
-        use std::io::{Read, Write};
-        let log = self.guard.stderr_text();
-        let addr = log
-            .lines()
-            .find(|l| l.contains("serving /livez"))
-            .and_then(|l| l.split("listen=").nth(1))
-            .map(|a| a.trim().to_string())
-            .unwrap_or_else(|| panic!("no admin address in the log:\n{log}"));
-        let mut stream =
-            std::net::TcpStream::connect(&addr).unwrap_or_else(|e| panic!("connect admin: {e}"));
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap_or_else(|e| panic!("admin request: {e}"));
-        let mut response = String::new();
-        stream
-            .read_to_string(&mut response)
-            .unwrap_or_else(|e| panic!("admin response: {e}"));
-        response
+        crate::collector::admin_get(&self.guard, path)
     }
 
     /// The sum of every sample of metric `name` (all label sets) on

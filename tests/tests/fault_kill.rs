@@ -8,62 +8,27 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hermes_e2e::collector::admin_get;
-use hermes_e2e::span_tree::hex;
+use hermes_e2e::fault::{CollectorProcess, read_span_keys, span_key};
 use hermes_e2e::{ChildGuard, OtlpReceiver, cargo_bin, free_port};
-
-fn start_collector(bin: &Path, config: &Path) -> ChildGuard {
-    let mut collector = ChildGuard::spawn_named(
-        "hermes-collector",
-        Command::new(bin)
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .unwrap();
-    assert!(
-        collector.wait_for_stderr(Duration::from_secs(60), |e| e
-            .contains("receiving Hermes events")),
-        "{}",
-        collector.stderr_text()
-    );
-    collector
-}
-
-/// The value of the unlabelled metric `name` on the admin server.
-fn metric(collector: &ChildGuard, name: &str) -> Option<f64> {
-    admin_get(collector, "/metrics")
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
 
 #[test]
 fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
-    let collector_bin = cargo_bin("hermes-collector", "hermes-collector");
     let loadgen_bin = cargo_bin("hermes-loadgen", "hermes-loadgen");
     let receiver = OtlpReceiver::start();
     let work = tempfile::tempdir().unwrap();
     let port = free_port();
-    let config = work.path().join("collector.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "receiver:\n  listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:0\nqueue:\n  kind: disk\n  dir: {}\nexporters:\n  otlp:\n    endpoint: {}\n",
-            work.path().join("queue").display(),
-            receiver.endpoint()
-        ),
-    )
-    .unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let config = format!(
+        "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\nqueue:\n  kind: disk\n  dir: {}\nexporters:\n  otlp:\n    endpoint: {}\n",
+        work.path().join("queue").display(),
+        receiver.endpoint()
+    );
     let expected_file = work.path().join("expected-spans.txt");
 
-    let mut collector = start_collector(&collector_bin, &config);
+    let mut collector = CollectorProcess::start_with_config(work.path(), &listen, &config);
     // 4 agents x 1 600 recorded turns: about 100 800 events.
     let loadgen = ChildGuard::spawn_named(
         "hermes-loadgen",
@@ -90,34 +55,23 @@ fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
 
     // Kill once a good part of the stream was acknowledged and exported.
     let deadline = Instant::now() + Duration::from_secs(240);
-    while metric(
-        &collector,
-        "hermes_collector_receiver_accepted_events_total",
-    )
-    .unwrap_or(0.0)
-        < 30_000.0
-    {
+    while collector.metric("hermes_collector_receiver_accepted_events_total") < 30_000.0 {
         assert!(
             Instant::now() < deadline,
             "the load never reached 30 000 events:\n{}",
-            collector.stderr_text()
+            collector.guard.stderr_text()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
     let before_kill = receiver.store().span_count();
-    let status = collector.kill();
+    let status = collector.guard.kill();
     assert!(!status.success());
     assert!(before_kill > 0, "spans were flowing before the kill");
 
     // Same queue, same port: the loadgen's senders reconnect and resend.
-    let mut collector = start_collector(&collector_bin, &config);
-    let replayed = |c: &ChildGuard| {
-        metric(
-            c,
-            "hermes_collector_persistent_queue_replayed_batches_total",
-        )
-        .unwrap_or(0.0)
-    };
+    let mut collector = CollectorProcess::start_with_config(work.path(), &listen, &config);
+    let replayed =
+        |c: &CollectorProcess| c.metric("hermes_collector_persistent_queue_replayed_batches_total");
     let deadline = Instant::now() + Duration::from_secs(30);
     while replayed(&collector) == 0.0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
@@ -137,19 +91,10 @@ fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
         "{summary}"
     );
 
-    let expected: BTreeSet<String> = std::fs::read_to_string(&expected_file)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let expected = read_span_keys(&expected_file);
     assert!(expected.len() > 30_000, "{} expected spans", expected.len());
-    let received = || -> BTreeSet<String> {
-        receiver
-            .spans()
-            .iter()
-            .map(|(_, s)| format!("{}/{}", hex(&s.trace_id), hex(&s.span_id)))
-            .collect()
-    };
+    let received =
+        || -> BTreeSet<String> { receiver.spans().iter().map(|(_, s)| span_key(s)).collect() };
     let deadline = Instant::now() + Duration::from_secs(120);
     while !received().is_superset(&expected) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(250));
@@ -161,7 +106,7 @@ fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
         "{} of {} spans missing, e.g. {missing:?}\n{}",
         expected.difference(&got).count(),
         expected.len(),
-        collector.stderr_text()
+        collector.guard.stderr_text()
     );
     let unexpected: Vec<_> = got.difference(&expected).take(10).collect();
     assert!(
@@ -193,11 +138,11 @@ fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
         before_kill
     );
 
-    assert!(collector.signal("TERM"));
-    let status = collector.wait_timeout(Duration::from_secs(30));
+    assert!(collector.guard.signal("TERM"));
+    let status = collector.guard.wait_timeout(Duration::from_secs(30));
     assert!(
         status.is_some_and(|s| s.success()),
         "{status:?}\n{}",
-        collector.stderr_text()
+        collector.guard.stderr_text()
     );
 }
