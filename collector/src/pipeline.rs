@@ -188,10 +188,10 @@ impl Tracker {
         });
     }
 
-    /// Moves finished messages to markers, computes the watermark from
-    /// `open` (the lowest lsn open state and held events need), and hands
-    /// both to the writer when it has room.
-    fn settle(&mut self, open: Option<u64>) {
+    /// Moves finished messages to markers and computes the watermark from
+    /// `open` (the lowest lsn open state and held events need); the settle
+    /// to hand to the writer, if there is anything to say.
+    fn prepare(&mut self, open: Option<u64>) -> Option<Settle> {
         let done = self.durable.exporter.done_through();
         while self.pending.front().is_some_and(|p| p.index <= done) {
             if let Some(p) = self.pending.pop_front() {
@@ -204,31 +204,34 @@ impl Tracker {
         self.watermark = open.unwrap_or(next).min(next);
         let below = unfinished.map_or(self.watermark, |u| u.min(self.watermark));
         if below <= self.settled && self.markers.is_empty() {
-            return;
+            return None;
         }
-        let settle = Settle {
+        Some(Settle {
             exported: std::mem::take(&mut self.markers),
             below,
+        })
+    }
+
+    /// [`Tracker::prepare`], handed to the writer when it has room (else
+    /// the markers wait for the next tick; never blocks the stage).
+    fn settle(&mut self, open: Option<u64>) {
+        let Some(settle) = self.prepare(open) else {
+            return;
         };
+        let below = settle.below;
         match self.durable.settle.try_send(settle) {
             Ok(()) => self.settled = self.settled.max(below),
             Err(
                 mpsc::error::TrySendError::Full(settle) | mpsc::error::TrySendError::Closed(settle),
-            ) => {
-                // Next tick.
-                self.markers = settle.exported;
-            }
+            ) => self.markers = settle.exported,
         }
     }
 
-    /// After the exporter stage ended: the final settle; `open` as in
-    /// [`Tracker::settle`], measured when the stage ended.
+    /// After the exporter stage ended: the final settle, waiting for room;
+    /// `open` as in [`Tracker::prepare`], measured when the stage ended.
     pub async fn finish(mut self, open: Option<u64>) {
-        self.settle(open);
-        if !self.markers.is_empty() {
-            let below = self.settled;
-            let exported = std::mem::take(&mut self.markers);
-            let _ = self.durable.settle.send(Settle { exported, below }).await;
+        if let Some(settle) = self.prepare(open) {
+            let _ = self.durable.settle.send(settle).await;
         }
     }
 }
