@@ -428,7 +428,11 @@ pub fn config(data: &[u8]) {
     };
     if let Err(message) = hermes_config_parse::load(&text, &env) {
         assert!(!message.is_empty());
-        assert!(!message.contains("s3cret-token"), "{message}");
+        // The token is a secret when it comes from the environment; text
+        // that writes it out itself may be quoted back.
+        if !text.contains("s3cret-token") {
+            assert!(!message.contains("s3cret-token"), "{message}");
+        }
     }
 }
 
