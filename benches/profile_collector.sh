@@ -37,11 +37,14 @@ echo "samples: $(perf report -i "$OUT/perf.data" --stdio --sort dso 2>/dev/null 
 echo "inclusive share of the collector's CPU samples:"
 perf report -i "$OUT/perf.data" --children --sort symbol --stdio --percent-limit 0.5 -g none 2>/dev/null \
   | grep -E '^ +[0-9]' \
-  | grep -E 'pipeline::run::|SpanProcessor::process|Redactor::key_matches|KeyGlob::matches|normalize_into|apply_patterns|Correlator::ingest|Sequencer::push|SinkWorker::run|GrpcExporter as hermes_exporter::sink::SpanExporter>::export|ProstEncoder<T> as tonic::codec::Encoder>::encode|ProstDecoder<U> as tonic::codec::Decoder>::decode|drop_in_place<opentelemetry_proto::proto::tonic::trace::v1::ResourceSpans>|Vec<T,A> as core::clone::Clone>::clone|String as core::clone::Clone>::clone|EventIngest>::stream' \
+  | grep -E 'pipeline::run::|SpanProcessor::process|Redactor::key_matches|KeyGlob::matches|normalize_into|apply_patterns|Correlator::ingest|Sequencer::push|SinkWorker::run|GrpcExporter as hermes_exporter::sink::SpanExporter>::export|ProstEncoder<T> as tonic::codec::Encoder>::encode|SharedCodec as tonic::codec::Encoder>::encode|ProstDecoder<U> as tonic::codec::Decoder>::decode|drop_in_place<opentelemetry_proto::proto::tonic::trace::v1::ResourceSpans>|Vec<T,A> as core::clone::Clone>::clone|String as core::clone::Clone>::clone|EventIngest>::stream' \
   | grep -vE '\] (do_call|poll|poll_future|poll_inner|with_mut|catch_unwind|call_once)<|\(inlined\)' \
   | awk '!seen[$4]++ {printf "  %7s  %s\n", $1, substr($0, index($0, "[.]") + 4)}' | cut -c1-150
-echo "self time in the allocator (glibc malloc/free):"
-perf report -i "$OUT/perf.data" --no-children --sort symbol --stdio --percent-limit 0.3 -g none 2>/dev/null \
-  | grep -E '^ +[0-9]' | grep -E '\] (_int_malloc|_int_free|malloc|cfree@GLIBC_2.2.5|malloc_consolidate|unlink_chunk.constprop.0|_int_realloc|realloc)( |$)' \
+# glibc's malloc/free, or mimalloc's (the collector's global allocator
+# since it replaced glibc's), and the kernel zeroing pages the allocator
+# takes fresh from the OS.
+echo "self time in the allocator (glibc malloc/free, mimalloc) and page zeroing:"
+{ perf report -i "$OUT/perf.data" --no-children --sort symbol --stdio --percent-limit 0.3 -g none 2>/dev/null \
+  | grep -E '^ +[0-9]' | grep -E '\] (_int_malloc|_int_free|malloc|cfree@GLIBC_2.2.5|malloc_consolidate|unlink_chunk.constprop.0|_int_realloc|realloc|_?mi_[a-z0-9_]+|clear_page_rep)( |$)' || true; } \
   | awk '{s += $1; printf "  %7s  %s\n", $1, $3} END {printf "  total %.1f%%\n", s}'
 echo "perf data: $OUT/perf.data"

@@ -68,23 +68,7 @@ pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 64 << 20;
 pub const MAX_SPOOL_MAX_BYTES: u64 = 1 << 40;
 
 /// Hooks registered at capture levels `metadata` and `content`.
-pub const METADATA_HOOKS: [&str; 15] = [
-    hooks::ON_SESSION_START,
-    hooks::ON_SESSION_END,
-    hooks::ON_SESSION_FINALIZE,
-    hooks::ON_SESSION_RESET,
-    hooks::PRE_LLM_CALL,
-    hooks::POST_LLM_CALL,
-    hooks::PRE_API_REQUEST,
-    hooks::POST_API_REQUEST,
-    hooks::API_REQUEST_ERROR,
-    hooks::PRE_TOOL_CALL,
-    hooks::POST_TOOL_CALL,
-    hooks::SUBAGENT_START,
-    hooks::SUBAGENT_STOP,
-    hooks::PRE_APPROVAL_REQUEST,
-    hooks::POST_APPROVAL_RESPONSE,
-];
+pub const METADATA_HOOKS: [&str; 15] = hooks::ALL;
 
 /// Hooks registered at capture level `lean`: metadata minus `pre_api_request`.
 pub const LEAN_HOOKS: [&str; 14] = [

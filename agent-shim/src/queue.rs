@@ -8,6 +8,13 @@
 //!   lock the consumer holds: it is a `try_send` on a bounded tokio mpsc
 //!   channel (lock-free on the sending side; its block list grows lazily, so a
 //!   large capacity costs no memory up front).
+//! - [`QueueTx::push`] never wakes the consumer, so it makes no system call:
+//!   the consumer only ever takes items with [`QueueRx::drain_into`] (which
+//!   registers no waker) on its own timer. A producer that needs the item
+//!   out at once uses [`QueueTx::push_and_wake`], which also wakes the
+//!   consumer waiting in [`QueueRx::woken`] (an eventfd write when it is
+//!   parked). Dropping the producer wakes the consumer too, so it sees the
+//!   close at once.
 //! - When the queue is full (or the consumer is gone) the pushed item is
 //!   handed back to the caller (so it can be dropped where that is safe, e.g.
 //!   with the GIL held) and `dropped` is incremented: after any set of pushes,
@@ -20,7 +27,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 /// Per shim instance sequence numbers: unique, starting at 1.
 #[derive(Debug)]
@@ -68,7 +75,15 @@ impl QueueCounters {
 pub fn event_queue<T>(capacity: usize) -> (QueueTx<T>, QueueRx<T>) {
     let (tx, rx) = mpsc::channel(capacity.max(1));
     let counters = Arc::new(QueueCounters::default());
-    (QueueTx { tx, counters }, QueueRx { rx })
+    let wake = Arc::new(Notify::new());
+    (
+        QueueTx {
+            tx,
+            counters,
+            wake: Arc::clone(&wake),
+        },
+        QueueRx { rx, wake },
+    )
 }
 
 /// The producing side, used on hook threads.
@@ -76,10 +91,12 @@ pub fn event_queue<T>(capacity: usize) -> (QueueTx<T>, QueueRx<T>) {
 pub struct QueueTx<T> {
     tx: mpsc::Sender<T>,
     counters: Arc<QueueCounters>,
+    wake: Arc<Notify>,
 }
 
 impl<T> QueueTx<T> {
-    /// Enqueues `item` without blocking. On a full or closed queue the item
+    /// Enqueues `item` without blocking and without waking the consumer (it
+    /// finds the item on its next look). On a full or closed queue the item
     /// comes back as `Err` and the drop is counted.
     #[inline]
     pub fn push(&self, item: T) -> Result<(), T> {
@@ -97,9 +114,25 @@ impl<T> QueueTx<T> {
         }
     }
 
+    /// Like [`QueueTx::push`], then wakes the consumer (or leaves it a
+    /// permit if it is busy), so the item goes out without waiting for the
+    /// consumer's timer.
+    pub fn push_and_wake(&self, item: T) -> Result<(), T> {
+        let pushed = self.push(item);
+        self.wake.notify_one();
+        pushed
+    }
+
     /// The counters of this queue.
     pub fn counters(&self) -> &Arc<QueueCounters> {
         &self.counters
+    }
+}
+
+impl<T> Drop for QueueTx<T> {
+    fn drop(&mut self) {
+        // The channel closes with `tx`: let the consumer see it now.
+        self.wake.notify_one();
     }
 }
 
@@ -107,14 +140,14 @@ impl<T> QueueTx<T> {
 #[derive(Debug)]
 pub struct QueueRx<T> {
     rx: mpsc::Receiver<T>,
+    wake: Arc<Notify>,
 }
 
 impl<T> QueueRx<T> {
-    /// Waits for at least one item and appends up to `limit` available items
-    /// to `buf`. Returns 0 only when the queue is closed and empty.
-    /// Cancel safe.
-    pub async fn recv_many(&mut self, buf: &mut Vec<T>, limit: usize) -> usize {
-        self.rx.recv_many(buf, limit.max(1)).await
+    /// Resolves when a producer called [`QueueTx::push_and_wake`] or was
+    /// dropped since the last time this resolved. Cancel safe.
+    pub async fn woken(&self) {
+        self.wake.notified().await;
     }
 
     /// Appends up to `limit` already queued items to `buf` without waiting;
@@ -131,6 +164,12 @@ impl<T> QueueRx<T> {
             }
         }
         n
+    }
+
+    /// Whether the producer is gone and every item was taken: nothing will
+    /// ever come again.
+    pub fn is_finished(&self) -> bool {
+        self.rx.is_closed() && self.rx.is_empty()
     }
 
     /// Number of queued items.
@@ -225,25 +264,37 @@ mod tests {
     }
 
     #[test]
-    fn recv_many_waits_for_first_item() {
+    fn push_wakes_nobody_and_push_and_wake_does() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         let (tx, mut rx) = event_queue::<u32>(16);
-        let pusher = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(20));
-            for i in 0..3 {
-                let _ = tx.push(i);
-            }
-        });
+        let woken_within = |rx: &QueueRx<u32>, ms: u64| {
+            rt.block_on(async {
+                tokio::time::timeout(Duration::from_millis(ms), rx.woken())
+                    .await
+                    .is_ok()
+            })
+        };
+        assert!(tx.push(1).is_ok());
+        assert!(!woken_within(&rx, 50), "a plain push must not wake");
+        assert!(tx.push_and_wake(2).is_ok());
+        assert!(woken_within(&rx, 5_000), "push_and_wake must wake");
         let mut buf = Vec::new();
-        let n = rt.block_on(rx.recv_many(&mut buf, 16));
-        assert!(n >= 1);
-        pusher.join().unwrap();
-        rx.drain_into(&mut buf, 16);
-        assert_eq!(buf, [0, 1, 2]);
-        // All senders gone: recv_many reports closed.
-        assert_eq!(rt.block_on(rx.recv_many(&mut buf, 16)), 0);
+        assert_eq!(rx.drain_into(&mut buf, 16), 2);
+        assert_eq!(buf, [1, 2]);
+        assert!(!rx.is_finished());
+        // A wake from another thread reaches a parked consumer.
+        let waker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            let _ = tx.push(3);
+            drop(tx);
+        });
+        assert!(woken_within(&rx, 5_000), "dropping the producer must wake");
+        waker.join().unwrap();
+        assert!(!rx.is_finished(), "an item is still queued");
+        assert_eq!(rx.drain_into(&mut buf, 16), 1);
+        assert!(rx.is_finished());
     }
 }

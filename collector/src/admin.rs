@@ -218,15 +218,28 @@ pub struct AdminState {
 impl AdminState {
     /// Builds the state from the stages' counters, the readiness flags and
     /// the probes of the `ingest` and `export` channels (any others too).
+    /// With the persistent queue's `persistent` stats: its counters, and its
+    /// fill level in bytes as the queue `persistent_bytes`.
     pub fn new(
         receiver: Arc<ReceiverStats>,
         pipeline: Arc<PipelineStats>,
         exporter: Arc<ExporterStats>,
         readiness: Arc<Readiness>,
-        queues: Vec<QueueProbe>,
+        mut queues: Vec<QueueProbe>,
         derived: &DerivedMetrics,
         persistent: Option<Arc<QueueStats>>,
     ) -> Self {
+        if let Some(stats) = persistent.clone() {
+            queues.push(QueueProbe::new("persistent_bytes", move || {
+                let read = |v: &std::sync::atomic::AtomicU64| {
+                    usize::try_from(v.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
+                };
+                QueueLevel {
+                    size: read(&stats.bytes),
+                    capacity: read(&stats.capacity_bytes),
+                }
+            }));
+        }
         let mut root = Registry::default();
         // Metrics derived from spans keep their semconv names, unprefixed.
         derived.register(&mut root);
@@ -823,6 +836,40 @@ mod tests {
         }
         f.shutdown.cancel();
         f.server.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn the_persistent_queue_reports_its_counters_and_its_fill_level() {
+        let stage = hermes_exporter::ExporterStage::new(
+            Vec::new(),
+            hermes_exporter::ExporterSettings::default(),
+        );
+        let stats = Arc::new(QueueStats::default());
+        let state = AdminState::new(
+            Arc::new(ReceiverStats::default()),
+            Arc::new(PipelineStats::default()),
+            stage.stats(),
+            Arc::new(Readiness::default()),
+            Vec::new(),
+            &DerivedMetrics::default(),
+            Some(stats.clone()),
+        );
+        stats.records.store(3, Ordering::Relaxed);
+        stats.bytes.store(1_000, Ordering::Relaxed);
+        stats.capacity_bytes.store(4_096, Ordering::Relaxed);
+        stats.replayed_batches.store(2, Ordering::Relaxed);
+        let body = state.render_prometheus().unwrap();
+        for line in [
+            "hermes_collector_persistent_queue_records 3",
+            "hermes_collector_persistent_queue_replayed_batches_total 2",
+            "hermes_collector_queue_size{queue=\"persistent_bytes\"} 1000",
+            "hermes_collector_queue_capacity{queue=\"persistent_bytes\"} 4096",
+        ] {
+            assert!(
+                body.lines().any(|l| l == line),
+                "missing `{line}` in\n{body}"
+            );
+        }
     }
 
     #[tokio::test]

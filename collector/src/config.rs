@@ -464,39 +464,50 @@ impl OtlpConfig {
     /// The TLS settings of an `https://` endpoint (None for `http://`), the
     /// PEM files read and checked. Errors name the key at fault.
     pub fn tls_settings(&self) -> Result<Option<hermes_exporter::TlsSettings>, ConfigError> {
-        const KEY: &str = "exporters.otlp.tls";
-        let uri: http::Uri = self.endpoint.parse().map_err(|e| {
-            ConfigError::new(
-                "exporters.otlp.endpoint",
-                format!("`{}` is not a URL ({e})", self.endpoint),
-            )
-        })?;
-        if uri.scheme_str() != Some("https") {
-            if self.tls.is_some() {
-                return Err(ConfigError::new(
-                    KEY,
-                    "TLS settings need an https:// endpoint (nothing is sent in plaintext that was meant to be encrypted)",
-                ));
-            }
-            return Ok(None);
-        }
-        let tls = self.tls.clone().unwrap_or_default();
-        let read = |key: &str, path: &Option<PathBuf>| {
-            path.as_deref()
-                .map(|path| read_pem(&format!("{KEY}.{key}"), path))
-                .transpose()
-        };
-        let settings = hermes_exporter::TlsSettings {
-            ca_pem: read("ca_file", &tls.ca_file)?,
-            client_cert_pem: read("cert_file", &tls.cert_file)?,
-            client_key_pem: read("key_file", &tls.key_file)?,
-            server_name: tls.server_name.clone(),
-        };
-        settings
-            .check(uri.host().unwrap_or_default())
-            .map_err(|e| ConfigError::new(KEY, e.to_string()))?;
-        Ok(Some(settings))
+        tls_settings("exporters.otlp", &self.endpoint, self.tls.as_ref())
     }
+}
+
+/// The TLS settings of the exporter at `key` for `endpoint`: None for
+/// `http://` (where `tls` is an error), else the PEM files of `tls` read and
+/// checked. Errors name the key at fault.
+fn tls_settings(
+    key: &str,
+    endpoint: &str,
+    tls: Option<&OtlpTlsConfig>,
+) -> Result<Option<hermes_exporter::TlsSettings>, ConfigError> {
+    let tls_key = format!("{key}.tls");
+    let uri: http::Uri = endpoint.parse().map_err(|e| {
+        ConfigError::new(
+            format!("{key}.endpoint"),
+            format!("`{endpoint}` is not a URL ({e})"),
+        )
+    })?;
+    if uri.scheme_str() != Some("https") {
+        if tls.is_some() {
+            return Err(ConfigError::new(
+                tls_key,
+                "TLS settings need an https:// endpoint (nothing is sent in plaintext that was meant to be encrypted)",
+            ));
+        }
+        return Ok(None);
+    }
+    let tls = tls.cloned().unwrap_or_default();
+    let read = |name: &str, path: &Option<PathBuf>| {
+        path.as_deref()
+            .map(|path| read_pem(&format!("{tls_key}.{name}"), path))
+            .transpose()
+    };
+    let settings = hermes_exporter::TlsSettings {
+        ca_pem: read("ca_file", &tls.ca_file)?,
+        client_cert_pem: read("cert_file", &tls.cert_file)?,
+        client_key_pem: read("key_file", &tls.key_file)?,
+        server_name: tls.server_name.clone(),
+    };
+    settings
+        .check(uri.host().unwrap_or_default())
+        .map_err(|e| ConfigError::new(tls_key, e.to_string()))?;
+    Ok(Some(settings))
 }
 
 fn default_protocol() -> OtlpProtocol {
@@ -846,7 +857,8 @@ fn positive(path: &str, value: u64) -> Result<(), ConfigError> {
 #[serde(deny_unknown_fields)]
 pub struct OtlpMetricsConfig {
     /// `http://host:4317` for gRPC; `http://host:4318` (the `/v1/metrics`
-    /// path is appended unless present) for HTTP/protobuf.
+    /// path is appended unless present) for HTTP/protobuf. `https://` for
+    /// TLS (see `tls`).
     pub endpoint: String,
     /// `grpc` (default) or `http/protobuf`.
     #[serde(default = "default_protocol")]
@@ -871,6 +883,11 @@ pub struct OtlpMetricsConfig {
     /// recorded since the previous one).
     #[serde(default)]
     pub temporality: MetricsTemporality,
+    /// TLS settings of an `https://` endpoint, as for `exporters.otlp`.
+    /// Without them an `https://` endpoint is verified against the system's
+    /// root certificates.
+    #[serde(default)]
+    pub tls: Option<OtlpTlsConfig>,
 }
 
 fn default_metrics_interval_ms() -> u64 {
@@ -887,6 +904,12 @@ pub enum MetricsTemporality {
 }
 
 impl OtlpMetricsConfig {
+    /// The TLS settings of an `https://` endpoint (None for `http://`), the
+    /// PEM files read and checked. Errors name the key at fault.
+    pub fn tls_settings(&self) -> Result<Option<hermes_exporter::TlsSettings>, ConfigError> {
+        tls_settings("exporters.otlp_metrics", &self.endpoint, self.tls.as_ref())
+    }
+
     /// Checks what serde cannot: the endpoint, the timers, the headers.
     fn validate(&self) -> Result<(), ConfigError> {
         const KEY: &str = "exporters.otlp_metrics";
@@ -896,13 +919,10 @@ impl OtlpMetricsConfig {
                 format!("`{}` is not a URL ({e})", self.endpoint),
             )
         })?;
-        if uri.scheme_str() != Some("http") {
+        if !matches!(uri.scheme_str(), Some("http" | "https")) {
             return Err(ConfigError::new(
                 format!("{KEY}.endpoint"),
-                format!(
-                    "`{}` must start with http:// (TLS export of metrics is not supported yet)",
-                    self.endpoint
-                ),
+                format!("`{}` must start with http:// or https://", self.endpoint),
             ));
         }
         if uri.host().is_none() {
@@ -911,6 +931,7 @@ impl OtlpMetricsConfig {
                 format!("`{}` has no host", self.endpoint),
             ));
         }
+        self.tls_settings()?;
         positive(&format!("{KEY}.interval_ms"), self.interval_ms)?;
         positive(&format!("{KEY}.timeout_ms"), self.timeout_ms)?;
         for (name, value) in &self.headers {

@@ -357,7 +357,8 @@ impl OtlpMetricsExport {
     /// Returns the meter to record with ([`DerivedMetrics::with_meter`]).
     pub fn start(
         config: &OtlpMetricsConfig,
-    ) -> Result<(Self, Meter), opentelemetry_otlp::ExporterBuildError> {
+        tls: Option<hermes_exporter::TlsSettings>,
+    ) -> anyhow::Result<(Self, Meter)> {
         let runtime = tokio::runtime::Handle::current();
         let timeout = Duration::from_millis(config.timeout_ms);
         let temporality = match config.temporality {
@@ -386,16 +387,27 @@ impl OtlpMetricsExport {
                     .with_endpoint(config.endpoint.clone())
                     .with_timeout(timeout)
                     .with_metadata(tonic::metadata::MetadataMap::from_headers(headers));
+                if let Some(tls) = &tls {
+                    builder = builder
+                        .with_tls_config(tls.tonic_config(&endpoint_host(&config.endpoint)?)?);
+                }
                 if let Some(compression) = compression {
                     builder = builder.with_compression(compression);
                 }
                 builder.build()?
             }
             OtlpProtocol::HttpProtobuf => {
+                let url = metrics_url(&config.endpoint);
+                // The exporter's own client (rustls with the configured roots
+                // and identity for https://), as the span exporter uses.
+                let connector = hermes_exporter::https_connector(&url.parse()?, tls, timeout)?;
                 let mut builder = builder
                     .with_http()
+                    .with_http_client(opentelemetry_http::hyper::HyperClient::new(
+                        connector, timeout, None,
+                    ))
                     .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                    .with_endpoint(metrics_url(&config.endpoint))
+                    .with_endpoint(url)
                     .with_timeout(timeout)
                     .with_headers(config.headers.clone().into_iter().collect());
                 if let Some(compression) = compression {
@@ -459,6 +471,14 @@ impl OtlpMetricsExport {
 
 /// `{endpoint}/v1/metrics`, or `endpoint` itself when it already ends so
 /// (as the traces exporter does with `/v1/traces`).
+/// The host of `endpoint` (validated as a URL with a host before).
+fn endpoint_host(endpoint: &str) -> anyhow::Result<String> {
+    let uri: http::Uri = endpoint.parse()?;
+    uri.host()
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow::anyhow!("`{endpoint}` has no host"))
+}
+
 fn metrics_url(endpoint: &str) -> String {
     const PATH: &str = "/v1/metrics";
     let trimmed = endpoint.trim_end_matches('/');

@@ -35,6 +35,13 @@ use hermes_receiver::{Ingest, Limits, ListenAddr, Listener, ReceiverStats};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc instead of glibc's malloc: every event and span is a tree of
+/// small owned strings and vectors, allocated on one stage's thread and
+/// freed on another's, which glibc served with a third of the collector's
+/// CPU (see docs/ARCHITECTURE.md, "Dependencies and why").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Out-of-process telemetry collector for the Hermes AI agent.
 #[derive(Debug, Parser)]
 #[command(name = "hermes-collector", version, about)]
@@ -387,22 +394,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         "the exporter queue is closed",
         admin::Readiness::channel_open(&export_tx),
     );
-    let mut queues = vec![
+    let queues = vec![
         admin::QueueProbe::from_sender("ingest", &ingest_tx),
         admin::QueueProbe::from_sender("export", &export_tx),
     ];
     let persistent_stats = persistent.as_ref().map(|(writer, _)| writer.stats());
-    if let Some(stats) = persistent_stats.clone() {
-        queues.push(admin::QueueProbe::new("persistent_bytes", move || {
-            let read = |v: &std::sync::atomic::AtomicU64| {
-                usize::try_from(v.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(usize::MAX)
-            };
-            admin::QueueLevel {
-                size: read(&stats.bytes),
-                capacity: read(&stats.capacity_bytes),
-            }
-        }));
-    }
 
     let settings = hermes_exporter::ExporterSettings {
         max_batch_spans: config.batch.max_spans,
@@ -443,8 +439,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // The derived metrics, also pushed over OTLP when configured.
     let (metrics_export, derived) = match &config.exporters.otlp_metrics {
         Some(otlp) => {
+            let tls = otlp.tls_settings()?;
             let (export, meter) =
-                derived::OtlpMetricsExport::start(otlp).context("OTLP metrics exporter")?;
+                derived::OtlpMetricsExport::start(otlp, tls).context("OTLP metrics exporter")?;
             tracing::info!(
                 endpoint = %otlp.endpoint,
                 interval_ms = otlp.interval_ms,

@@ -76,25 +76,13 @@ pub fn wire(data: &[u8]) {
 
 // --------------------------------------------------------------- pipeline
 
-const HOOKS: [&str; 17] = [
-    hooks::ON_SESSION_START,
-    hooks::ON_SESSION_END,
-    hooks::ON_SESSION_FINALIZE,
-    hooks::ON_SESSION_RESET,
-    hooks::PRE_LLM_CALL,
-    hooks::POST_LLM_CALL,
-    hooks::PRE_API_REQUEST,
-    hooks::POST_API_REQUEST,
-    hooks::API_REQUEST_ERROR,
-    hooks::PRE_TOOL_CALL,
-    hooks::POST_TOOL_CALL,
-    hooks::SUBAGENT_START,
-    hooks::SUBAGENT_STOP,
-    hooks::PRE_APPROVAL_REQUEST,
-    hooks::POST_APPROVAL_RESPONSE,
-    "transform_tool_result",
-    "",
-];
+/// Every hook, plus one Hermes has that the collector does not use and none.
+static HOOKS: std::sync::LazyLock<Vec<&str>> = std::sync::LazyLock::new(|| {
+    hooks::ALL
+        .into_iter()
+        .chain(["transform_tool_result", ""])
+        .collect()
+});
 const SESSIONS: [&str; 4] = ["s0", "s1", "s2", ""];
 const TURNS: [&str; 6] = ["t0", "t1", "t2", "t3", "t4", ""];
 const APIS: [&str; 3] = ["a0", "a1", ""];

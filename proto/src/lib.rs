@@ -25,4 +25,23 @@ pub mod hooks {
     pub const SUBAGENT_STOP: &str = "subagent_stop";
     pub const PRE_APPROVAL_REQUEST: &str = "pre_approval_request";
     pub const POST_APPROVAL_RESPONSE: &str = "post_approval_response";
+
+    /// Every observer hook of Hermes 0.19.0 the collector understands.
+    pub const ALL: [&str; 15] = [
+        ON_SESSION_START,
+        ON_SESSION_END,
+        ON_SESSION_FINALIZE,
+        ON_SESSION_RESET,
+        PRE_LLM_CALL,
+        POST_LLM_CALL,
+        PRE_API_REQUEST,
+        POST_API_REQUEST,
+        API_REQUEST_ERROR,
+        PRE_TOOL_CALL,
+        POST_TOOL_CALL,
+        SUBAGENT_START,
+        SUBAGENT_STOP,
+        PRE_APPROVAL_REQUEST,
+        POST_APPROVAL_RESPONSE,
+    ];
 }

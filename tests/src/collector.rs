@@ -1,6 +1,7 @@
-//! The `hermes-collector` binary as a test process: started on a free port
-//! with piped output (no fixed admin port, so tests run in parallel), up once
-//! it logs that it receives events.
+//! The `hermes-collector` binary as a test process: started on a free (or a
+//! chosen) port, or with a configuration file, with piped output and the
+//! admin server on an ephemeral port (so tests run in parallel); up once it
+//! logs that it receives events.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -11,25 +12,46 @@ use crate::{ChildGuard, cargo_bin, free_port};
 /// How long the collector may take to start.
 const START: Duration = Duration::from_secs(30);
 
-/// A running collector; killed on drop.
+/// A running collector; killed (with its process group) on drop.
 pub struct Collector {
     pub guard: ChildGuard,
-    /// Its ingest, for `HERMES_COLLECTOR_ENDPOINT`.
+    /// Its ingest, `http://127.0.0.1:PORT`, for `HERMES_COLLECTOR_ENDPOINT`.
     pub endpoint: String,
 }
 
 impl Collector {
-    /// Starts the collector in `cwd` with `args` (after `--listen` and
-    /// `--admin-listen 127.0.0.1:0`).
+    /// Starts the collector in `cwd` with `args` (after `--listen` on a free
+    /// port and `--admin-listen 127.0.0.1:0`).
     pub fn start(cwd: &Path, args: &[&str]) -> Collector {
         let listen = format!("127.0.0.1:{}", free_port());
+        Self::start_on(cwd, &listen, args)
+    }
+
+    /// Starts `hermes-collector --listen LISTEN --admin-listen 127.0.0.1:0
+    /// ARGS…` in `cwd`.
+    pub fn start_on(cwd: &Path, listen: &str, args: &[&str]) -> Collector {
         let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
         cmd.current_dir(cwd)
-            .arg("--listen")
-            .arg(&listen)
-            .args(["--admin-listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "info")
+            .args(["--listen", listen, "--admin-listen", "127.0.0.1:0"])
+            .args(args);
+        Self::spawn(cmd, format!("http://{listen}"))
+    }
+
+    /// Starts `hermes-collector --config FILE` in `cwd`, the file holding
+    /// `yaml` (which must set `receiver.listen` to `listen` and
+    /// `admin.listen` to `127.0.0.1:0`).
+    pub fn start_with_config(cwd: &Path, listen: &str, yaml: &str) -> Collector {
+        let config = cwd.join("collector.yaml");
+        std::fs::write(&config, yaml).unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
+        let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+        cmd.current_dir(cwd).arg("--config").arg(&config);
+        Self::spawn(cmd, format!("http://{listen}"))
+    }
+
+    /// Spawns `cmd` with piped output and waits until it logs that it
+    /// receives events.
+    fn spawn(mut cmd: Command, endpoint: String) -> Collector {
+        cmd.env("RUST_LOG", "info")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -37,15 +59,24 @@ impl Collector {
             .unwrap_or_else(|e| panic!("spawn collector: {e}"));
         let up = guard.wait_for_stderr(START, |e| e.contains("receiving Hermes events"));
         assert!(up, "collector did not start:\n{}", guard.stderr_text());
-        Collector {
-            guard,
-            endpoint: format!("http://{listen}"),
-        }
+        Collector { guard, endpoint }
     }
 
-    /// `GET path` on the admin server (address from the collector's log).
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        self.guard.try_wait().is_none()
+    }
+
+    /// `GET path` on the admin server (address from the collector's log);
+    /// the whole HTTP response.
     pub fn admin_get(&self, path: &str) -> String {
         admin_get(&self.guard, path)
+    }
+
+    /// The sum of every sample of metric `name` (all label sets) on
+    /// `/metrics`; 0 if absent.
+    pub fn metric(&self, name: &str) -> f64 {
+        crate::fault::metric_sum(&self.admin_get("/metrics"), name)
     }
 }
 

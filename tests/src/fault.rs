@@ -1,82 +1,20 @@
-//! Support for the fault tests (`tests/tests/fault_agent.rs`): the collector
-//! binary on a chosen port or with a configuration file, its admin metrics,
-//! the load generator, and the span-id sets `hermes-loadgen --expect-spans`
-//! writes.
+//! Support for the fault tests (`tests/tests/fault_*.rs`): metrics in the
+//! admin exposition, the load generator, and the span-id sets
+//! `hermes-loadgen --expect-spans` writes. The collector process itself is
+//! [`crate::collector::Collector`].
 //!
 //! Everything listens on 127.0.0.1 and every wait is bounded.
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::trace::v1::Span;
 
 use crate::otlp_receiver::ReceivedExport;
 use crate::span_tree::hex;
-use crate::{ChildGuard, RunOutput, cargo_bin, run_with_timeout};
-
-/// How long a collector may take to start.
-const START: Duration = Duration::from_secs(30);
-
-/// A collector process; killed (with its process group) on drop.
-pub struct CollectorProcess {
-    pub guard: ChildGuard,
-    /// Its ingest, `http://127.0.0.1:PORT`.
-    pub endpoint: String,
-}
-
-impl CollectorProcess {
-    /// Starts `hermes-collector --listen LISTEN --admin-listen 127.0.0.1:0
-    /// ARGS…` in `cwd` and waits until it receives events.
-    pub fn start_on(cwd: &Path, listen: &str, args: &[&str]) -> CollectorProcess {
-        let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
-        cmd.current_dir(cwd)
-            .args(["--listen", listen, "--admin-listen", "127.0.0.1:0"])
-            .args(args);
-        Self::spawn(cmd, format!("http://{listen}"))
-    }
-
-    /// Starts `hermes-collector --config FILE` in `cwd`, the file holding
-    /// `yaml` (which must set `receiver.listen` to `listen` and
-    /// `admin.listen` to `127.0.0.1:0`).
-    pub fn start_with_config(cwd: &Path, listen: &str, yaml: &str) -> CollectorProcess {
-        let config = cwd.join("collector.yaml");
-        std::fs::write(&config, yaml).unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
-        let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
-        cmd.current_dir(cwd).arg("--config").arg(&config);
-        Self::spawn(cmd, format!("http://{listen}"))
-    }
-
-    fn spawn(mut cmd: Command, endpoint: String) -> CollectorProcess {
-        cmd.env("RUST_LOG", "info")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut guard = ChildGuard::spawn_named("hermes-collector", &mut cmd)
-            .unwrap_or_else(|e| panic!("spawn collector: {e}"));
-        let up = guard.wait_for_stderr(START, |e| e.contains("receiving Hermes events"));
-        assert!(up, "collector did not start:\n{}", guard.stderr_text());
-        CollectorProcess { guard, endpoint }
-    }
-
-    /// Whether the process still runs.
-    pub fn is_running(&mut self) -> bool {
-        self.guard.try_wait().is_none()
-    }
-
-    /// `GET path` on the admin server (address from the collector's log);
-    /// the whole HTTP response.
-    pub fn admin_get(&self, path: &str) -> String {
-        crate::collector::admin_get(&self.guard, path)
-    }
-
-    /// The sum of every sample of metric `name` (all label sets) on
-    /// `/metrics`; 0 if absent.
-    pub fn metric(&self, name: &str) -> f64 {
-        metric_sum(&self.admin_get("/metrics"), name)
-    }
-}
+use crate::{RunOutput, cargo_bin, run_with_timeout};
 
 /// The sum of every sample of `name` in a Prometheus text exposition.
 pub fn metric_sum(text: &str, name: &str) -> f64 {

@@ -31,6 +31,7 @@ pub mod fault;
 pub mod hermes;
 pub mod otlp_metrics_receiver;
 pub mod otlp_receiver;
+pub mod pki;
 pub mod process;
 pub mod span_tree;
 pub mod venv;

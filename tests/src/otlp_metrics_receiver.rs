@@ -14,17 +14,14 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io::Read;
-use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
 };
@@ -36,12 +33,23 @@ use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use opentelemetry_proto::tonic::metrics::v1::{HistogramDataPoint, Metric};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
-use tokio::sync::oneshot;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::server::TcpIncoming;
+
+use crate::otlp_receiver::{
+    ServerThread, bind, http_response, local_addr, serve_grpc, serve_http1, tls_acceptor,
+};
 
 /// Largest request either receiver accepts (decompressed).
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
+/// A receiver's TLS material (PEM).
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// Client certificates must chain to this CA (mutual TLS) if given.
+    pub client_ca_pem: Option<String>,
+}
 
 /// One export request as received.
 #[derive(Clone, Debug)]
@@ -228,67 +236,6 @@ impl MetricStore {
     }
 }
 
-/// The server thread: stops (dropping open connections) and is joined on
-/// drop.
-struct ServerThread {
-    shutdown: Option<oneshot::Sender<()>>,
-    handle: Option<JoinHandle<()>>,
-}
-
-impl ServerThread {
-    fn spawn<F, Fut>(name: &str, listener: StdTcpListener, serve: F) -> ServerThread
-    where
-        F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = ()>,
-    {
-        let (tx, rx) = oneshot::channel::<()>();
-        let thread_name = name.to_string();
-        let handle = std::thread::Builder::new()
-            .name(thread_name.clone())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        eprintln!("{thread_name}: cannot build tokio runtime: {e}");
-                        return;
-                    }
-                };
-                rt.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            eprintln!("{thread_name}: cannot register listener: {e}");
-                            return;
-                        }
-                    };
-                    tokio::select! {
-                        _ = serve(listener) => {}
-                        _ = rx => {}
-                    }
-                });
-            })
-            .unwrap_or_else(|e| panic!("spawn {name} thread: {e}"));
-        ServerThread {
-            shutdown: Some(tx),
-            handle: Some(handle),
-        }
-    }
-}
-
-impl Drop for ServerThread {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(handle) = self.handle.take() {
-            let _ = handle.join();
-        }
-    }
-}
-
 struct GrpcMetricsService {
     store: MetricStore,
 }
@@ -320,96 +267,92 @@ impl MetricsService for GrpcMetricsService {
 pub struct MetricsReceiver {
     addr: SocketAddr,
     transport: &'static str,
+    tls: bool,
     store: MetricStore,
     _server: ServerThread,
-}
-
-fn bind() -> StdTcpListener {
-    let listener =
-        StdTcpListener::bind(("127.0.0.1", 0)).unwrap_or_else(|e| panic!("bind 127.0.0.1:0: {e}"));
-    listener
-        .set_nonblocking(true)
-        .unwrap_or_else(|e| panic!("set_nonblocking: {e}"));
-    listener
 }
 
 impl MetricsReceiver {
     /// OTLP/gRPC (`MetricsService/Export`) on an OS-chosen port.
     pub fn start_grpc() -> MetricsReceiver {
-        let listener = bind();
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("local_addr: {e}"));
+        Self::start_grpc_with(None)
+    }
+
+    /// OTLP/gRPC over TLS with `tls`.
+    pub fn start_grpc_tls(tls: &ServerTls) -> MetricsReceiver {
+        Self::start_grpc_with(Some(tls))
+    }
+
+    /// OTLP/HTTP (`POST /v1/metrics`, protobuf) on an OS-chosen port.
+    pub fn start_http() -> MetricsReceiver {
+        Self::start_http_with(None)
+    }
+
+    /// OTLP/HTTP over TLS with `tls`.
+    pub fn start_http_tls(tls: &ServerTls) -> MetricsReceiver {
+        Self::start_http_with(Some(tls))
+    }
+
+    fn start_grpc_with(tls: Option<&ServerTls>) -> MetricsReceiver {
+        let listener = bind(0);
+        let addr = local_addr(&listener);
         let store = MetricStore::default();
         let service = MetricsServiceServer::new(GrpcMetricsService {
             store: store.clone(),
         })
         .accept_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-        let server = ServerThread::spawn(
-            "otlp-metrics-grpc-receiver",
-            listener,
-            move |listener| async move {
-                let incoming = TcpIncoming::from(listener);
-                if let Err(e) = tonic::transport::Server::builder()
-                    .serve_with_incoming(service, incoming)
-                    .await
-                {
-                    eprintln!("otlp-metrics-grpc-receiver: {e}");
-                }
-            },
-        );
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+            let mut config =
+                ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
+            if let Some(ca) = &tls.client_ca_pem {
+                config = config.client_ca_root(Certificate::from_pem(ca));
+            }
+            builder = builder
+                .tls_config(config)
+                .unwrap_or_else(|e| panic!("gRPC server TLS: {e}"));
+        }
+        let server = serve_grpc("otlp-metrics-grpc-receiver", listener, move |incoming| {
+            builder.serve_with_incoming(service, incoming)
+        });
         MetricsReceiver {
             addr,
             transport: "grpc",
+            tls: tls.is_some(),
             store,
             _server: server,
         }
     }
 
-    /// OTLP/HTTP (`POST /v1/metrics`, protobuf) on an OS-chosen port.
-    pub fn start_http() -> MetricsReceiver {
-        let listener = bind();
-        let addr = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("local_addr: {e}"));
+    fn start_http_with(tls: Option<&ServerTls>) -> MetricsReceiver {
+        let listener = bind(0);
+        let addr = local_addr(&listener);
         let store = MetricStore::default();
         let server_store = store.clone();
-        let server = ServerThread::spawn(
+        let acceptor =
+            tls.map(|t| tls_acceptor(&t.cert_pem, &t.key_pem, t.client_ca_pem.as_deref()));
+        let server = serve_http1(
             "otlp-metrics-http-receiver",
             listener,
-            move |listener| async move {
-                loop {
-                    let stream = match listener.accept().await {
-                        Ok((stream, _)) => stream,
-                        Err(e) => {
-                            eprintln!("otlp-metrics-http-receiver: accept: {e}");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    };
-                    let store = server_store.clone();
-                    tokio::spawn(async move {
-                        let service = service_fn(move |req| handle_http(store.clone(), req));
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
-            },
+            acceptor,
+            move |req| handle_http(server_store.clone(), req),
         );
         MetricsReceiver {
             addr,
             transport: "http",
+            tls: tls.is_some(),
             store,
             _server: server,
         }
     }
 
-    /// `http://127.0.0.1:PORT` (for HTTP, the base: `/v1/metrics` is where
-    /// requests go).
+    /// `http://127.0.0.1:PORT`, `https://` over TLS (for HTTP, the base:
+    /// `/v1/metrics` is where requests go).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// `"grpc"` or `"http"`.
@@ -423,22 +366,11 @@ impl MetricsReceiver {
     }
 }
 
-fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    if let Ok(value) = content_type.parse() {
-        response
-            .headers_mut()
-            .insert(hyper::header::CONTENT_TYPE, value);
-    }
-    response
-}
-
 async fn handle_http(
     store: MetricStore,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let error = |status, message: String| reply(status, "text/plain", message.into_bytes());
+    let error = |status, message: String| http_response(status, "text/plain", message.into_bytes());
     if req.uri().path() != "/v1/metrics" {
         return Ok(error(StatusCode::NOT_FOUND, "only /v1/metrics".into()));
     }
@@ -490,7 +422,7 @@ async fn handle_http(
     let response = ExportMetricsServiceResponse {
         partial_success: None,
     };
-    Ok(reply(
+    Ok(http_response(
         StatusCode::OK,
         "application/x-protobuf",
         response.encode_to_vec(),

@@ -272,13 +272,13 @@ impl SpanStore {
 
 /// The server thread of a receiver: stops (abruptly, dropping open
 /// connections) and is joined on drop.
-struct ServerThread {
+pub(crate) struct ServerThread {
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl ServerThread {
-    fn spawn<F, Fut>(name: &str, listener: StdTcpListener, serve: F) -> ServerThread
+    pub(crate) fn spawn<F, Fut>(name: &str, listener: StdTcpListener, serve: F) -> ServerThread
     where
         F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()>,
@@ -334,7 +334,7 @@ impl Drop for ServerThread {
     }
 }
 
-fn bind(port: u16) -> StdTcpListener {
+pub(crate) fn bind(port: u16) -> StdTcpListener {
     let listener = StdTcpListener::bind(("127.0.0.1", port))
         .unwrap_or_else(|e| panic!("bind 127.0.0.1:{port}: {e}"));
     listener
@@ -343,10 +343,125 @@ fn bind(port: u16) -> StdTcpListener {
     listener
 }
 
-fn local_addr(listener: &StdTcpListener) -> SocketAddr {
+pub(crate) fn local_addr(listener: &StdTcpListener) -> SocketAddr {
     listener
         .local_addr()
         .unwrap_or_else(|e| panic!("local_addr: {e}"))
+}
+
+/// Serves gRPC on `listener` from a thread of its own: `serve` runs the
+/// tonic server on the incoming connections.
+pub(crate) fn serve_grpc<F, Fut>(
+    name: &'static str,
+    listener: StdTcpListener,
+    serve: F,
+) -> ServerThread
+where
+    F: FnOnce(TcpIncoming) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), tonic::transport::Error>>,
+{
+    ServerThread::spawn(name, listener, move |listener| async move {
+        if let Err(e) = serve(TcpIncoming::from(listener)).await {
+            eprintln!("{name}: {e}");
+        }
+    })
+}
+
+/// Serves HTTP/1.1 on `listener` from a thread of its own, answering each
+/// request with `handle`; over TLS when `tls` is given.
+pub(crate) fn serve_http1<H, Fut>(
+    name: &'static str,
+    listener: StdTcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    handle: H,
+) -> ServerThread
+where
+    H: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
+{
+    ServerThread::spawn(name, listener, move |listener| async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    eprintln!("{name}: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let handle = handle.clone();
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                let served = match tls {
+                    None => serve_connection(stream, handle).await,
+                    Some(acceptor) => match acceptor.accept(stream).await {
+                        Ok(stream) => serve_connection(stream, handle).await,
+                        Err(e) => {
+                            eprintln!("{name}: TLS handshake: {e}");
+                            return;
+                        }
+                    },
+                };
+                if let Err(e) = served
+                    && !e.is_incomplete_message()
+                {
+                    eprintln!("{name}: connection: {e}");
+                }
+            });
+        }
+    })
+}
+
+async fn serve_connection<S, H, Fut>(stream: S, handle: H) -> Result<(), hyper::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
+{
+    hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service_fn(handle))
+        .await
+}
+
+/// A TLS acceptor for HTTP/1.1 with `cert_pem`/`key_pem`, requiring a client
+/// certificate from `client_ca_pem` if given.
+pub(crate) fn tls_acceptor(
+    cert_pem: &str,
+    key_pem: &str,
+    client_ca_pem: Option<&str>,
+) -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap_or_else(|e| panic!("TLS versions: {e}"));
+    let builder = match client_ca_pem {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                roots
+                    .add(cert.unwrap_or_else(|e| panic!("client CA: {e}")))
+                    .unwrap_or_else(|e| panic!("client CA: {e}"));
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .unwrap_or_else(|e| panic!("client verifier: {e}"));
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap_or_else(|e| panic!("server certificate: {e}"));
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .unwrap_or_else(|e| panic!("server key: {e}"));
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .unwrap_or_else(|e| panic!("server certificate and key: {e}"));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
 /// The gRPC trace service: records and answers.
@@ -418,16 +533,9 @@ impl OtlpReceiver {
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-        let server =
-            ServerThread::spawn("otlp-grpc-receiver", listener, move |listener| async move {
-                let incoming = TcpIncoming::from(listener);
-                if let Err(e) = tonic::transport::Server::builder()
-                    .serve_with_incoming(service, incoming)
-                    .await
-                {
-                    eprintln!("otlp-grpc-receiver: {e}");
-                }
-            });
+        let server = serve_grpc("otlp-grpc-receiver", listener, move |incoming| {
+            tonic::transport::Server::builder().serve_with_incoming(service, incoming)
+        });
         OtlpReceiver {
             addr,
             store,
@@ -491,31 +599,9 @@ impl OtlpHttpReceiver {
         let listener = bind(port);
         let addr = local_addr(&listener);
         let server_store = store.clone();
-        let server =
-            ServerThread::spawn("otlp-http-receiver", listener, move |listener| async move {
-                loop {
-                    let stream = match listener.accept().await {
-                        Ok((stream, _)) => stream,
-                        Err(e) => {
-                            eprintln!("otlp-http-receiver: accept: {e}");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    };
-                    let store = server_store.clone();
-                    tokio::spawn(async move {
-                        let service = service_fn(move |req| handle_http(store.clone(), req));
-                        let served = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                        if let Err(e) = served
-                            && !e.is_incomplete_message()
-                        {
-                            eprintln!("otlp-http-receiver: connection: {e}");
-                        }
-                    });
-                }
-            });
+        let server = serve_http1("otlp-http-receiver", listener, None, move |req| {
+            handle_http(server_store.clone(), req)
+        });
         OtlpHttpReceiver {
             addr,
             store,
@@ -561,7 +647,11 @@ impl OtlpHttpReceiver {
     pub fn stop(self) {}
 }
 
-fn http_response(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Full<Bytes>> {
+pub(crate) fn http_response(
+    status: StatusCode,
+    content_type: &str,
+    body: Vec<u8>,
+) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     if let Ok(value) = content_type.parse() {

@@ -22,9 +22,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use hermes_e2e::collector::Collector;
 use hermes_e2e::fault::{
-    CollectorProcess, export_span_counts, loadgen_summary, read_span_keys, run_loadgen, span_key,
-    spool_files,
+    export_span_counts, loadgen_summary, read_span_keys, run_loadgen, span_key, spool_files,
 };
 use hermes_e2e::hermes::PY_AGENT_PRELUDE;
 use hermes_e2e::otlp_receiver::Rejection;
@@ -217,7 +217,7 @@ fn collector_down_during_a_real_agent_costs_no_time_and_the_spool_delivers_later
     // 1. Baseline: the collector is up.
     let up_dir = work.path().join("up");
     std::fs::create_dir_all(&up_dir).unwrap();
-    let collector = CollectorProcess::start_on(
+    let collector = Collector::start_on(
         &up_dir,
         &format!("127.0.0.1:{}", free_port()),
         &["--otlp-endpoint", &receiver.endpoint()],
@@ -298,7 +298,7 @@ fn collector_down_during_a_real_agent_costs_no_time_and_the_spool_delivers_later
     //    the plugin with the same spool directory.
     let back_dir = work.path().join("back");
     std::fs::create_dir_all(&back_dir).unwrap();
-    let back = CollectorProcess::start_on(
+    let back = Collector::start_on(
         &back_dir,
         &format!("127.0.0.1:{down_port}"),
         &["--otlp-endpoint", &receiver.endpoint()],
@@ -386,20 +386,20 @@ fn collector_for(
     receiver: &Receiver,
     max_elapsed_secs: u64,
     max_spans: usize,
-) -> CollectorProcess {
+) -> Collector {
     let listen = format!("127.0.0.1:{}", free_port());
     let yaml = format!(
         "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\nbatch:\n  max_spans: {max_spans}\n{}shutdown:\n  grace_ms: 5000\n",
         receiver.exporter_yaml(max_elapsed_secs)
     );
-    CollectorProcess::start_with_config(dir, &listen, &yaml)
+    Collector::start_with_config(dir, &listen, &yaml)
 }
 
 /// Runs `hermes-loadgen --expect-spans` (the shim's sender core, never
 /// giving up before `timeout`) against `collector`; returns the span keys
 /// the collector must produce.
 fn load(
-    collector: &CollectorProcess,
+    collector: &Collector,
     dir: &Path,
     instances: usize,
     turns: usize,

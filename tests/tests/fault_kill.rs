@@ -11,7 +11,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hermes_e2e::fault::{CollectorProcess, read_span_keys, span_key};
+use hermes_e2e::collector::Collector;
+use hermes_e2e::fault::{read_span_keys, span_key};
 use hermes_e2e::{ChildGuard, OtlpReceiver, cargo_bin, free_port};
 
 #[test]
@@ -28,7 +29,7 @@ fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
     );
     let expected_file = work.path().join("expected-spans.txt");
 
-    let mut collector = CollectorProcess::start_with_config(work.path(), &listen, &config);
+    let mut collector = Collector::start_with_config(work.path(), &listen, &config);
     // 4 agents x 1 600 recorded turns: about 100 800 events.
     let loadgen = ChildGuard::spawn_named(
         "hermes-loadgen",
@@ -69,9 +70,9 @@ fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
     assert!(before_kill > 0, "spans were flowing before the kill");
 
     // Same queue, same port: the loadgen's senders reconnect and resend.
-    let mut collector = CollectorProcess::start_with_config(work.path(), &listen, &config);
+    let mut collector = Collector::start_with_config(work.path(), &listen, &config);
     let replayed =
-        |c: &CollectorProcess| c.metric("hermes_collector_persistent_queue_replayed_batches_total");
+        |c: &Collector| c.metric("hermes_collector_persistent_queue_replayed_batches_total");
     let deadline = Instant::now() + Duration::from_secs(30);
     while replayed(&collector) == 0.0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));

@@ -492,6 +492,73 @@ fn derived_metrics_over_otlp_http_with_delta_temporality() {
     assert_eq!(total("gen_ai.client.token.usage").0, totals.usages * 2);
 }
 
+#[test]
+fn derived_metrics_over_tls_with_a_custom_ca_and_a_client_certificate() {
+    use hermes_e2e::otlp_metrics_receiver::ServerTls;
+    use hermes_e2e::pki::Ca;
+    let ca = Ca::new("metrics test CA");
+    let server = ca.server(&["localhost", "127.0.0.1"]);
+    let client = ca.client("hermes-collector");
+    let tls = |client_ca: Option<String>| ServerTls {
+        cert_pem: server.cert_pem.clone(),
+        key_pem: server.key_pem.clone(),
+        client_ca_pem: client_ca,
+    };
+    // gRPC requires a client certificate (mutual TLS); HTTP only checks ours.
+    let receivers = [
+        (
+            MetricsReceiver::start_grpc_tls(&tls(Some(ca.pem.clone()))),
+            "grpc",
+            true,
+        ),
+        (
+            MetricsReceiver::start_http_tls(&tls(None)),
+            "http/protobuf",
+            false,
+        ),
+    ];
+    let totals = fixture_totals(&["basic.jsonl"]);
+    for (receiver, protocol, mutual) in &receivers {
+        assert!(receiver.endpoint().starts_with("https://"));
+        let work = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let path = work.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let mut tls_yaml = format!("    tls:\n      ca_file: {}\n", write("ca.crt", &ca.pem));
+        if *mutual {
+            tls_yaml += &format!(
+                "      cert_file: {}\n      key_file: {}\n",
+                write("client.crt", &client.cert_pem),
+                write("client.key", &client.key_pem)
+            );
+        }
+        let config = write_config(
+            work.path(),
+            &format!(
+                "exporters:\n  file:\n    path: {}\n  otlp_metrics:\n    endpoint: {}\n    protocol: {protocol}\n    interval_ms: 200\n{tls_yaml}",
+                work.path().join("spans.jsonl").display(),
+                receiver.endpoint()
+            ),
+        );
+        let collector = Collector::start(work.path(), &["--config", &config]);
+        loadgen(&collector.endpoint, &["basic.jsonl"], 1);
+        let store = receiver.store();
+        assert!(
+            store.wait_for(
+                |s| s
+                    .histogram("hermes.turn.duration")
+                    .is_some_and(|h| h.count() == totals.turns),
+                WAIT
+            ),
+            "{protocol}: {:?}\n{}",
+            store.metric_names(),
+            collector.guard.stderr_text()
+        );
+    }
+}
+
 /// One probe's outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Answer {
@@ -797,6 +864,14 @@ fn bad_metrics_export_config_exits_64_naming_the_key() {
         (
             "exporters:\n  otlp_metrics:\n    endpoint: http://x:4317\n    temporality: sometimes\n",
             "exporters.otlp_metrics.temporality",
+        ),
+        (
+            "exporters:\n  otlp_metrics:\n    endpoint: http://x:4317\n    tls:\n      ca_file: /nonexistent/ca.crt\n",
+            "exporters.otlp_metrics.tls",
+        ),
+        (
+            "exporters:\n  otlp_metrics:\n    endpoint: https://x:4317\n    tls:\n      ca_file: /nonexistent/ca.crt\n",
+            "exporters.otlp_metrics.tls.ca_file",
         ),
     ] {
         let config = write_config(work.path(), yaml);

@@ -657,77 +657,27 @@ struct Pki {
 }
 
 fn make_pki(dir: &Path) -> Pki {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let cert = params.self_signed(&key).unwrap();
-        (cert.pem(), Issuer::new(params, key))
-    }
-    fn leaf_with(
-        issuer: &Issuer<'static, KeyPair>,
-        names: &[&str],
-        usage: ExtendedKeyUsagePurpose,
-        expired: bool,
-    ) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.distinguished_name.push(DnType::CommonName, names[0]);
-        params.extended_key_usages = vec![usage];
-        if expired {
-            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-            params.not_after = rcgen::date_time_ymd(2020, 12, 31);
-        }
-        let cert = params.signed_by(&key, issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-    fn leaf(
-        issuer: &Issuer<'static, KeyPair>,
-        names: &[&str],
-        usage: ExtendedKeyUsagePurpose,
-    ) -> (String, String) {
-        leaf_with(issuer, names, usage, false)
-    }
-    let (ca_pem, issuer) = ca("hermes test CA");
-    let (server_cert, server_key) = leaf(
-        &issuer,
-        &["localhost", "127.0.0.1"],
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    let (client_cert, client_key) =
-        leaf(&issuer, &["agent-1"], ExtendedKeyUsagePurpose::ClientAuth);
-    let (expired_cert, expired_key) = leaf_with(
-        &issuer,
-        &["agent-2"],
-        ExtendedKeyUsagePurpose::ClientAuth,
-        true,
-    );
-    let (_, other) = ca("another CA");
-    let (stranger_cert, stranger_key) =
-        leaf(&other, &["stranger"], ExtendedKeyUsagePurpose::ClientAuth);
+    use hermes_e2e::pki::Ca;
+    let ca = Ca::new("hermes test CA");
+    let server = ca.server(&["localhost", "127.0.0.1"]);
+    let client = ca.client("agent-1");
+    let expired = ca.expired_client("agent-2");
+    let stranger = Ca::new("another CA").client("stranger");
     let write = |name: &str, text: &str| {
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();
         path
     };
     Pki {
-        ca: write("ca.crt", &ca_pem),
-        server_cert: write("server.crt", &server_cert),
-        server_key: write("server.key", &server_key),
-        client_cert: write("client.crt", &client_cert),
-        client_key: write("client.key", &client_key),
-        stranger_cert: write("stranger.crt", &stranger_cert),
-        stranger_key: write("stranger.key", &stranger_key),
-        expired_cert: write("expired.crt", &expired_cert),
-        expired_key: write("expired.key", &expired_key),
+        ca: write("ca.crt", &ca.pem),
+        server_cert: write("server.crt", &server.cert_pem),
+        server_key: write("server.key", &server.key_pem),
+        client_cert: write("client.crt", &client.cert_pem),
+        client_key: write("client.key", &client.key_pem),
+        stranger_cert: write("stranger.crt", &stranger.cert_pem),
+        stranger_key: write("stranger.key", &stranger.key_pem),
+        expired_cert: write("expired.crt", &expired.cert_pem),
+        expired_key: write("expired.key", &expired.key_pem),
     }
 }
 

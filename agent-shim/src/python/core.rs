@@ -34,7 +34,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use hermes_proto::hooks;
 use hermes_proto::v1::{Event, ShimInfo};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -151,16 +150,6 @@ fn convert_item(py: Python<'_>, item: HookItem, capture: CaptureLevel) -> Event 
 impl Convert for PyConverter {
     type Item = HookItem;
 
-    fn is_urgent(item: &HookItem) -> bool {
-        matches!(
-            &*item.hook,
-            hooks::POST_LLM_CALL
-                | hooks::ON_SESSION_END
-                | hooks::ON_SESSION_FINALIZE
-                | hooks::SUBAGENT_STOP
-        )
-    }
-
     fn convert(&mut self, items: Vec<HookItem>) -> Vec<Event> {
         if !self.gate.enter() {
             // Interpreter exiting: the references are released by PyO3 later
@@ -236,12 +225,19 @@ impl Core {
     }
 
     /// Stamps, numbers and queues one hook call; never blocks. Called with
-    /// the GIL held; runs no Python code.
-    pub(crate) fn enqueue(&self, mut item: HookItem) {
+    /// the GIL held; runs no Python code. Wakes the sender only when `urgent`
+    /// (otherwise it finds the event on its next look, and the hook path
+    /// makes no system call).
+    pub(crate) fn enqueue(&self, mut item: HookItem, urgent: bool) {
         item.time_unix_nano = clock::wall_unix_nano();
         item.mono_nano = clock::mono_nano();
         item.seq = self.seq.next_seq();
-        if let Err(dropped) = self.tx.push(item) {
+        let pushed = if urgent {
+            self.tx.push_and_wake(item)
+        } else {
+            self.tx.push(item)
+        };
+        if let Err(dropped) = pushed {
             drop(dropped);
         }
         self.ensure_started();

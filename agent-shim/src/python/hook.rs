@@ -10,7 +10,8 @@
 //! - Never blocks and never does I/O: it takes the cached thread name, stamps
 //!   the wall and monotonic clocks, takes a sequence number and `try_send`s a
 //!   reference to the kwargs dict onto the bounded queue; a full queue drops
-//!   the event and counts it.
+//!   the event and counts it. It makes no system call, except for the hooks
+//!   that end a turn or session, which wake the sender (see [`is_urgent`]).
 //! - Reads Python state only on the calling thread and only at hook time:
 //!   the thread name (fetched once per OS thread, then cached in a
 //!   `thread_local!`), and at capture level `content` a deep JSON copy of
@@ -25,6 +26,7 @@ use std::cell::OnceCell;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use hermes_proto::hooks;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
@@ -59,6 +61,22 @@ fn thread_name(py: Python<'_>) -> Arc<str> {
 #[pyclass(frozen, module = "hermes_collector._core")]
 pub struct HookCallback {
     hook: Arc<str>,
+    /// Whether the sender is woken to send this event at once.
+    urgent: bool,
+}
+
+/// Hooks that end a turn or a session: the process may exit right after them
+/// (e.g. through `os._exit`, which skips the exit flush), so their events go
+/// out at once instead of on the sender's next look at the queue. Waking the
+/// sender costs the hook a system call when the sender is parked.
+fn is_urgent(hook: &str) -> bool {
+    matches!(
+        hook,
+        hooks::POST_LLM_CALL
+            | hooks::ON_SESSION_END
+            | hooks::ON_SESSION_FINALIZE
+            | hooks::SUBAGENT_STOP
+    )
 }
 
 #[pymethods]
@@ -67,6 +85,7 @@ impl HookCallback {
     fn new(hook: &str) -> Self {
         HookCallback {
             hook: Arc::from(hook),
+            urgent: is_urgent(hook),
         }
     }
 
@@ -114,15 +133,18 @@ impl HookCallback {
         let Some(core) = guard.as_ref() else {
             return;
         };
-        core.enqueue(HookItem {
-            seq: 0,
-            time_unix_nano: 0,
-            mono_nano: 0,
-            hook: Arc::clone(&self.hook),
-            thread,
-            kwargs: kwargs.map(|k| k.clone().unbind()),
-            args_json,
-        });
+        core.enqueue(
+            HookItem {
+                seq: 0,
+                time_unix_nano: 0,
+                mono_nano: 0,
+                hook: Arc::clone(&self.hook),
+                thread,
+                kwargs: kwargs.map(|k| k.clone().unbind()),
+                args_json,
+            },
+            self.urgent,
+        );
     }
 }
 

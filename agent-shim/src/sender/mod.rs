@@ -11,9 +11,12 @@
 //!   current-thread runtime; nothing here blocks a hook thread, and nothing
 //!   here logs (the only diagnostics are [`SenderShared`] counters and the last
 //!   error text).
-//! - A batch holds at most `max_batch_events` events, in ascending seq order;
-//!   a batch is cut `linger` after its first event was seen, or at once while a
-//!   flush waits.
+//! - A batch holds at most `max_batch_events` events, in ascending seq order.
+//! - The sender looks at the queue on its own timer, never because an event
+//!   was queued (so the hook path makes no system call): every `linger` while
+//!   events come, backing off to `idle_poll_max` while none do. A producer's
+//!   `push_and_wake` (the end of a turn), a flush or the queue's close make
+//!   it look at once.
 //! - Every event taken from the queue ends up exactly once in
 //!   `acked_events + evicted_events + discarded_events + spooled_events +
 //!   spool_dropped_events` once the collector has acknowledged it, it was
@@ -39,7 +42,7 @@ pub mod conn;
 pub mod spool;
 pub mod unacked;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -73,13 +76,6 @@ pub trait Convert {
     /// Converts a batch of items. Returns one event per item, or fewer if
     /// some could not be converted (they count as discarded).
     fn convert(&mut self, items: Vec<Self::Item>) -> Vec<Event>;
-
-    /// Whether an item should go out without waiting for more (the end of a
-    /// turn: the process may exit right after it, e.g. through `os._exit`,
-    /// which skips the exit flush).
-    fn is_urgent(_item: &Self::Item) -> bool {
-        false
-    }
 }
 
 /// A converter for senders fed with ready events (the load generator, tests):
@@ -105,8 +101,12 @@ pub struct SenderConfig {
     pub shim: ShimInfo,
     /// Most events per batch.
     pub max_batch_events: usize,
-    /// How long a batch waits for more events after its first.
+    /// How often the queue is looked at while events come: the longest an
+    /// event waits before its batch is cut.
     pub linger: Duration,
+    /// The longest interval between looks at an idle queue (the interval
+    /// doubles from `linger` while the queue stays empty).
+    pub idle_poll_max: Duration,
     /// Most unacknowledged batches kept.
     pub max_unacked_batches: usize,
     /// Most unacknowledged bytes (encoded) kept.
@@ -133,6 +133,7 @@ impl SenderConfig {
             shim,
             max_batch_events: 512,
             linger: Duration::from_millis(10),
+            idle_poll_max: Duration::from_millis(100),
             max_unacked_batches: 1_024,
             max_unacked_bytes: 32 << 20,
             backoff_min: Duration::from_millis(100),
@@ -162,7 +163,6 @@ pub struct SenderShared {
     connected: AtomicBool,
     last_error: Mutex<String>,
     flush_notify: Notify,
-    flush_waiters: AtomicUsize,
     spool_notify: Notify,
     /// Bumped by the sender after each spool request it handled.
     spool_rounds: AtomicU64,
@@ -247,7 +247,7 @@ impl SenderShared {
 
     /// Blocks the calling thread until `target` events are settled (and no
     /// spool file is being replayed) or `timeout` passed; asks the sender to
-    /// cut batches without lingering in the meantime. Returns whether
+    /// look at the queue at once. Returns whether
     /// everything settled. Must not be called on the sender thread.
     pub fn wait_settled(&self, target: u64, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
@@ -255,20 +255,17 @@ impl SenderShared {
         if done() {
             return true;
         }
-        self.flush_waiters.fetch_add(1, Ordering::AcqRel);
         self.flush_notify.notify_one();
-        let settled = loop {
+        loop {
             if done() {
-                break true;
+                return true;
             }
             let now = std::time::Instant::now();
             if now >= deadline {
-                break false;
+                return false;
             }
             std::thread::sleep(SETTLE_POLL.min(deadline - now));
-        };
-        self.flush_waiters.fetch_sub(1, Ordering::AcqRel);
-        settled
+        }
     }
 
     /// A snapshot of the counters.
@@ -297,10 +294,6 @@ impl SenderShared {
         if let Ok(mut last) = self.last_error.lock() {
             *last = error.to_string();
         }
-    }
-
-    fn flushing(&self) -> bool {
-        self.flush_waiters.load(Ordering::Acquire) > 0
     }
 }
 
@@ -511,16 +504,16 @@ pub async fn run<C: Convert>(
     };
     let mut reconnect_at = Instant::now();
     let mut buf: Vec<C::Item> = Vec::with_capacity(max_batch);
-    // When the current batch is cut; None while waiting for a first event.
-    let mut cut_at: Option<Instant> = None;
-    // Set once the queue is closed: deliver what is held until then.
+    // When the queue is looked at next, and the interval after an empty look.
+    let mut poll_at = Instant::now() + config.linger;
+    let mut idle_poll = config.linger;
+    // Set once the queue is closed and drained: deliver what is held until then.
     let mut close_deadline: Option<Instant> = None;
     let far = Duration::from_secs(86_400);
 
     loop {
         let now = Instant::now();
-        let done_input = close_deadline.is_some() && buf.is_empty();
-        if done_input && (pending.is_empty() || close_deadline.is_some_and(|d| now >= d)) {
+        if close_deadline.is_some_and(|d| pending.is_empty() || now >= d) {
             break;
         }
         if conn.is_none()
@@ -551,6 +544,7 @@ pub async fn run<C: Convert>(
             .store(pending.len() as u64, Ordering::Release);
 
         let can_connect = conn.is_none() && target.is_some();
+        let open = close_deadline.is_none();
         tokio::select! {
             biased;
             event = next_conn_event(&mut conn) => match event {
@@ -568,51 +562,46 @@ pub async fn run<C: Convert>(
                     reconnect_at = Instant::now() + backoff.next_delay();
                 }
             },
-            () = shared.flush_notify.notified() => {
-                if cut_at.is_some() {
-                    cut_at = Some(Instant::now());
-                }
-            }
+            () = shared.flush_notify.notified() => poll_at = Instant::now(),
+            () = rx.woken(), if open => poll_at = Instant::now(),
             () = shared.spool_notify.notified() => {
                 batcher.spool_all(&mut rx, &mut buf, &mut pending, &shared, &queue, config.spool.as_ref(), max_batch);
-                if buf.is_empty() {
-                    cut_at = None;
-                }
                 shared.spool_rounds.fetch_add(1, Ordering::AcqRel);
             }
-            () = tokio::time::sleep_until(cut_at.unwrap_or(now + far)), if cut_at.is_some() => {
-                cut_at = None;
+            () = tokio::time::sleep_until(poll_at), if open => {
+                let mut taken = 0;
+                let mut more = false;
                 for _ in 0..MAX_BATCHES_PER_WAKE {
                     let room = max_batch.saturating_sub(buf.len());
-                    rx.drain_into(&mut buf, room);
+                    taken += rx.drain_into(&mut buf, room);
                     if buf.is_empty() {
                         break;
                     }
-                    let full = buf.len() >= max_batch;
+                    more = buf.len() >= max_batch;
                     let items = std::mem::replace(&mut buf, Vec::with_capacity(max_batch));
                     batcher.cut(items, &mut pending, &shared, &queue);
-                    if !full {
+                    if !more {
                         break;
                     }
+                }
+                let now = Instant::now();
+                poll_at = if more {
                     // More may be queued: come back right after looking at acks.
-                    cut_at = Some(Instant::now());
-                }
-                if !buf.is_empty() {
-                    cut_at = Some(Instant::now());
-                }
-            }
-            received = rx.recv_many(&mut buf, max_batch), if cut_at.is_none() && close_deadline.is_none() => {
-                if received == 0 {
-                    close_deadline = Some(Instant::now() + config.close_grace);
+                    now
+                } else if taken > 0 {
+                    idle_poll = config.linger;
+                    now + config.linger
                 } else {
-                                        let urgent = buf.iter().any(C::is_urgent);
-                    let linger = if shared.flushing() || urgent { Duration::ZERO } else { config.linger };
-                    cut_at = Some(Instant::now() + linger);
+                    idle_poll = (idle_poll * 2).clamp(config.linger, config.idle_poll_max.max(config.linger));
+                    now + idle_poll
+                };
+                if rx.is_finished() {
+                    close_deadline = Some(now + config.close_grace);
                 }
             }
             () = tokio::time::sleep_until(reconnect_at), if can_connect => {}
             () = tokio::time::sleep(FEED_RETRY), if conn.is_some() && pending.has_unsent() => {}
-            () = tokio::time::sleep_until(close_deadline.unwrap_or(now + far)), if close_deadline.is_some() => {}
+            () = tokio::time::sleep_until(close_deadline.unwrap_or(now + far)), if !open => {}
         }
     }
     // What could not be delivered within `close_grace`.

@@ -272,7 +272,14 @@ impl Correlator {
         self.stats.events += 1;
         let before = out.len();
         let resource = self.resource(shim, &event.schema_version);
-        let ids = event.ids.clone().unwrap_or_default();
+        let no_ids;
+        let ids = match &event.ids {
+            Some(ids) => ids,
+            None => {
+                no_ids = v1::Ids::default();
+                &no_ids
+            }
+        };
         let t = event.time_unix_nano;
         let platform = match event.body.as_ref() {
             Some(Body::Session(b)) => b.platform.as_str(),
@@ -289,8 +296,8 @@ impl Correlator {
                 self.session_start(&ids.session_id, t, model, platform);
             }
             (hooks::PRE_LLM_CALL, body) => {
-                self.close_superseded(&ids, &shim.instance_id, out);
-                let turn = self.turn_with(&ids, &resource, t, platform, out);
+                self.close_superseded(ids, &shim.instance_id, out);
+                let turn = self.turn_with(ids, &resource, t, platform, out);
                 if let Some(turn) = turn {
                     if !turn.started {
                         // pre_llm_call is the turn's real start, whatever
@@ -311,7 +318,7 @@ impl Correlator {
             }
             (hooks::POST_LLM_CALL, _) => {
                 let clock = self.clock;
-                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
                     turn.end = Some(turn.end.map_or(t, |e| e.max(t)));
                     turn.end_seen = t.max(clock);
                     if let Some(text) = event.content.get(content::ASSISTANT_RESPONSE) {
@@ -323,7 +330,7 @@ impl Correlator {
                 if ids.turn_id.is_empty() {
                     // Shutdown variant: no turn id; closes the session.
                     self.close_session(&ids.session_id, &shim.instance_id, t, out);
-                } else if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                } else if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
                     if let Some(Body::Turn(b)) = body {
                         turn.completed = b.completed;
                         turn.interrupted = b.interrupted;
@@ -339,7 +346,7 @@ impl Correlator {
                 self.close_session(&ids.session_id, &shim.instance_id, t, out);
             }
             (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => {
-                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
                     let start = if api.attempt <= 1 && api.started_at_unix_nano > 0 {
                         api.started_at_unix_nano
                     } else {
@@ -364,14 +371,14 @@ impl Correlator {
             }
             (hooks::POST_API_REQUEST | hooks::API_REQUEST_ERROR, Some(Body::Api(api))) => {
                 let failed = event.hook == hooks::API_REQUEST_ERROR;
-                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
                     let span =
                         close_attempt(turn, &ids.api_request_id, api, failed, t, &event.content);
                     out.push(span);
                 }
             }
             (hooks::PRE_TOOL_CALL, body) => {
-                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
                     let name = match body {
                         Some(Body::Tool(b)) => b.tool_name.clone(),
                         _ => String::new(),
@@ -388,13 +395,17 @@ impl Correlator {
                 }
             }
             (hooks::POST_TOOL_CALL, body) => {
+                let no_tool;
                 let tool = match body {
-                    Some(Body::Tool(b)) => b.clone(),
-                    _ => v1::ToolCall::default(),
+                    Some(Body::Tool(b)) => b,
+                    _ => {
+                        no_tool = v1::ToolCall::default();
+                        &no_tool
+                    }
                 };
-                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
                     let open = turn.tools.remove(&ids.tool_call_id);
-                    let mut span = close_tool(turn, &ids.tool_call_id, open, &tool, t);
+                    let mut span = close_tool(turn, &ids.tool_call_id, open, tool, t);
                     if let Some(result) = event.content.get(content::RESULT) {
                         span.span.attributes.push(attrs::kv(
                             "gen_ai.tool.call.result",
@@ -405,42 +416,58 @@ impl Correlator {
                 }
             }
             (hooks::SUBAGENT_START, body) => {
+                let no_sub;
                 let sub = match body {
-                    Some(Body::Subagent(s)) => s.clone(),
-                    _ => v1::Subagent::default(),
+                    Some(Body::Subagent(s)) => s,
+                    _ => {
+                        no_sub = v1::Subagent::default();
+                        &no_sub
+                    }
                 };
-                self.subagent_start(&ids, &sub, &resource, t, out);
+                self.subagent_start(ids, sub, &resource, t, out);
             }
             (hooks::SUBAGENT_STOP, body) => {
+                let no_sub;
                 let sub = match body {
-                    Some(Body::Subagent(s)) => s.clone(),
-                    _ => v1::Subagent::default(),
+                    Some(Body::Subagent(s)) => s,
+                    _ => {
+                        no_sub = v1::Subagent::default();
+                        &no_sub
+                    }
                 };
-                self.subagent_stop(&ids, &sub, t, out);
+                self.subagent_stop(ids, sub, t, out);
             }
             (hooks::PRE_APPROVAL_REQUEST, body) => {
+                let no_appr;
                 let appr = match body {
-                    Some(Body::Approval(a)) => a.clone(),
-                    _ => v1::Approval::default(),
+                    Some(Body::Approval(a)) => a,
+                    _ => {
+                        no_appr = v1::Approval::default();
+                        &no_appr
+                    }
                 };
-                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
                     turn.approvals.insert(
                         (ids.tool_call_id.clone(), appr.pattern_key.clone()),
                         OpenApproval {
                             start: t,
-                            surface: appr.surface,
-                            command: appr.command,
+                            surface: appr.surface.clone(),
+                            command: appr.command.clone(),
                         },
                     );
                 }
             }
             (hooks::POST_APPROVAL_RESPONSE, body) => {
+                let no_appr;
                 let appr = match body {
-                    Some(Body::Approval(a)) => a.clone(),
-                    _ => v1::Approval::default(),
+                    Some(Body::Approval(a)) => a,
+                    _ => {
+                        no_appr = v1::Approval::default();
+                        &no_appr
+                    }
                 };
-                if let Some(turn) = self.turn_with(&ids, &resource, t, platform, out) {
-                    let span = close_approval(turn, &ids, &appr, t, false);
+                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
+                    let span = close_approval(turn, ids, appr, t, false);
                     out.push(span);
                 }
             }

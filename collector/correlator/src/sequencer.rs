@@ -175,20 +175,24 @@ impl Sequencer {
         now: u64,
         ready: &mut Vec<Ready>,
     ) {
-        if !self.instances.contains_key(&shim.instance_id)
-            && self.instances.len() >= self.config.max_instances
-        {
-            self.forget_least_active(ready);
+        if !self.instances.contains_key(&shim.instance_id) {
+            if self.instances.len() >= self.config.max_instances {
+                self.forget_least_active(ready);
+            }
+            self.instances.insert(
+                shim.instance_id.clone(),
+                Instance {
+                    shim: Arc::new(shim.clone()),
+                    next: 1,
+                    held: BTreeMap::new(),
+                    last_active: now,
+                },
+            );
         }
-        let instance = self
-            .instances
-            .entry(shim.instance_id.clone())
-            .or_insert_with(|| Instance {
-                shim: Arc::new(shim.clone()),
-                next: 1,
-                held: BTreeMap::new(),
-                last_active: now,
-            });
+        // Looked up by reference: the id is only cloned for a new instance.
+        let Some(instance) = self.instances.get_mut(&shim.instance_id) else {
+            return;
+        };
         instance.last_active = now;
         if *instance.shim != *shim {
             instance.shim = Arc::new(shim.clone());
@@ -200,6 +204,20 @@ impl Sequencer {
         }
         if event.seq < instance.next || instance.held.contains_key(&event.seq) {
             out.stats.duplicates += 1;
+            return;
+        }
+        if event.seq == instance.next && instance.held.is_empty() {
+            // In order with nothing held (the common case): released at
+            // once, without a round trip through the hold.
+            instance.next += 1;
+            out.release(
+                &instance.shim,
+                Held {
+                    event,
+                    arrived: now,
+                    lsn,
+                },
+            );
             return;
         }
         let seq = event.seq;

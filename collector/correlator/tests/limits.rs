@@ -36,25 +36,13 @@ const MAX_HELD: usize = 4;
 const MAX_INSTANCES: usize = 2;
 const TTL_MS: u64 = 5_000;
 
-const HOOKS: [&str; 17] = [
-    hooks::ON_SESSION_START,
-    hooks::ON_SESSION_END,
-    hooks::ON_SESSION_FINALIZE,
-    hooks::ON_SESSION_RESET,
-    hooks::PRE_LLM_CALL,
-    hooks::POST_LLM_CALL,
-    hooks::PRE_API_REQUEST,
-    hooks::POST_API_REQUEST,
-    hooks::API_REQUEST_ERROR,
-    hooks::PRE_TOOL_CALL,
-    hooks::POST_TOOL_CALL,
-    hooks::SUBAGENT_START,
-    hooks::SUBAGENT_STOP,
-    hooks::PRE_APPROVAL_REQUEST,
-    hooks::POST_APPROVAL_RESPONSE,
-    "transform_tool_result",
-    "",
-];
+/// Every hook, plus one Hermes has that the collector does not use and none.
+fn hook_pool() -> Vec<&'static str> {
+    hooks::ALL
+        .into_iter()
+        .chain(["transform_tool_result", ""])
+        .collect()
+}
 
 fn pick(pool: &'static [&'static str]) -> impl Strategy<Value = String> {
     prop::sample::select(pool).prop_map(str::to_owned)
@@ -198,7 +186,7 @@ fn step(max: u64) -> impl Strategy<Value = Step> {
         0usize..3,
         1u64..24,
         prop_oneof![8 => Just(0u64), 1 => 0u64..30],
-        prop::sample::select(&HOOKS[..]),
+        prop::sample::select(hook_pool()),
         ids(),
         time(),
         body(max),

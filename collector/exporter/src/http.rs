@@ -100,6 +100,53 @@ impl std::fmt::Debug for HttpExporter {
     }
 }
 
+/// The connector of an OTLP/HTTP client for `uri`: rustls for `https://`
+/// (with `tls`, or the system's roots), plain TCP for `http://` (where `tls`
+/// is an error: nothing meant to be encrypted is sent in plaintext). Also
+/// used for the OTLP metrics exporter's client.
+pub fn https_connector(
+    uri: &Uri,
+    tls: Option<TlsSettings>,
+    connect_timeout: Duration,
+) -> Result<HttpsConnector<HttpConnector>, ExportError> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.set_nodelay(true);
+    // The TLS connector hands `https` URIs to rustls; `http` ones need
+    // the plain connector to accept them.
+    connector.enforce_http(false);
+    if uri.scheme_str() == Some("https") {
+        let host = uri.host().unwrap_or_default();
+        let tls = ClientTls::new(&tls.unwrap_or_default(), host)?;
+        return Ok(HttpsConnectorBuilder::new()
+            .with_tls_config(tls.rustls_config()?)
+            .https_only()
+            .with_server_name_resolver(FixedServerNameResolver::new(tls.server_name().clone()))
+            .enable_http1()
+            .wrap_connector(connector));
+    }
+    if tls.is_some() {
+        return Err(ExportError::InvalidEndpoint {
+            endpoint: uri.to_string(),
+            reason: "TLS settings need an https:// endpoint (refusing to send in plaintext)".into(),
+        });
+    }
+    // The URI is `http://`: this TLS configuration is never used.
+    Ok(HttpsConnectorBuilder::new()
+        .with_tls_config(
+            rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ExportError::TlsConfig(e.to_string()))?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+        )
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector))
+}
+
 impl HttpExporter {
     /// Validates the configuration and builds the (lazily connecting) client.
     /// An `https://` endpoint gets the system's roots and no client
@@ -119,45 +166,7 @@ impl HttpExporter {
     ) -> Result<Self, ExportError> {
         let uri = traces_uri(&config.endpoint)?;
         let headers = header_map(&config.headers)?;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.timeout));
-        connector.set_nodelay(true);
-        // The TLS connector hands `https` URIs to rustls; `http` ones need
-        // the plain connector to accept them.
-        connector.enforce_http(false);
-        let connector = if uri.scheme_str() == Some("https") {
-            let host = uri.host().unwrap_or_default();
-            let tls = ClientTls::new(&tls.unwrap_or_default(), host)?;
-            HttpsConnectorBuilder::new()
-                .with_tls_config(tls.rustls_config()?)
-                .https_only()
-                .with_server_name_resolver(FixedServerNameResolver::new(tls.server_name().clone()))
-                .enable_http1()
-                .wrap_connector(connector)
-        } else {
-            if tls.is_some() {
-                return Err(ExportError::InvalidEndpoint {
-                    endpoint: config.endpoint.clone(),
-                    reason:
-                        "TLS settings need an https:// endpoint (refusing to send in plaintext)"
-                            .into(),
-                });
-            }
-            // The URI is `http://`: this TLS configuration is never used.
-            HttpsConnectorBuilder::new()
-                .with_tls_config(
-                    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-                        rustls::crypto::ring::default_provider(),
-                    ))
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| ExportError::TlsConfig(e.to_string()))?
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth(),
-                )
-                .https_or_http()
-                .enable_http1()
-                .wrap_connector(connector)
-        };
+        let connector = https_connector(&uri, tls, config.timeout)?;
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))

@@ -53,7 +53,7 @@ pub use console::{ConsoleExporter, ConsoleExporterConfig};
 pub use error::{ExportError, RetryClass};
 pub use file::{FileExporter, FileExporterConfig};
 pub use grpc::{Compression, GrpcExporter, GrpcExporterConfig};
-pub use http::{HttpExporter, HttpExporterConfig};
+pub use http::{HttpExporter, HttpExporterConfig, https_connector};
 pub use retry::RetrySettings;
 pub use sink::{ExportFuture, ExportOutcome, Sink, SpanExporter, span_count};
 pub use stage::{ExporterSettings, ExporterStage, ExporterStats, SinkStats, run};

@@ -70,6 +70,15 @@ impl TlsSettings {
     pub fn check(&self, host: &str) -> Result<(), ExportError> {
         ClientTls::new(self, host).map(|_| ())
     }
+
+    /// tonic's client TLS settings for a connection to `host`, for gRPC
+    /// clients built elsewhere (the OTLP metrics exporter of the SDK).
+    pub fn tonic_config(
+        &self,
+        host: &str,
+    ) -> Result<tonic::transport::ClientTlsConfig, ExportError> {
+        ClientTls::new(self, host).map(|tls| tls.tonic_config())
+    }
 }
 
 /// The checked material of [`TlsSettings`], ready for either exporter.
