@@ -47,6 +47,8 @@ BENCH_VENV="$ROOT/target/bench-venv"
 SESSION_VENV="$ROOT/target/session-venv"
 PEER_PLUGIN="hermes-plugin-otel-tracing==0.1.1"
 mkdir -p "$OUT/bin"
+# Absolute: criterion runs with the bench crate as its working directory.
+OUT="$(cd "$OUT" && pwd)"
 log() { echo "run.sh: $*" >&2; }
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
 unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT

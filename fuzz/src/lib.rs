@@ -282,6 +282,10 @@ struct Pipeline {
     now: u64,
     ready: Vec<Ready>,
     spans: Vec<FinishedSpan>,
+    /// (trace id, span id) of every span emitted so far.
+    emitted: std::collections::HashSet<(Vec<u8>, Vec<u8>)>,
+    /// (trace id, parent span id, name) of every span that has a parent.
+    parents: Vec<(Vec<u8>, Vec<u8>, String)>,
 }
 
 impl Pipeline {
@@ -302,6 +306,26 @@ impl Pipeline {
             now: T0,
             ready: Vec::new(),
             spans: Vec::new(),
+            emitted: std::collections::HashSet::new(),
+            parents: Vec::new(),
+        }
+    }
+
+    /// Hands the finished spans on, keeping their ids: every parent must be
+    /// emitted too, in the same trace, by the end (a child often leaves
+    /// before its parent).
+    fn take_spans(&mut self) {
+        for s in self.spans.drain(..) {
+            assert_eq!(s.span.trace_id.len(), 16, "{}", s.span.name);
+            assert_eq!(s.span.span_id.len(), 8, "{}", s.span.name);
+            if !s.span.parent_span_id.is_empty() {
+                self.parents.push((
+                    s.span.trace_id.clone(),
+                    s.span.parent_span_id.clone(),
+                    s.span.name.clone(),
+                ));
+            }
+            self.emitted.insert((s.span.trace_id, s.span.span_id));
         }
     }
 
@@ -322,8 +346,7 @@ impl Pipeline {
         for (shim, event) in self.ready.drain(..) {
             self.correlator.ingest(&shim, &event, &mut self.spans);
         }
-        // Spans are handed on as they finish; only their count matters here.
-        self.spans.clear();
+        self.take_spans();
     }
 
     fn tick(&mut self, advance: u64) {
@@ -331,7 +354,7 @@ impl Pipeline {
         self.sequencer.expire(self.now, &mut self.ready);
         self.correlate();
         self.correlator.expire(self.now, &mut self.spans);
-        self.spans.clear();
+        self.take_spans();
     }
 
     fn op(&mut self, op: &Op) {
@@ -390,8 +413,15 @@ pub fn pipeline(data: &[u8]) {
     assert_eq!(p.sequencer.held(), 0);
     // ... and flush_all closes what far-future times keep open.
     p.correlator.flush_all(&mut p.spans);
+    p.take_spans();
     assert_eq!(p.correlator.open_turns(), 0);
     assert!(open_before_flush <= MAX_OPEN_TURNS);
+    for (trace, parent, name) in &p.parents {
+        assert!(
+            p.emitted.contains(&(trace.clone(), parent.clone())),
+            "span {name:?} has no emitted parent"
+        );
+    }
 }
 
 // ----------------------------------------------------------------- config

@@ -892,8 +892,14 @@ impl Correlator {
         out: &mut Vec<FinishedSpan>,
     ) {
         // Without a child session nothing can hang from the subagent, and a
-        // session cannot be its own subagent (hostile or broken ids).
-        if ids.child_session_id.is_empty() || ids.child_session_id == ids.parent_session_id {
+        // session cannot be its own subagent (hostile or broken ids). A
+        // second start for a child whose subagent is still open is ignored
+        // too: the child's turns already hang from the first one, in its
+        // trace, and moving the link would orphan them.
+        if ids.child_session_id.is_empty()
+            || ids.child_session_id == ids.parent_session_id
+            || self.subagents.contains_key(&ids.child_session_id)
+        {
             self.stats.unknown_hooks += 1;
             return;
         }
