@@ -41,7 +41,6 @@ import random
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -131,19 +130,10 @@ def summarize(runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--venv", default=os.path.join(sc.ROOT, "target", "session-venv"))
-    ap.add_argument("--shim-path", required=True)
-    ap.add_argument("--bins", required=True)
+    sc.add_common_args(ap, rounds=12, seed=2)
     ap.add_argument("--conditions", default=",".join(CONDITIONS))
-    ap.add_argument("--rounds", type=int, default=12)
-    ap.add_argument("--sessions-per-process", type=int, default=3)
     ap.add_argument("--slow-s", type=float, default=5.0, help="answer delay of the slow backend")
-    ap.add_argument("--seed", type=int, default=2)
-    ap.add_argument("--logdir", default=None)
-    args = ap.parse_args()
-    args.bins = os.path.abspath(args.bins)
-    args.shim_path = os.path.abspath(args.shim_path)
-    args.venv = os.path.abspath(args.venv)
+    args = sc.parse_common_args(ap)
     conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
     for c in conditions:
         if c not in CONDITIONS:
@@ -151,9 +141,7 @@ def main() -> None:
     if "healthy" not in conditions:
         raise SystemExit("the healthy condition is the reference: keep it")
 
-    work = tempfile.mkdtemp(prefix="agent-stall-")
-    logdir = args.logdir or os.path.join(work, "logs")
-    os.makedirs(logdir, exist_ok=True)
+    work, logdir = sc.work_dirs("agent-stall-", args.logdir)
     sc.log(f"agent_stall: work dir {work}; load {sc.loadavg()}")
     homes = sc.Homes(args.venv, args.shim_path, work, [None, "hermes_collector"])
 

@@ -7,7 +7,7 @@ PluginManager.invoke_hook does (``cb(**kwargs)``, synchronously, on the
 calling thread), rotating through the recorded calls of that hook, and times
 each call with ``time.perf_counter_ns()``. Variants:
 
-  ours        hermes_collector._core.HookCallback(name), registered by
+  ours        hermes_collector._core.hook_callback(name), registered by
               hermes_collector.register(ctx) with a fake ctx, sending to the
               running collector at HERMES_COLLECTOR_ENDPOINT
   noop        def f(**kw): pass                                  (anchor a)

@@ -866,30 +866,47 @@ def summarize_variant(procs: List[Dict[str, Any]]) -> Dict[str, Any]:
 # =====================================================================
 
 
-def driver_main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_common_args(ap: argparse.ArgumentParser, rounds: int, seed: int) -> None:
+    """The flags session_cost.py and agent_stall.py share."""
     ap.add_argument("--venv", default=os.path.join(ROOT, "target", "session-venv"),
                     help="venv with hermes-agent==0.19.0 and hermes-plugin-otel-tracing")
     ap.add_argument("--shim-path", required=True,
                     help="directory holding hermes_collector/ and its dist-info (put on PYTHONPATH)")
     ap.add_argument("--bins", required=True, help="directory with hermes-collector and hermes-bench-sink")
-    ap.add_argument("--variants", default=DEFAULT_VARIANTS)
-    ap.add_argument("--rounds", type=int, default=20, help="child processes per variant")
+    ap.add_argument("--rounds", type=int, default=rounds, help="child processes per variant or condition")
     ap.add_argument("--sessions-per-process", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=seed)
     ap.add_argument("--logdir", default=None)
-    args = ap.parse_args()
 
+
+def parse_common_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parses the arguments, with the shared paths made absolute (the
+    children run in other directories)."""
+    args = ap.parse_args()
     args.bins = os.path.abspath(args.bins)
     args.shim_path = os.path.abspath(args.shim_path)
     args.venv = os.path.abspath(args.venv)
+    return args
+
+
+def work_dirs(prefix: str, logdir: Optional[str]) -> Tuple[str, str]:
+    """A fresh work directory, and the log directory (--logdir or one in it)."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    logdir = logdir or os.path.join(work, "logs")
+    os.makedirs(logdir, exist_ok=True)
+    return work, logdir
+
+
+def driver_main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_args(ap, rounds=20, seed=1)
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS)
+    args = parse_common_args(ap)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for v in variants:
         if v not in VARIANTS:
             raise SystemExit(f"unknown variant {v}")
-    work = tempfile.mkdtemp(prefix="session-cost-")
-    logdir = args.logdir or os.path.join(work, "logs")
-    os.makedirs(logdir, exist_ok=True)
+    work, logdir = work_dirs("session-cost-", args.logdir)
     log(f"work dir {work}; load {loadavg()}")
     homes = Homes(args.venv, args.shim_path, work, [VARIANTS[v][0] for v in variants])
     collector = Collector(args.bins, logdir, "session-cost", sink=True)

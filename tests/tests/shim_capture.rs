@@ -187,6 +187,60 @@ print(json.dumps({"flushed": hermes_collector.flush(10000), "stats": hermes_coll
     assert!(tool.seq > llm.seq);
 }
 
+/// The callback keeps the kwargs dict CPython builds for each call; a dict
+/// its caller keeps (a C caller's `PyObject_Call(cb, args, d)`, here through
+/// ctypes) is copied, so changing it after the call changes nothing.
+#[test]
+fn a_kwargs_dict_the_caller_keeps_is_copied() {
+    let server = IngestServer::start();
+    let code = r#"
+import ctypes
+call = ctypes.pythonapi.PyObject_Call
+call.restype = ctypes.py_object
+call.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object]
+cb = hooks["pre_tool_call"]
+print("name:", cb.__name__)
+kept = dict(tool_name="kept", args={}, task_id="t", session_id="s", tool_call_id="c-kept",
+    turn_id="s:t:1", api_request_id="s:t:1:api:1", middleware_trace=[], telemetry_schema_version=V)
+assert call(cb, (), kept) is None
+kept["tool_name"] = "MUTATED-AFTER-HOOK"
+kept["tool_call_id"] = "MUTATED-AFTER-HOOK"
+spread = dict(kept, tool_name="spread", tool_call_id="c-spread")
+assert cb(**spread) is None
+spread["tool_name"] = "MUTATED-AFTER-HOOK"
+print(json.dumps({"flushed": hermes_collector.flush(10000)}))
+"#;
+    let out = python(code, &[("HERMES_COLLECTOR_ENDPOINT", &server.endpoint())]);
+    assert!(out.contains("\"flushed\": true"), "{out}");
+    assert!(
+        out.contains("name: hermes_collector.pre_tool_call"),
+        "{out}"
+    );
+    let events = server.events();
+    let tools: Vec<(String, String)> = events
+        .iter()
+        .map(|e| {
+            let name = match &e.body {
+                Some(hermes_proto::v1::event::Body::Tool(t)) => t.tool_name.clone(),
+                other => panic!("not a tool body: {other:?}"),
+            };
+            let id = e
+                .ids
+                .as_ref()
+                .map(|i| i.tool_call_id.clone())
+                .unwrap_or_default();
+            (name, id)
+        })
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            ("kept".to_owned(), "c-kept".to_owned()),
+            ("spread".to_owned(), "c-spread".to_owned())
+        ]
+    );
+}
+
 #[test]
 fn metadata_level_sends_no_content() {
     let server = IngestServer::start();

@@ -2,7 +2,7 @@
 
 Hermes loads this module through the ``hermes_agent.plugins`` entry point and
 calls :func:`register`. Each registered hook callable is implemented in Rust
-(``hermes_collector._core.HookCallback``): it stamps the call, queues a
+(made by ``hermes_collector._core.hook_callback``): it stamps the call, queues a
 reference to its kwargs on a bounded queue and returns ``None`` at once. A
 background thread (``hermes-collector-sender``) converts, batches and streams
 the events to the collector over gRPC.
@@ -60,7 +60,7 @@ def register(ctx: Any) -> None:
             return
         _install_process_hooks(settings["exit_flush_ms"])
         for name in settings["hooks"]:
-            ctx.register_hook(name, _core.HookCallback(name))
+            ctx.register_hook(name, _core.hook_callback(name))
     except Exception as exc:  # never raise into Hermes
         _log.warning("hermes_collector: not registered: %s", exc)
 

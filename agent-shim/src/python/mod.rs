@@ -1,7 +1,7 @@
 //! The PyO3 extension module `hermes_collector._core`.
 //!
-//! Owns: the Python-facing API of the core — [`hook::HookCallback`] (the hook
-//! callables Hermes calls), `configure`, `flush`, `shutdown`, `stats` and
+//! Owns: the Python-facing API of the core — [`hook::hook_callback`] (makes the
+//! hook callables Hermes calls), `configure`, `flush`, `shutdown`, `stats` and
 //! `after_fork_in_child` — and everything that touches Python objects:
 //! the process-wide core ([`core`]), the hook-time snapshot of `args`
 //! ([`pyjson`]) and reading kwargs dicts on the sender thread ([`kwargs`]).
@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", crate::SHIM_VERSION)?;
     m.add("SENDER_THREAD_NAME", crate::sender::THREAD_NAME)?;
-    m.add_class::<hook::HookCallback>()?;
+    m.add_function(wrap_pyfunction!(hook::hook_callback, m)?)?;
     m.add_function(wrap_pyfunction!(core::configure, m)?)?;
     m.add_function(wrap_pyfunction!(core::flush, m)?)?;
     m.add_function(wrap_pyfunction!(core::shutdown, m)?)?;
