@@ -569,6 +569,10 @@ def stall_tables(d: Dict[str, Any]) -> List[str]:
     verdicts: Dict[str, List[bool]] = {}
     for phase, title in (("warm", "Warm sessions"), ("cold", "Cold sessions (first of the process)")):
         base = summ["healthy"][phase]
+        if not base:
+            # e.g. one session per process: no warm session.
+            lines += [f"{title}: none measured.", ""]
+            continue
         lines += [
             f"{title}: healthy medians turn 1 / 2 / 3 = {base['turn1']['median_ms']:.0f} / "
             f"{base['turn2']['median_ms']:.0f} / {base['turn3']['median_ms']:.0f} ms "

@@ -171,21 +171,21 @@ sys.exit(0 if md.version("hermes-agent") == "0.19.0" and md.version("hermes-plug
   "$SESSION_VENV/bin/python" -m pip list --disable-pip-version-check 2>/dev/null \
     | grep -i -E '^(hermes|opentelemetry|grpcio|protobuf|requests)' > "$OUT/session-venv-packages.txt" || true
 fi
+# real_sessions LABEL SCRIPT ROUNDS LOGS JSON: one of the two real-session
+# scripts with the shared arguments, logs in $OUT/LOGS, results in $OUT/JSON.
+real_sessions() {
+  log "$1 (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "$1 start: $(uptime)" >> "$OUT/loads.txt"
+  python3 "benches/$2" --venv "$SESSION_VENV" --shim-path "$SHIM_SNAP" --bins "$BIN" \
+    --rounds "$3" --sessions-per-process "${BENCH_SESSIONS_PER_PROCESS:-3}" \
+    --logdir "$OUT/$4" > "$OUT/$5"
+  echo "$1 end: $(uptime)" >> "$OUT/loads.txt"
+}
 if want session; then
-  log "session cost (load: $(cut -d' ' -f1-3 /proc/loadavg))"
-  echo "session cost start: $(uptime)" >> "$OUT/loads.txt"
-  python3 benches/session_cost.py --venv "$SESSION_VENV" --shim-path "$SHIM_SNAP" --bins "$BIN" \
-    --rounds "${BENCH_SESSION_ROUNDS:-20}" --sessions-per-process "${BENCH_SESSIONS_PER_PROCESS:-3}" \
-    --logdir "$OUT/session-logs" > "$OUT/session_cost.json"
-  echo "session cost end: $(uptime)" >> "$OUT/loads.txt"
+  real_sessions "session cost" session_cost.py "${BENCH_SESSION_ROUNDS:-20}" session-logs session_cost.json
 fi
 if want stall; then
-  log "agent stall (load: $(cut -d' ' -f1-3 /proc/loadavg))"
-  echo "agent stall start: $(uptime)" >> "$OUT/loads.txt"
-  python3 benches/agent_stall.py --venv "$SESSION_VENV" --shim-path "$SHIM_SNAP" --bins "$BIN" \
-    --rounds "${BENCH_STALL_ROUNDS:-12}" --sessions-per-process "${BENCH_SESSIONS_PER_PROCESS:-3}" \
-    --logdir "$OUT/stall-logs" > "$OUT/agent_stall.json"
-  echo "agent stall end: $(uptime)" >> "$OUT/loads.txt"
+  real_sessions "agent stall" agent_stall.py "${BENCH_STALL_ROUNDS:-12}" stall-logs agent_stall.json
 fi
 
 # ---- 6. tables
