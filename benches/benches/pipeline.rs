@@ -11,7 +11,10 @@
 //!   of each hook kind.
 //! * `processor/{metadata,content}`: `SpanProcessor::process` (default
 //!   config: gen_ai, redaction, 4 KiB truncation) on a batch of 512 spans;
-//!   `processor_all_sets/*` with OpenInference and Langfuse sets too.
+//!   `processor_all_sets/*` with OpenInference and Langfuse sets too;
+//!   `processor_key_rules_only/*` without the default value patterns and
+//!   `processor_no_redaction/*` without any redaction rule (what each part of
+//!   the redaction costs).
 //! * `otlp_encode/{metadata,content}`: `encode_to_vec` of the
 //!   `ExportTraceServiceRequest` of that batch.
 //! * `ingest_decode/metadata`: decoding one wire `EventBatch` of 512 events
@@ -154,7 +157,21 @@ fn processor(c: &mut Criterion) {
         ..ProcessorConfig::default()
     })
     .unwrap();
-    for (group_name, processor) in [("processor", &default), ("processor_all_sets", &all_sets)] {
+    // The default rules without their value patterns, and without any rule:
+    // what each part of the redaction costs.
+    let mut key_rules_only = ProcessorConfig::default();
+    key_rules_only.redaction.value_patterns.clear();
+    let key_rules_only = SpanProcessor::new(&key_rules_only).unwrap();
+    let mut no_redaction = ProcessorConfig::default();
+    no_redaction.redaction.value_patterns.clear();
+    no_redaction.redaction.key_names.clear();
+    let no_redaction = SpanProcessor::new(&no_redaction).unwrap();
+    for (group_name, processor) in [
+        ("processor", &default),
+        ("processor_key_rules_only", &key_rules_only),
+        ("processor_no_redaction", &no_redaction),
+        ("processor_all_sets", &all_sets),
+    ] {
         let mut group = c.benchmark_group(group_name);
         for level in [CaptureLevel::Metadata, CaptureLevel::Content] {
             let batch = span_batch(level, BATCH_SPANS).unwrap();
