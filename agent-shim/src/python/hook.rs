@@ -130,10 +130,7 @@ fn capture(py: Python<'_>, hook: &Arc<str>, urgent: bool, kwargs: Option<&Bound<
     } else {
         None
     };
-    let kwargs = match kwargs.map(owned_kwargs) {
-        Some(Ok(dict)) => Some(dict),
-        Some(Err(_)) | None => None,
-    };
+    let kwargs = kwargs.and_then(owned_kwargs);
     let guard = CORE.load();
     let Some(core) = guard.as_ref() else {
         return;
@@ -157,11 +154,13 @@ fn capture(py: Python<'_>, hook: &Arc<str>, urgent: bool, kwargs: Option<&Bound<
 /// every `cb(**kwargs)` and `cb(key=value)` call, so this is the case for
 /// every call from Python code), else a shallow copy (a C caller passing a
 /// dict it keeps).
-fn owned_kwargs(kwargs: &Bound<'_, PyDict>) -> PyResult<Py<PyDict>> {
+fn owned_kwargs(kwargs: &Bound<'_, PyDict>) -> Option<Py<PyDict>> {
     if kwargs.get_refcnt() <= 1 {
-        Ok(kwargs.clone().unbind())
+        Some(kwargs.clone().unbind())
     } else {
-        Ok(kwargs.copy()?.unbind())
+        // None only if the copy fails (out of memory): the event is still
+        // queued, without its kwargs.
+        kwargs.copy().ok().map(Bound::unbind)
     }
 }
 
