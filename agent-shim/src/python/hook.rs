@@ -80,7 +80,8 @@ fn is_urgent(hook: &str) -> bool {
 /// A built-in function (`METH_VARARGS | METH_KEYWORDS`) rather than an object
 /// with `__call__`: CPython hands it the kwargs dict as it is, where a
 /// `#[pymethods] __call__(**kwargs)` would copy it key by key into a new
-/// dict (≈ 40 ns per key, 0.8 µs for the API hooks' ~20 keys).
+/// dict (`benches/hook_cost.py`, `post_api_request` with ~20 keys: 2.97 µs
+/// median as a `__call__`, 0.74 µs as this; docs/BENCHMARKS.md).
 #[pyfunction]
 pub(super) fn hook_callback<'py>(py: Python<'py>, hook: &str) -> PyResult<Bound<'py, PyCFunction>> {
     let name: Arc<str> = Arc::from(hook);
