@@ -15,8 +15,10 @@
 //!   `processor_key_rules_only/*` without the default value patterns and
 //!   `processor_no_redaction/*` without any redaction rule (what each part of
 //!   the redaction costs).
-//! * `otlp_encode/{metadata,content}`: `encode_to_vec` of the
-//!   `ExportTraceServiceRequest` of that batch.
+//! * `otlp_encode/{metadata,content}`: the exporters' encoding
+//!   (`hermes_exporter::encode`, each length measured once) of the
+//!   `ExportTraceServiceRequest` of that batch; `otlp_encode_prost/*` is
+//!   prost's `encode_to_vec` of the same request, for comparison.
 //! * `ingest_decode/metadata`: decoding one wire `EventBatch` of 512 events
 //!   (what the receiver does per batch).
 //! * `stages_per_event/metadata`: decode + sequencer + correlator +
@@ -33,6 +35,7 @@ use hermes_collector_shim::config::CaptureLevel;
 use hermes_collector_shim::convert::{JsonKwargs, to_event};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlator, to_resource_spans};
+use hermes_exporter::encode::encode_request;
 use hermes_processor::{AttributeSet, ProcessorConfig, SpanProcessor};
 use hermes_proto::v1::{Event, EventBatch};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -190,17 +193,28 @@ fn processor(c: &mut Criterion) {
 
 fn otlp_encode(c: &mut Criterion) {
     let processor = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
-    let mut group = c.benchmark_group("otlp_encode");
-    for level in [CaptureLevel::Metadata, CaptureLevel::Content] {
+    let requests = [CaptureLevel::Metadata, CaptureLevel::Content].map(|level| {
         let mut batch = span_batch(level, BATCH_SPANS).unwrap();
         processor.process(&mut batch);
         let request = ExportTraceServiceRequest {
             resource_spans: batch,
         };
-        group.throughput(Throughput::Bytes(request.encoded_len() as u64));
-        group.bench_function(level.as_str(), |b| b.iter(|| request.encode_to_vec()));
+        assert_eq!(encode_request(&request), request.encode_to_vec());
+        (level, request)
+    });
+    type Encode = fn(&ExportTraceServiceRequest) -> Vec<u8>;
+    let encoders: [(&str, Encode); 2] = [
+        ("otlp_encode", encode_request),
+        ("otlp_encode_prost", |r| r.encode_to_vec()),
+    ];
+    for (name, encode) in encoders {
+        let mut group = c.benchmark_group(name);
+        for (level, request) in &requests {
+            group.throughput(Throughput::Bytes(request.encoded_len() as u64));
+            group.bench_function(level.as_str(), |b| b.iter(|| encode(request)));
+        }
+        group.finish();
     }
-    group.finish();
 }
 
 /// Wire batches of all four fixtures for one shim, 512 events each, seqs
@@ -286,10 +300,9 @@ fn stages_per_event(c: &mut Criterion) {
                 if !out.is_empty() {
                     let mut spans = to_resource_spans(std::mem::take(&mut out));
                     processor.process(&mut spans);
-                    bytes += ExportTraceServiceRequest {
+                    bytes += encode_request(&ExportTraceServiceRequest {
                         resource_spans: spans,
-                    }
-                    .encode_to_vec()
+                    })
                     .len();
                 }
             }

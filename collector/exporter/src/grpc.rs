@@ -252,7 +252,8 @@ const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/
 /// Protobuf codec of the `Export` call whose request is an
 /// `Arc<ExportTraceServiceRequest>`: encoded straight from the shared batch
 /// (the generated client takes the request by value, which meant a deep copy
-/// of every batch on every attempt).
+/// of every batch on every attempt), by [`crate::encode`] into a buffer
+/// reserved at its exact size.
 #[derive(Debug, Clone, Copy, Default)]
 struct SharedCodec;
 
@@ -276,8 +277,10 @@ impl Encoder for SharedCodec {
     type Error = tonic::Status;
 
     fn encode(&mut self, item: Self::Item, buf: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
-        item.encode(buf)
-            .map_err(|e| tonic::Status::internal(format!("encode OTLP request: {e}")))
+        let lengths = crate::encode::Lengths::of(&item);
+        buf.reserve(lengths.total);
+        lengths.write(&item, buf);
+        Ok(())
     }
 }
 

@@ -1,7 +1,7 @@
 //! OTLP/HTTP exporter (binary protobuf encoding).
 //!
-//! This module owns [`HttpExporter`]: it POSTs each batch, encoded with prost
-//! as an `ExportTraceServiceRequest`, to `{endpoint}/v1/traces` with
+//! This module owns [`HttpExporter`]: it POSTs each batch, encoded by
+//! [`crate::encode`] as an `ExportTraceServiceRequest`, to `{endpoint}/v1/traces` with
 //! `Content-Type: application/x-protobuf`, and maps the response status to an
 //! [`ExportError`] as the OTLP/HTTP specification says (2xx ok; 429, 502, 503,
 //! 504 retryable honouring `Retry-After` seconds; other 4xx not retryable;
@@ -234,7 +234,7 @@ impl HttpExporter {
 impl SpanExporter for HttpExporter {
     fn export(&mut self, request: Arc<ExportTraceServiceRequest>) -> ExportFuture<'_> {
         Box::pin(async move {
-            let body = request.encode_to_vec();
+            let body = crate::encode::encode_request(&request);
             tokio::time::timeout(self.timeout, self.send(body))
                 .await
                 .map_err(|_| ExportError::Timeout(self.timeout))?

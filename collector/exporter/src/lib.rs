@@ -12,6 +12,7 @@
 //! | [`http`] | OTLP/HTTP protobuf exporter ([`HttpExporter`]) |
 //! | [`file`](mod@file) | OTLP JSON lines file exporter ([`FileExporter`]) |
 //! | [`console`] | human-readable turn trees ([`ConsoleExporter`]) |
+//! | [`encode`] | the OTLP request's protobuf bytes in two passes (each length measured once) |
 //! | [`error`] | [`ExportError`] and its [`RetryClass`] |
 //! | [`retry`] | [`RetrySettings`] and the backoff sequence |
 //! | [`tls`] | [`TlsSettings`] of `https://` endpoints: roots, client certificate, handshake errors |
@@ -40,6 +41,7 @@
 
 mod batch;
 pub mod console;
+pub mod encode;
 pub mod error;
 pub mod file;
 pub mod grpc;

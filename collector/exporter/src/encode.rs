@@ -1,0 +1,682 @@
+//! Protobuf encoding of an OTLP `ExportTraceServiceRequest` in two passes.
+//!
+//! prost writes a nested message's length before the message, and computes
+//! it by walking the message; it does so again at every level of nesting, so
+//! the attributes of a span are measured once per enclosing message (request,
+//! resource, scope, span): four to five walks before the bytes are written.
+//! Under load that was the larger part of the export encoding
+//! (`docs/BENCHMARKS.md`, collector profile). This module measures every
+//! message that holds repeated messages once, records the lengths in
+//! pre-order, and writes the bytes in a second pass that reads them back;
+//! attributes (a key and a value) are measured where they are written.
+//!
+//! Invariant: the bytes are exactly prost's (fields in tag order, proto3
+//! defaults skipped, oneof values always written); the tests compare both
+//! encodings of the fixtures' spans and of generated edge cases.
+
+use bytes::BufMut;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, span};
+use prost::Message;
+
+const VARINT: u32 = 0;
+const FIXED64: u32 = 1;
+const LEN: u32 = 2;
+const FIXED32: u32 = 5;
+
+/// Encodes `request` into a new buffer of exactly its encoded size.
+pub fn encode_request(request: &ExportTraceServiceRequest) -> Vec<u8> {
+    let lens = Lengths::of(request);
+    let mut out = Vec::with_capacity(lens.total);
+    lens.write(request, &mut out);
+    out
+}
+
+/// The encoded lengths of one request's nested messages, in pre-order.
+#[derive(Debug)]
+pub(crate) struct Lengths {
+    /// Encoded size of the whole request.
+    pub(crate) total: usize,
+    lens: Vec<usize>,
+}
+
+impl Lengths {
+    /// Measures `request` (the first pass).
+    pub(crate) fn of(request: &ExportTraceServiceRequest) -> Self {
+        let mut lens = Vec::new();
+        let total = request
+            .resource_spans
+            .iter()
+            .map(|rs| nested(1, measure_resource_spans(rs, &mut lens)))
+            .sum();
+        Self { total, lens }
+    }
+
+    /// Writes `request`, which must be the request measured (the second
+    /// pass).
+    pub(crate) fn write(&self, request: &ExportTraceServiceRequest, buf: &mut impl BufMut) {
+        let mut next = self.lens.iter().copied();
+        for rs in &request.resource_spans {
+            write_resource_spans(rs, &mut next, buf);
+        }
+    }
+}
+
+type Next<'a> = std::iter::Copied<std::slice::Iter<'a, usize>>;
+
+/// Size of a length-delimited field of `len` bytes with a one-byte key.
+fn nested(tag: u32, len: usize) -> usize {
+    key_len(tag) + prost::length_delimiter_len(len) + len
+}
+
+fn key_len(tag: u32) -> usize {
+    prost::length_delimiter_len((tag as usize) << 3)
+}
+
+fn put_varint(mut value: u64, buf: &mut impl BufMut) {
+    while value >= 0x80 {
+        buf.put_u8((value as u8) | 0x80);
+        value >>= 7;
+    }
+    buf.put_u8(value as u8);
+}
+
+fn varint_len(value: u64) -> usize {
+    // ((bits - 1) / 7) + 1 bytes, with 0 taking one byte.
+    ((64 - (value | 1).leading_zeros() as usize) * 9 + 64) / 64
+}
+
+fn put_key(tag: u32, wire: u32, buf: &mut impl BufMut) {
+    put_varint(u64::from((tag << 3) | wire), buf);
+}
+
+fn put_len(tag: u32, len: usize, buf: &mut impl BufMut) {
+    put_key(tag, LEN, buf);
+    put_varint(len as u64, buf);
+}
+
+fn bytes_len(tag: u32, value: &[u8]) -> usize {
+    if value.is_empty() {
+        0
+    } else {
+        nested(tag, value.len())
+    }
+}
+
+fn put_bytes(tag: u32, value: &[u8], buf: &mut impl BufMut) {
+    if !value.is_empty() {
+        put_len(tag, value.len(), buf);
+        buf.put_slice(value);
+    }
+}
+
+fn uint_len(tag: u32, value: u64) -> usize {
+    if value == 0 {
+        0
+    } else {
+        key_len(tag) + varint_len(value)
+    }
+}
+
+fn put_uint(tag: u32, value: u64, buf: &mut impl BufMut) {
+    if value != 0 {
+        put_key(tag, VARINT, buf);
+        put_varint(value, buf);
+    }
+}
+
+/// An `int32` field: negative values are sign-extended to ten bytes.
+fn int32_len(tag: u32, value: i32) -> usize {
+    uint_len(tag, i64::from(value) as u64)
+}
+
+fn put_int32(tag: u32, value: i32, buf: &mut impl BufMut) {
+    put_uint(tag, i64::from(value) as u64, buf);
+}
+
+fn fixed64_len(tag: u32, value: u64) -> usize {
+    if value == 0 { 0 } else { key_len(tag) + 8 }
+}
+
+fn put_fixed64(tag: u32, value: u64, buf: &mut impl BufMut) {
+    if value != 0 {
+        put_key(tag, FIXED64, buf);
+        buf.put_u64_le(value);
+    }
+}
+
+fn fixed32_len(tag: u32, value: u32) -> usize {
+    if value == 0 { 0 } else { key_len(tag) + 4 }
+}
+
+fn put_fixed32(tag: u32, value: u32, buf: &mut impl BufMut) {
+    if value != 0 {
+        put_key(tag, FIXED32, buf);
+        buf.put_u32_le(value);
+    }
+}
+
+/// A message field written by prost itself: leaf-like messages (resource,
+/// scope, status) whose nesting is shallow, so prost's walk costs little.
+fn message_len(tag: u32, message: &impl Message) -> usize {
+    nested(tag, message.encoded_len())
+}
+
+fn put_message(tag: u32, message: &impl Message, buf: &mut impl BufMut) {
+    put_len(tag, message.encoded_len(), buf);
+    message.encode_raw(buf);
+}
+
+/// Repeated attributes: a key and a value each, measured where written
+/// (a scalar value's length costs a few instructions).
+fn attributes_len(tag: u32, attributes: &[KeyValue]) -> usize {
+    attributes.iter().map(|kv| message_len(tag, kv)).sum()
+}
+
+fn put_attributes(tag: u32, attributes: &[KeyValue], buf: &mut impl BufMut) {
+    for kv in attributes {
+        put_message(tag, kv, buf);
+    }
+}
+
+/// Records a slot for a message's length before its children's, measures
+/// with `measure` and fills the slot.
+fn slot(lens: &mut Vec<usize>, measure: impl FnOnce(&mut Vec<usize>) -> usize) -> usize {
+    let at = lens.len();
+    lens.push(0);
+    let len = measure(lens);
+    lens[at] = len;
+    len
+}
+
+fn measure_resource_spans(rs: &ResourceSpans, lens: &mut Vec<usize>) -> usize {
+    slot(lens, |lens| {
+        rs.resource.as_ref().map_or(0, |r| message_len(1, r))
+            + rs.scope_spans
+                .iter()
+                .map(|ss| nested(2, measure_scope_spans(ss, lens)))
+                .sum::<usize>()
+            + bytes_len(3, rs.schema_url.as_bytes())
+    })
+}
+
+fn write_resource_spans(rs: &ResourceSpans, next: &mut Next<'_>, buf: &mut impl BufMut) {
+    put_len(1, next.next().unwrap_or(0), buf);
+    if let Some(resource) = &rs.resource {
+        put_message(1, resource, buf);
+    }
+    for ss in &rs.scope_spans {
+        write_scope_spans(ss, next, buf);
+    }
+    put_bytes(3, rs.schema_url.as_bytes(), buf);
+}
+
+fn measure_scope_spans(ss: &ScopeSpans, lens: &mut Vec<usize>) -> usize {
+    slot(lens, |lens| {
+        ss.scope.as_ref().map_or(0, |s| message_len(1, s))
+            + ss.spans
+                .iter()
+                .map(|span| nested(2, measure_span(span, lens)))
+                .sum::<usize>()
+            + bytes_len(3, ss.schema_url.as_bytes())
+    })
+}
+
+fn write_scope_spans(ss: &ScopeSpans, next: &mut Next<'_>, buf: &mut impl BufMut) {
+    put_len(2, next.next().unwrap_or(0), buf);
+    if let Some(scope) = &ss.scope {
+        put_message(1, scope, buf);
+    }
+    for span in &ss.spans {
+        write_span(span, next, buf);
+    }
+    put_bytes(3, ss.schema_url.as_bytes(), buf);
+}
+
+fn measure_span(span: &Span, lens: &mut Vec<usize>) -> usize {
+    slot(lens, |lens| {
+        bytes_len(1, &span.trace_id)
+            + bytes_len(2, &span.span_id)
+            + bytes_len(3, span.trace_state.as_bytes())
+            + bytes_len(4, &span.parent_span_id)
+            + bytes_len(5, span.name.as_bytes())
+            + int32_len(6, span.kind)
+            + fixed64_len(7, span.start_time_unix_nano)
+            + fixed64_len(8, span.end_time_unix_nano)
+            + attributes_len(9, &span.attributes)
+            + uint_len(10, u64::from(span.dropped_attributes_count))
+            + span
+                .events
+                .iter()
+                .map(|e| nested(11, measure_event(e, lens)))
+                .sum::<usize>()
+            + uint_len(12, u64::from(span.dropped_events_count))
+            + span
+                .links
+                .iter()
+                .map(|l| nested(13, measure_link(l, lens)))
+                .sum::<usize>()
+            + uint_len(14, u64::from(span.dropped_links_count))
+            + span.status.as_ref().map_or(0, |s| message_len(15, s))
+            + fixed32_len(16, span.flags)
+    })
+}
+
+/// Written in tag order, as prost does (`flags`, tag 16, comes last).
+fn write_span(span: &Span, next: &mut Next<'_>, buf: &mut impl BufMut) {
+    put_len(2, next.next().unwrap_or(0), buf);
+    put_bytes(1, &span.trace_id, buf);
+    put_bytes(2, &span.span_id, buf);
+    put_bytes(3, span.trace_state.as_bytes(), buf);
+    put_bytes(4, &span.parent_span_id, buf);
+    put_bytes(5, span.name.as_bytes(), buf);
+    put_int32(6, span.kind, buf);
+    put_fixed64(7, span.start_time_unix_nano, buf);
+    put_fixed64(8, span.end_time_unix_nano, buf);
+    put_attributes(9, &span.attributes, buf);
+    put_uint(10, u64::from(span.dropped_attributes_count), buf);
+    for event in &span.events {
+        write_event(event, next, buf);
+    }
+    put_uint(12, u64::from(span.dropped_events_count), buf);
+    for link in &span.links {
+        write_link(link, next, buf);
+    }
+    put_uint(14, u64::from(span.dropped_links_count), buf);
+    if let Some(status) = &span.status {
+        put_message(15, status, buf);
+    }
+    put_fixed32(16, span.flags, buf);
+}
+
+fn measure_event(event: &span::Event, lens: &mut Vec<usize>) -> usize {
+    slot(lens, |_| {
+        fixed64_len(1, event.time_unix_nano)
+            + bytes_len(2, event.name.as_bytes())
+            + attributes_len(3, &event.attributes)
+            + uint_len(4, u64::from(event.dropped_attributes_count))
+    })
+}
+
+fn write_event(event: &span::Event, next: &mut Next<'_>, buf: &mut impl BufMut) {
+    put_len(11, next.next().unwrap_or(0), buf);
+    put_fixed64(1, event.time_unix_nano, buf);
+    put_bytes(2, event.name.as_bytes(), buf);
+    put_attributes(3, &event.attributes, buf);
+    put_uint(4, u64::from(event.dropped_attributes_count), buf);
+}
+
+fn measure_link(link: &span::Link, lens: &mut Vec<usize>) -> usize {
+    slot(lens, |_| {
+        bytes_len(1, &link.trace_id)
+            + bytes_len(2, &link.span_id)
+            + bytes_len(3, link.trace_state.as_bytes())
+            + attributes_len(4, &link.attributes)
+            + uint_len(5, u64::from(link.dropped_attributes_count))
+            + fixed32_len(6, link.flags)
+    })
+}
+
+fn write_link(link: &span::Link, next: &mut Next<'_>, buf: &mut impl BufMut) {
+    put_len(13, next.next().unwrap_or(0), buf);
+    put_bytes(1, &link.trace_id, buf);
+    put_bytes(2, &link.span_id, buf);
+    put_bytes(3, link.trace_state.as_bytes(), buf);
+    put_attributes(4, &link.attributes, buf);
+    put_uint(5, u64::from(link.dropped_attributes_count), buf);
+    put_fixed32(6, link.flags, buf);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_proto::tonic::common::v1::{
+        AnyValue, ArrayValue, InstrumentationScope, KeyValueList, any_value::Value,
+    };
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::Status;
+
+    fn kv(key: &str, value: Value) -> KeyValue {
+        KeyValue {
+            key: key.to_owned(),
+            value: Some(AnyValue { value: Some(value) }),
+            ..Default::default()
+        }
+    }
+
+    fn same_as_prost(request: &ExportTraceServiceRequest) {
+        let ours = encode_request(request);
+        assert_eq!(ours, request.encode_to_vec());
+        assert_eq!(ours.len(), Lengths::of(request).total);
+        assert_eq!(ours.capacity(), ours.len(), "sized exactly");
+    }
+
+    #[test]
+    fn varint_len_matches_prost() {
+        for shift in 0..64 {
+            for v in [1u64 << shift, (1u64 << shift) - 1, (1u64 << shift) + 1] {
+                assert_eq!(varint_len(v), prost::encoding::encoded_len_varint(v), "{v}");
+            }
+        }
+        assert_eq!(varint_len(0), 1);
+        assert_eq!(varint_len(u64::MAX), 10);
+    }
+
+    #[test]
+    fn empty_and_default_messages_match_prost() {
+        same_as_prost(&ExportTraceServiceRequest::default());
+        same_as_prost(&ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource::default()),
+                scope_spans: vec![ScopeSpans {
+                    scope: Some(InstrumentationScope::default()),
+                    spans: vec![Span::default(), Span::default()],
+                    schema_url: String::new(),
+                }],
+                schema_url: String::new(),
+            }],
+        });
+        same_as_prost(&ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans::default(); 3],
+        });
+    }
+
+    #[test]
+    fn every_field_and_value_kind_matches_prost() {
+        let attributes = vec![
+            kv("s", Value::StringValue("text ✓".into())),
+            kv("empty", Value::StringValue(String::new())),
+            kv("b", Value::BoolValue(false)),
+            kv("i", Value::IntValue(-3)),
+            kv("zero", Value::IntValue(0)),
+            kv("d", Value::DoubleValue(0.25)),
+            kv("bytes", Value::BytesValue(vec![0, 1, 2])),
+            kv(
+                "array",
+                Value::ArrayValue(ArrayValue {
+                    values: vec![
+                        AnyValue {
+                            value: Some(Value::StringValue("a".into())),
+                        },
+                        AnyValue::default(),
+                    ],
+                }),
+            ),
+            kv(
+                "kvlist",
+                Value::KvlistValue(KeyValueList {
+                    values: vec![kv("inner", Value::IntValue(i64::MIN))],
+                }),
+            ),
+            KeyValue {
+                key: "no value".into(),
+                value: None,
+                key_strindex: -1,
+            },
+        ];
+        let long = "x".repeat(300);
+        let span = Span {
+            trace_id: vec![7; 16],
+            span_id: vec![9; 8],
+            trace_state: "k=v".into(),
+            parent_span_id: vec![1; 8],
+            flags: 0x301,
+            name: long.clone(),
+            kind: span::SpanKind::Client as i32,
+            start_time_unix_nano: 1,
+            end_time_unix_nano: u64::MAX,
+            attributes: attributes.clone(),
+            dropped_attributes_count: 300,
+            events: vec![
+                span::Event {
+                    time_unix_nano: 5,
+                    name: "gen_ai.choice".into(),
+                    attributes: attributes.clone(),
+                    dropped_attributes_count: 1,
+                },
+                span::Event::default(),
+            ],
+            dropped_events_count: 2,
+            links: vec![
+                span::Link {
+                    trace_id: vec![3; 16],
+                    span_id: vec![4; 8],
+                    trace_state: "a=b".into(),
+                    attributes: attributes.clone(),
+                    dropped_attributes_count: 3,
+                    flags: 1,
+                },
+                span::Link::default(),
+            ],
+            dropped_links_count: 4,
+            status: Some(Status {
+                message: long,
+                code: 2,
+            }),
+        };
+        let negative_kind = Span {
+            kind: -1,
+            ..Span::default()
+        };
+        same_as_prost(&ExportTraceServiceRequest {
+            resource_spans: vec![
+                ResourceSpans {
+                    resource: Some(Resource {
+                        attributes: attributes.clone(),
+                        dropped_attributes_count: 2,
+                        entity_refs: Vec::new(),
+                    }),
+                    scope_spans: vec![
+                        ScopeSpans {
+                            scope: Some(InstrumentationScope {
+                                name: "hermes".into(),
+                                version: "1".into(),
+                                attributes,
+                                dropped_attributes_count: 0,
+                            }),
+                            spans: vec![span.clone(), negative_kind, span.clone()],
+                            schema_url: "https://opentelemetry.io/schemas/1.37.0".into(),
+                        },
+                        ScopeSpans::default(),
+                    ],
+                    schema_url: "r".into(),
+                },
+                ResourceSpans {
+                    scope_spans: vec![ScopeSpans {
+                        spans: vec![span],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ],
+        });
+    }
+
+    #[test]
+    fn messages_longer_than_a_one_byte_length_match_prost() {
+        // Lengths of 127, 128 and 16 384 bytes switch the varint width.
+        for n in [100, 127, 128, 200, 16_384, 70_000] {
+            let span = Span {
+                name: "n".repeat(n),
+                ..Span::default()
+            };
+            same_as_prost(&ExportTraceServiceRequest {
+                resource_spans: vec![ResourceSpans {
+                    scope_spans: vec![ScopeSpans {
+                        spans: vec![span; 3],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod generated {
+    //! Random requests: every field, nesting and length width, against prost.
+    use super::*;
+    use opentelemetry_proto::tonic::common::v1::{
+        AnyValue, ArrayValue, InstrumentationScope, KeyValueList, any_value::Value,
+    };
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::Status;
+    use proptest::collection::vec;
+    use proptest::option;
+    use proptest::prelude::*;
+
+    fn any_value() -> impl Strategy<Value = AnyValue> {
+        let leaf = prop_oneof![
+            ".{0,40}".prop_map(Value::StringValue),
+            any::<bool>().prop_map(Value::BoolValue),
+            any::<i64>().prop_map(Value::IntValue),
+            any::<f64>().prop_map(Value::DoubleValue),
+            vec(any::<u8>(), 0..20).prop_map(Value::BytesValue),
+        ];
+        let value = leaf.prop_recursive(3, 16, 4, |inner| {
+            let any = option::of(inner).prop_map(|value| AnyValue { value });
+            prop_oneof![
+                vec(any.clone(), 0..4).prop_map(|values| Value::ArrayValue(ArrayValue { values })),
+                vec(("[a-z]{0,5}", any), 0..4).prop_map(|entries| {
+                    Value::KvlistValue(KeyValueList {
+                        values: entries
+                            .into_iter()
+                            .map(|(key, value)| KeyValue {
+                                key,
+                                value: Some(value),
+                                key_strindex: 0,
+                            })
+                            .collect(),
+                    })
+                }),
+            ]
+        });
+        option::of(value).prop_map(|value| AnyValue { value })
+    }
+
+    fn attributes() -> impl Strategy<Value = Vec<KeyValue>> {
+        vec(
+            ("[a-z._]{0,12}", option::of(any_value()), -2i32..2).prop_map(
+                |(key, value, key_strindex)| KeyValue {
+                    key,
+                    value,
+                    key_strindex,
+                },
+            ),
+            0..6,
+        )
+    }
+
+    fn id(len: usize) -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![Just(Vec::new()), vec(any::<u8>(), len)]
+    }
+
+    fn span() -> impl Strategy<Value = Span> {
+        let event = (any::<u64>(), ".{0,10}", attributes(), 0u32..3).prop_map(
+            |(time_unix_nano, name, attributes, dropped_attributes_count)| span::Event {
+                time_unix_nano,
+                name,
+                attributes,
+                dropped_attributes_count,
+            },
+        );
+        let link = (id(16), id(8), ".{0,5}", attributes(), 0u32..3, any::<u32>()).prop_map(
+            |(trace_id, span_id, trace_state, attributes, dropped_attributes_count, flags)| {
+                span::Link {
+                    trace_id,
+                    span_id,
+                    trace_state,
+                    attributes,
+                    dropped_attributes_count,
+                    flags,
+                }
+            },
+        );
+        let ids = (
+            id(16),
+            id(8),
+            ".{0,5}",
+            id(8),
+            any::<u32>(),
+            ".{0,200}",
+            -1i32..6,
+        );
+        let times = (any::<u64>(), prop_oneof![Just(0u64), any::<u64>()]);
+        let children = (
+            attributes(),
+            vec(event, 0..3),
+            vec(link, 0..2),
+            (0u32..300, 0u32..2, 0u32..2),
+            option::of((".{0,20}", 0i32..3).prop_map(|(message, code)| Status { message, code })),
+        );
+        (ids, times, children).prop_map(
+            |(
+                (trace_id, span_id, trace_state, parent_span_id, flags, name, kind),
+                (start_time_unix_nano, end_time_unix_nano),
+                (attributes, events, links, dropped, status),
+            )| Span {
+                trace_id,
+                span_id,
+                trace_state,
+                parent_span_id,
+                flags,
+                name,
+                kind,
+                start_time_unix_nano,
+                end_time_unix_nano,
+                attributes,
+                dropped_attributes_count: dropped.0,
+                events,
+                dropped_events_count: dropped.1,
+                links,
+                dropped_links_count: dropped.2,
+                status,
+            },
+        )
+    }
+
+    fn request() -> impl Strategy<Value = ExportTraceServiceRequest> {
+        let scope = option::of(("[a-z]{0,8}", "[0-9.]{0,5}", attributes()).prop_map(
+            |(name, version, attributes)| InstrumentationScope {
+                name,
+                version,
+                attributes,
+                dropped_attributes_count: 0,
+            },
+        ));
+        let scope_spans =
+            (scope, vec(span(), 0..5), "[a-z:/]{0,10}").prop_map(|(scope, spans, schema_url)| {
+                ScopeSpans {
+                    scope,
+                    spans,
+                    schema_url,
+                }
+            });
+        let resource = option::of(attributes().prop_map(|attributes| Resource {
+            attributes,
+            dropped_attributes_count: 0,
+            entity_refs: Vec::new(),
+        }));
+        let resource_spans = (resource, vec(scope_spans, 0..3), "[a-z]{0,4}").prop_map(
+            |(resource, scope_spans, schema_url)| ResourceSpans {
+                resource,
+                scope_spans,
+                schema_url,
+            },
+        );
+        vec(resource_spans, 0..3)
+            .prop_map(|resource_spans| ExportTraceServiceRequest { resource_spans })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn encoding_is_prost_s(request in request()) {
+            let ours = encode_request(&request);
+            prop_assert_eq!(ours.len(), Lengths::of(&request).total);
+            prop_assert_eq!(ours, request.encode_to_vec());
+        }
+    }
+}
