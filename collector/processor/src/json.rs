@@ -146,9 +146,33 @@ pub(crate) fn escaped_len(c: char) -> usize {
 }
 
 /// Byte length of `s` written as a JSON string literal, quotes included.
+/// Every escape replaces one ASCII byte, so the length is counted over
+/// bytes (a multi-byte character is written verbatim).
 pub(crate) fn str_len(s: &str) -> usize {
-    2 + s.chars().map(escaped_len).sum::<usize>()
+    2 + s.len()
+        + s.bytes()
+            .map(|b| usize::from(ESCAPE_EXTRA[usize::from(b)]))
+            .sum::<usize>()
 }
+
+/// Bytes an escape adds to a byte of a JSON string literal: 1 for the short
+/// escapes, 5 for `\u00XX`, 0 for bytes written verbatim.
+const ESCAPE_EXTRA: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = 5;
+        b += 1;
+    }
+    table[b'"' as usize] = 1;
+    table[b'\\' as usize] = 1;
+    table[0x08] = 1;
+    table[0x0c] = 1;
+    table[b'\n' as usize] = 1;
+    table[b'\r' as usize] = 1;
+    table[b'\t' as usize] = 1;
+    table
+};
 
 /// Appends `s` as a JSON string literal.
 pub(crate) fn write_str(s: &str, out: &mut String) {
@@ -159,26 +183,27 @@ pub(crate) fn write_str(s: &str, out: &mut String) {
 
 /// Appends the escaped contents of `s` (no quotes).
 pub(crate) fn write_escaped(s: &str, out: &mut String) {
+    // Escapes replace single ASCII bytes, so every cut is on a character
+    // boundary.
     let mut start = 0;
-    for (i, c) in s.char_indices() {
-        let short = match c {
-            '"' => "\\\"",
-            '\\' => "\\\\",
-            '\u{8}' => "\\b",
-            '\u{c}' => "\\f",
-            '\n' => "\\n",
-            '\r' => "\\r",
-            '\t' => "\\t",
-            c if (c as u32) < 0x20 => "",
-            _ => continue,
-        };
-        out.push_str(&s[start..i]);
-        if short.is_empty() {
-            let _ = write!(out, "\\u{:04x}", c as u32);
-        } else {
-            out.push_str(short);
+    for (i, b) in s.bytes().enumerate() {
+        if ESCAPE_EXTRA[usize::from(b)] == 0 {
+            continue;
         }
-        start = i + c.len_utf8();
+        out.push_str(&s[start..i]);
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            0x08 => out.push_str("\\b"),
+            0x0c => out.push_str("\\f"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            _ => {
+                let _ = write!(out, "\\u{:04x}", b);
+            }
+        }
+        start = i + 1;
     }
     out.push_str(&s[start..]);
 }
@@ -264,6 +289,28 @@ mod tests {
         assert_eq!(v.text_len(), out.len());
         let reparsed: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(reparsed["a"][4], "q\"\\\n\u{1}é…");
+    }
+
+    fn assert_written_as_serde_json_writes(s: &str) {
+        let mut out = String::new();
+        write_str(s, &mut out);
+        assert_eq!(out, serde_json::to_string(s).unwrap());
+        assert_eq!(str_len(s), out.len());
+    }
+
+    #[test]
+    fn strings_are_escaped_as_serde_json_escapes_them() {
+        let every_ascii: String = (0u8..0x80).map(char::from).collect();
+        assert_written_as_serde_json_writes(&every_ascii);
+        assert_written_as_serde_json_writes("é…\u{7f}\u{80}\u{2028}😀\"\\\u{1f}");
+        assert_written_as_serde_json_writes("");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_string_is_escaped_as_serde_json_escapes_it(s in ".*|[\\x00-\\x7f]*") {
+            assert_written_as_serde_json_writes(&s);
+        }
     }
 
     #[test]
