@@ -26,6 +26,7 @@
 
 mod config;
 mod json;
+mod prefilter;
 mod redact;
 mod sets;
 mod truncate;

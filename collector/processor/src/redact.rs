@@ -5,7 +5,8 @@
 //! - key rules: an attribute, key-value list entry or JSON object member
 //!   whose key matches gets its whole value replaced;
 //! - value patterns: every match inside a string is replaced, all patterns in
-//!   one pass of one combined regex.
+//!   one pass of one combined regex, run only on strings that contain one of
+//!   the literals the patterns require (`prefilter.rs`).
 //!
 //! A string holding a JSON object or array is parsed and walked (key rules on
 //! its members, patterns on every string and key, nested JSON text inside
@@ -24,6 +25,7 @@ use regex::{NoExpand, Regex};
 
 use crate::config::{ConfigError, RedactionConfig};
 use crate::json::{self, Json};
+use crate::prefilter::Prefilter;
 
 /// How many levels of JSON text inside JSON strings are parsed (e.g. tool
 /// call arguments encoded as a string inside a message list).
@@ -34,6 +36,8 @@ pub(crate) const MAX_JSON_NESTING: u8 = 4;
 pub(crate) struct Redactor {
     keys: Vec<KeyGlob>,
     values: Option<Regex>,
+    /// Literals one of which a string must contain for `values` to match.
+    prefilter: Option<Prefilter>,
     replacement: String,
 }
 
@@ -168,6 +172,9 @@ impl Redactor {
         };
         Ok(Self {
             keys,
+            prefilter: values
+                .as_ref()
+                .and_then(|_| Prefilter::new(&config.value_patterns)),
             values,
             replacement: config.replacement.clone(),
         })
@@ -284,8 +291,10 @@ impl Redactor {
 
     fn apply_patterns<'a>(&self, s: &'a str) -> Cow<'a, str> {
         match &self.values {
-            Some(re) => re.replace_all(s, NoExpand(&self.replacement)),
-            None => Cow::Borrowed(s),
+            Some(re) if self.prefilter.as_ref().is_none_or(|p| p.may_match(s)) => {
+                re.replace_all(s, NoExpand(&self.replacement))
+            }
+            _ => Cow::Borrowed(s),
         }
     }
 
