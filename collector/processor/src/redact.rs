@@ -113,7 +113,9 @@ impl KeyGlob {
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
     normalized: String,
-    verdicts: std::collections::HashMap<String, bool>,
+    /// foldhash: a key is hashed on every attribute, and SipHash (the
+    /// std default, built against flooding) cost more than the rules.
+    verdicts: std::collections::HashMap<String, bool, foldhash::fast::RandomState>,
 }
 
 impl Scratch {
