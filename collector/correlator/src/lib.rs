@@ -25,6 +25,12 @@ pub mod ids;
 pub mod sequencer;
 
 use std::collections::HashMap;
+
+/// The correlator's maps, keyed by ids from the agents: foldhash's quality
+/// hasher, randomly seeded per map, is faster than std's SipHash on the ids'
+/// 40-80 bytes (criterion `correlator_turn` -5 to -8 %); the maps are
+/// bounded by the limits.
+type Map<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 use std::sync::Arc;
 
 use hermes_proto::hooks;
@@ -168,12 +174,12 @@ struct Turn {
     /// `hermes.turn.user_message` / `.final_answer` (content).
     user_message: Option<String>,
     final_answer: Option<String>,
-    attempts: HashMap<(String, u32), OpenAttempt>,
+    attempts: Map<(String, u32), OpenAttempt>,
     /// End of the latest closed attempt per api_request_id (start of the next
     /// attempt when its `pre_api_request` is missing).
-    last_attempt_end: HashMap<String, u64>,
-    tools: HashMap<String, OpenTool>,
-    approvals: HashMap<(String, String), OpenApproval>,
+    last_attempt_end: Map<String, u64>,
+    tools: Map<String, OpenTool>,
+    approvals: Map<(String, String), OpenApproval>,
     /// Lowest persistent-queue position of the events that touched it.
     min_lsn: u64,
 }
@@ -208,13 +214,13 @@ struct PendingSessionStart {
 /// The correlation state machine. See the module docs.
 pub struct Correlator {
     config: Config,
-    resources: HashMap<String, ResourceEntry>,
-    turns: HashMap<String, Turn>,
+    resources: Map<String, ResourceEntry>,
+    turns: Map<String, Turn>,
     /// Open turns per shim instance.
-    turns_per_agent: HashMap<String, usize>,
-    links: HashMap<String, SubagentLink>,
-    subagents: HashMap<String, OpenSubagent>,
-    pending_starts: HashMap<String, PendingSessionStart>,
+    turns_per_agent: Map<String, usize>,
+    links: Map<String, SubagentLink>,
+    subagents: Map<String, OpenSubagent>,
+    pending_starts: Map<String, PendingSessionStart>,
     stats: Stats,
     /// Persistent-queue position of the events being ingested.
     lsn: u64,
@@ -226,12 +232,12 @@ impl Correlator {
     pub fn new(config: Config) -> Self {
         Self {
             config,
-            resources: HashMap::new(),
-            turns: HashMap::new(),
-            turns_per_agent: HashMap::new(),
-            links: HashMap::new(),
-            subagents: HashMap::new(),
-            pending_starts: HashMap::new(),
+            resources: Map::default(),
+            turns: Map::default(),
+            turns_per_agent: Map::default(),
+            links: Map::default(),
+            subagents: Map::default(),
+            pending_starts: Map::default(),
             stats: Stats::default(),
             lsn: 0,
             clock: 0,
@@ -742,10 +748,10 @@ impl Correlator {
             last_attempt_error: None,
             user_message: None,
             final_answer: None,
-            attempts: HashMap::new(),
-            last_attempt_end: HashMap::new(),
-            tools: HashMap::new(),
-            approvals: HashMap::new(),
+            attempts: Map::default(),
+            last_attempt_end: Map::default(),
+            tools: Map::default(),
+            approvals: Map::default(),
             min_lsn: self.lsn,
         }
     }

@@ -99,7 +99,7 @@ impl Out<'_> {
 /// See the module docs.
 pub struct Sequencer {
     config: SequencerConfig,
-    instances: HashMap<String, Instance>,
+    instances: HashMap<String, Instance, foldhash::quality::RandomState>,
     stats: SequencerStats,
     /// Lowest lsn released since [`Sequencer::take_released_lsn`]
     /// (`u64::MAX`: none).
@@ -110,7 +110,7 @@ impl Sequencer {
     pub fn new(config: SequencerConfig) -> Self {
         Self {
             config,
-            instances: HashMap::new(),
+            instances: HashMap::default(),
             stats: SequencerStats::default(),
             released_lsn: u64::MAX,
         }
