@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);
     tonic_prost_build::configure()
+        .codec_path("crate::codec::SliceCodec")
         .build_client(true)
         .build_server(true)
         .compile_with_config(config, &["hermes/collector/v1/ingest.proto"], &["."])?;

@@ -20,7 +20,9 @@
 //!   `ExportTraceServiceRequest` of that batch; `otlp_encode_prost/*` is
 //!   prost's `encode_to_vec` of the same request, for comparison.
 //! * `ingest_decode/metadata`: decoding one wire `EventBatch` of 512 events
-//!   (what the receiver does per batch).
+//!   with the receiver's codec (one slice of the receive buffer);
+//!   `ingest_decode/metadata_through_buf` reads the same bytes through the
+//!   length-limited `Buf` as tonic's prost codec does.
 //! * `stages_per_event/metadata`: decode + sequencer + correlator +
 //!   grouping + processor + OTLP encode of all four fixtures, per event: the
 //!   in-process CPU cost of one event without the gRPC transports.
@@ -37,9 +39,11 @@ use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlator, to_resource_spans};
 use hermes_exporter::encode::encode_request;
 use hermes_processor::{AttributeSet, ProcessorConfig, SpanProcessor};
+use hermes_proto::codec::decode;
 use hermes_proto::v1::{Event, EventBatch};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
+use prost::bytes::{Buf as _, BytesMut};
 use rand::SeedableRng as _;
 use rand::seq::SliceRandom as _;
 
@@ -264,10 +268,30 @@ fn ingest_decode(c: &mut Criterion) {
     let batches = wire_batches(CaptureLevel::Metadata, 8);
     let first = &batches[0];
     let n = EventBatch::decode(first.as_slice()).unwrap().events.len();
+    let received = || BytesMut::from(first.as_slice());
     let mut group = c.benchmark_group("ingest_decode");
     group.throughput(Throughput::Elements(n as u64));
+    // The receiver's codec: one slice of tonic's receive buffer.
     group.bench_function("metadata", |b| {
-        b.iter(|| EventBatch::decode(first.as_slice()).unwrap())
+        b.iter_batched_ref(
+            received,
+            |buf| {
+                let len = buf.len();
+                decode::<EventBatch>(&mut buf.take(len)).unwrap()
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    // prost reading through the length-limited `Buf` (tonic's prost codec).
+    group.bench_function("metadata_through_buf", |b| {
+        b.iter_batched_ref(
+            received,
+            |buf| {
+                let len = buf.len();
+                EventBatch::decode(&mut buf.take(len)).unwrap()
+            },
+            BatchSize::SmallInput,
+        )
     });
     group.finish();
 }

@@ -2,7 +2,10 @@
 //! to the collector's [`v1::event_ingest_server::EventIngest`] service and
 //! receives [`v1::Ack`]s. See `docs/PROTOCOL.md`.
 
-/// Generated from `proto/hermes/collector/v1/ingest.proto`.
+pub mod codec;
+
+/// Generated from `proto/hermes/collector/v1/ingest.proto`; the service's
+/// client and server use [`codec::SliceCodec`].
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("hermes.collector.v1");
