@@ -155,9 +155,9 @@ pub(crate) fn str_len(s: &str) -> usize {
         .as_bytes()
         .chunks(32)
         .map(|chunk| {
-            let escapes = chunk
-                .iter()
-                .fold(false, |any, &b| any | (b < 0x20) | (b == b'"') | (b == b'\\'));
+            let escapes = chunk.iter().fold(false, |any, &b| {
+                any | (b < 0x20) | (b == b'"') | (b == b'\\')
+            });
             if escapes {
                 chunk
                     .iter()

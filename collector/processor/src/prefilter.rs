@@ -228,7 +228,10 @@ mod tests {
     }
 
     fn defaults() -> Vec<String> {
-        DEFAULT_VALUE_PATTERNS.iter().map(|p| (*p).to_owned()).collect()
+        DEFAULT_VALUE_PATTERNS
+            .iter()
+            .map(|p| (*p).to_owned())
+            .collect()
     }
 
     #[test]
@@ -241,7 +244,10 @@ mod tests {
             literals_of(&d[4]).unwrap(),
             ["gho_", "ghp_", "ghr_", "ghs_", "ghu_"]
         );
-        assert_eq!(literals_of(&d[5]).unwrap(), ["xoxa-", "xoxb-", "xoxp-", "xoxr-"]);
+        assert_eq!(
+            literals_of(&d[5]).unwrap(),
+            ["xoxa-", "xoxb-", "xoxp-", "xoxr-"]
+        );
         assert_eq!(literals_of(&d[6]).unwrap(), ["@"]);
         // (?i)bearer: every case variant.
         let bearer = literals_of(&d[0]).unwrap();
@@ -262,7 +268,10 @@ mod tests {
 
     #[test]
     fn alternations_and_repetitions_keep_what_is_required() {
-        assert_eq!(literals_of("(?:foo|ba[rz])+x").unwrap(), ["bar", "baz", "foo"]);
+        assert_eq!(
+            literals_of("(?:foo|ba[rz])+x").unwrap(),
+            ["bar", "baz", "foo"]
+        );
         assert_eq!(literals_of("x(?:ab)+y").unwrap(), ["ab"]);
         assert_eq!(literals_of("(?:ab)?cd").unwrap(), ["cd"]);
     }
