@@ -37,7 +37,7 @@ echo "samples: $(perf report -i "$OUT/perf.data" --stdio --sort dso 2>/dev/null 
 echo "inclusive share of the collector's CPU samples:"
 perf report -i "$OUT/perf.data" --children --sort symbol --stdio --percent-limit 0.5 -g none 2>/dev/null \
   | grep -E '^ +[0-9]' \
-  | grep -E 'pipeline::run::|SpanProcessor::process|Redactor::key_matches|KeyGlob::matches|normalize_into|apply_patterns|Correlator::ingest|Sequencer::push|SinkWorker::run|GrpcExporter as hermes_exporter::sink::SpanExporter>::export|ProstEncoder<T> as tonic::codec::Encoder>::encode|SharedCodec as tonic::codec::Encoder>::encode|ProstDecoder<U> as tonic::codec::Decoder>::decode|drop_in_place<opentelemetry_proto::proto::tonic::trace::v1::ResourceSpans>|Vec<T,A> as core::clone::Clone>::clone|String as core::clone::Clone>::clone|EventIngest>::stream' \
+  | grep -E 'pipeline::run::|SpanProcessor::process|Redactor::key_matches|KeyGlob::matches|normalize_into|apply_patterns|Correlator::ingest|Sequencer::push|SinkWorker::run|GrpcExporter as hermes_exporter::sink::SpanExporter>::export|ProstEncoder<T> as tonic::codec::Encoder>::encode|SharedCodec as tonic::codec::Encoder>::encode|ProstDecoder<U> as tonic::codec::Decoder>::decode|SliceDecoder<U> as tonic::codec::Decoder>::decode|hermes_exporter::encode::Lengths::of|drop_in_place<opentelemetry_proto::proto::tonic::trace::v1::ResourceSpans>|Vec<T,A> as core::clone::Clone>::clone|String as core::clone::Clone>::clone|EventIngest>::stream' \
   | grep -vE '\] (do_call|poll|poll_future|poll_inner|with_mut|catch_unwind|call_once)<|\(inlined\)' \
   | awk '!seen[$4]++ {printf "  %7s  %s\n", $1, substr($0, index($0, "[.]") + 4)}' | cut -c1-150
 # glibc's malloc/free, or mimalloc's (the collector's global allocator
