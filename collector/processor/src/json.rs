@@ -138,10 +138,9 @@ fn write_number(n: &serde_json::Number, out: &mut String) {
 /// uses: short forms for `"`, `\`, `\b`, `\f`, `\n`, `\r`, `\t`, `\u00XX` for
 /// other control characters, everything else verbatim).
 pub(crate) fn escaped_len(c: char) -> usize {
-    match c {
-        '"' | '\\' | '\u{8}' | '\u{c}' | '\n' | '\r' | '\t' => 2,
-        c if (c as u32) < 0x20 => 6,
-        c => c.len_utf8(),
+    match u8::try_from(c) {
+        Ok(b) if b.is_ascii() => 1 + usize::from(ESCAPE_EXTRA[usize::from(b)]),
+        _ => c.len_utf8(),
     }
 }
 
