@@ -25,12 +25,6 @@ pub mod ids;
 pub mod sequencer;
 
 use std::collections::HashMap;
-
-/// The correlator's maps, keyed by ids from the agents: foldhash's quality
-/// hasher, randomly seeded per map, is faster than std's SipHash on the ids'
-/// 40-80 bytes (criterion `correlator_turn` -5 to -8 %); the maps are
-/// bounded by the limits.
-type Map<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 use std::sync::Arc;
 
 use hermes_proto::hooks;
@@ -43,6 +37,12 @@ use opentelemetry_proto::tonic::trace::v1::{
 
 pub use attrs::Attrs;
 use ids::{SpanId, SpanKey, TraceId, span_id, trace_id};
+
+/// The correlator's and the sequencer's maps, keyed by ids from the agents:
+/// foldhash's quality hasher, randomly seeded per map, is faster than std's
+/// SipHash on the ids' 40-80 bytes (criterion `correlator_turn` -5 to -8 %);
+/// the maps are bounded by the limits.
+pub(crate) type Map<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 
 const NANOS_PER_MILLI: u64 = 1_000_000;
 const NANOS_PER_SEC: u64 = 1_000_000_000;

@@ -24,10 +24,12 @@
 //! and among the events it released since the last ask
 //! ([`Sequencer::take_released_lsn`]): what the queue must keep for them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use hermes_proto::v1::{Event, ShimInfo};
+
+use crate::Map;
 
 /// Limits of the sequencer.
 #[derive(Debug, Clone)]
@@ -99,7 +101,7 @@ impl Out<'_> {
 /// See the module docs.
 pub struct Sequencer {
     config: SequencerConfig,
-    instances: HashMap<String, Instance, foldhash::quality::RandomState>,
+    instances: Map<String, Instance>,
     stats: SequencerStats,
     /// Lowest lsn released since [`Sequencer::take_released_lsn`]
     /// (`u64::MAX`: none).
@@ -110,7 +112,7 @@ impl Sequencer {
     pub fn new(config: SequencerConfig) -> Self {
         Self {
             config,
-            instances: HashMap::default(),
+            instances: Map::default(),
             stats: SequencerStats::default(),
             released_lsn: u64::MAX,
         }
