@@ -2,8 +2,8 @@
 //!
 //! Owns [`Prefilter`]: a set of literals such that every match of every
 //! value pattern contains at least one of them (`sk-`, `AKIA`, `@`,
-//! `bearer` in any case, ...), searched ignoring ASCII case. A string that contains none of them
-//! cannot match, and skips the regex; almost every attribute value of a
+//! `bearer` in any case, ...), searched ignoring ASCII case. A string that
+//! contains none of them cannot match, and skips the regex; almost every attribute value of a
 //! trace (ids, model names, finish reasons, URLs) is such a string. The
 //! combined regex finds no literal prefix of its own when one pattern starts
 //! with a class (the e-mail pattern), so without this it runs its automaton
@@ -22,7 +22,7 @@ use aho_corasick::AhoCorasick;
 use regex_syntax::hir::{Class, Hir, HirKind};
 
 /// Most literals one pattern's required set may hold.
-pub(crate) const MAX_LITERALS: usize = 64;
+const MAX_LITERALS: usize = 64;
 /// Most bytes a class may stand for to be expanded into literals.
 const MAX_CLASS_BYTES: usize = 8;
 
