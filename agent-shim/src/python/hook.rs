@@ -64,13 +64,15 @@ fn thread_name(py: Python<'_>) -> Arc<str> {
 /// (e.g. through `os._exit`, which skips the exit flush), so their events go
 /// out at once instead of on the sender's next look at the queue. Waking the
 /// sender costs the hook a system call when the sender is parked.
+///
+/// `post_llm_call` ends a turn too, but does not wake: Hermes 0.19.0
+/// (`agent/turn_finalizer.py`) fires `on_session_end` unconditionally at the
+/// end of the same `run_conversation` call, a few statements later, and that
+/// wake carries both events out.
 fn is_urgent(hook: &str) -> bool {
     matches!(
         hook,
-        hooks::POST_LLM_CALL
-            | hooks::ON_SESSION_END
-            | hooks::ON_SESSION_FINALIZE
-            | hooks::SUBAGENT_STOP
+        hooks::ON_SESSION_END | hooks::ON_SESSION_FINALIZE | hooks::SUBAGENT_STOP
     )
 }
 
