@@ -1229,16 +1229,18 @@ fn close_attempt(
     };
     turn.last_attempt_end.insert(api_request_id.to_owned(), end);
     turn.api_attempts += 1;
-    let pick = |post: &str, pre: Option<&String>| -> String {
-        if !post.is_empty() {
-            post.to_owned()
+    // The post (or error) event's value, else the pre event's: borrowed,
+    // the attributes copy them once.
+    fn pick<'a>(post: &'a str, pre: Option<&'a str>) -> &'a str {
+        if post.is_empty() {
+            pre.unwrap_or_default()
         } else {
-            pre.cloned().unwrap_or_default()
+            post
         }
-    };
-    let model = pick(&api.model, open.as_ref().map(|o| &o.model));
-    let provider = pick(&api.provider, open.as_ref().map(|o| &o.provider));
-    let base_url = pick(&api.base_url, open.as_ref().map(|o| &o.base_url));
+    }
+    let model = pick(&api.model, open.as_ref().map(|o| o.model.as_str()));
+    let provider = pick(&api.provider, open.as_ref().map(|o| o.provider.as_str()));
+    let base_url = pick(&api.base_url, open.as_ref().map(|o| o.base_url.as_str()));
     let max_tokens = api.max_tokens.or(open.as_ref().and_then(|o| o.max_tokens));
     let api_call_count = if api.api_call_count > 0 {
         api.api_call_count
@@ -1246,17 +1248,17 @@ fn close_attempt(
         open.as_ref().map_or(0, |o| o.api_call_count)
     };
     if turn.model.is_empty() {
-        turn.model = model.clone();
+        model.clone_into(&mut turn.model);
     }
     let mut a = turn.common();
     a.str("gen_ai.operation.name", "chat")
-        .str("gen_ai.provider.name", &provider)
-        .str("gen_ai.request.model", &model)
+        .str("gen_ai.provider.name", provider)
+        .str("gen_ai.request.model", model)
         .opt_uint("gen_ai.request.max_tokens", max_tokens)
         .str("hermes.api_request_id", api_request_id)
         .uint("hermes.api_call_count", api_call_count)
         .uint("hermes.attempt", u64::from(attempt));
-    if let Some((host, port)) = server_address(&base_url) {
+    if let Some((host, port)) = server_address(base_url) {
         a.str("server.address", host);
         if let Some(port) = port {
             a.int("server.port", i64::from(port));
