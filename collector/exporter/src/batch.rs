@@ -17,6 +17,8 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message;
 
+use crate::encode;
+
 /// Accumulates spans into batches of at most `max_spans`.
 #[derive(Debug)]
 pub(crate) struct Batcher {
@@ -27,6 +29,8 @@ pub(crate) struct Batcher {
     /// Encoded size of the current batch, approximately (spans plus the
     /// resources and scopes they bring).
     bytes: usize,
+    /// Nested lengths of the span being measured ([`encode::span_len`]).
+    scratch: Vec<usize>,
 }
 
 /// Protobuf framing per repeated message (tag and length), upper bound.
@@ -40,6 +44,7 @@ impl Batcher {
             current: Vec::new(),
             spans: 0,
             bytes: 0,
+            scratch: Vec::new(),
         }
     }
 
@@ -66,7 +71,7 @@ impl Batcher {
                 let mut chunk = Vec::new();
                 let mut chunk_bytes = 0;
                 for span in spans.drain(..) {
-                    let size = span.encoded_len() + FRAMING;
+                    let size = encode::span_len(&span, &mut self.scratch) + FRAMING;
                     let over_count = self.spans + chunk.len() >= self.max_spans;
                     let over_bytes = self.bytes + chunk_bytes + size > self.max_bytes;
                     if (over_count || over_bytes) && self.spans + chunk.len() > 0 {

@@ -8,7 +8,8 @@
 //! (`docs/BENCHMARKS.md`, collector profile). This module measures every
 //! message that holds repeated messages once, records the lengths in
 //! pre-order, and writes the bytes in a second pass that reads them back;
-//! attributes (a key and a value) are measured where they are written.
+//! attributes (a key and a value) are measured where they are written, and
+//! their string and scalar values are written here rather than by prost.
 //!
 //! Invariant: the bytes are exactly prost's (fields in tag order, proto3
 //! defaults skipped, oneof values always written); the tests compare both
@@ -17,7 +18,8 @@
 
 use bytes::BufMut;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, span};
 use prost::Message;
 
@@ -62,6 +64,14 @@ impl Lengths {
             write_resource_spans(rs, &mut next, buf);
         }
     }
+}
+
+/// Encoded length of one span's body (without its field key and length
+/// prefix), as prost's `encoded_len`; `scratch` holds the nested lengths.
+/// The batcher's size accounting.
+pub(crate) fn span_len(span: &Span, scratch: &mut Vec<usize>) -> usize {
+    scratch.clear();
+    measure_span(span, scratch)
 }
 
 type Next<'a> = std::iter::Copied<std::slice::Iter<'a, usize>>;
@@ -169,15 +179,71 @@ fn put_message(tag: u32, message: &impl Message, buf: &mut impl BufMut) {
     message.encode_raw(buf);
 }
 
-/// Repeated attributes: a key and a value each, measured where written
-/// (a scalar value's length costs a few instructions).
+/// Repeated attributes, measured where written: a `KeyValue` nests one
+/// `AnyValue`, whose string and scalar values are measured and written here
+/// in one step each (prost measures the `AnyValue` again inside
+/// `KeyValue::encode_raw`); arrays, lists and bytes are prost's.
 fn attributes_len(tag: u32, attributes: &[KeyValue]) -> usize {
-    attributes.iter().map(|kv| message_len(tag, kv)).sum()
+    attributes
+        .iter()
+        .map(|kv| nested(tag, key_value_len(kv, kv.value.as_ref().map(any_value_len))))
+        .sum()
 }
 
 fn put_attributes(tag: u32, attributes: &[KeyValue], buf: &mut impl BufMut) {
     for kv in attributes {
-        put_message(tag, kv, buf);
+        let value_len = kv.value.as_ref().map(any_value_len);
+        put_len(tag, key_value_len(kv, value_len), buf);
+        put_bytes(1, kv.key.as_bytes(), buf);
+        if let (Some(value), Some(len)) = (&kv.value, value_len) {
+            put_len(2, len, buf);
+            put_any_value(value, buf);
+        }
+        put_int32(3, kv.key_strindex, buf);
+    }
+}
+
+/// A `KeyValue`'s length, given its value's (fields in tag order: key,
+/// value, `key_strindex`).
+fn key_value_len(kv: &KeyValue, value_len: Option<usize>) -> usize {
+    bytes_len(1, kv.key.as_bytes())
+        + value_len.map_or(0, |len| nested(2, len))
+        + int32_len(3, kv.key_strindex)
+}
+
+/// An `AnyValue`'s length. Its `value` is a oneof: a set variant is written
+/// even when it holds its type's default (`""`, `0`, `false`).
+fn any_value_len(value: &AnyValue) -> usize {
+    match &value.value {
+        None => 0,
+        Some(Value::StringValue(s)) => nested(1, s.len()),
+        Some(Value::BoolValue(_)) => key_len(2) + 1,
+        Some(Value::IntValue(i)) => key_len(3) + varint_len(*i as u64),
+        Some(Value::DoubleValue(_)) => key_len(4) + 8,
+        Some(_) => value.encoded_len(),
+    }
+}
+
+fn put_any_value(value: &AnyValue, buf: &mut impl BufMut) {
+    match &value.value {
+        None => {}
+        Some(Value::StringValue(s)) => {
+            put_len(1, s.len(), buf);
+            buf.put_slice(s.as_bytes());
+        }
+        Some(Value::BoolValue(b)) => {
+            put_key(2, VARINT, buf);
+            buf.put_u8(u8::from(*b));
+        }
+        Some(Value::IntValue(i)) => {
+            put_key(3, VARINT, buf);
+            put_varint(*i as u64, buf);
+        }
+        Some(Value::DoubleValue(d)) => {
+            put_key(4, FIXED64, buf);
+            buf.put_f64_le(*d);
+        }
+        Some(_) => value.encode_raw(buf),
     }
 }
 
@@ -682,6 +748,10 @@ mod generated {
             let ours = encode_request(&request);
             prop_assert_eq!(ours.len(), Lengths::of(&request).total);
             prop_assert_eq!(ours, request.encode_to_vec());
+            let mut scratch = Vec::new();
+            for span in request.resource_spans.iter().flat_map(|rs| &rs.scope_spans).flat_map(|ss| &ss.spans) {
+                prop_assert_eq!(span_len(span, &mut scratch), span.encoded_len());
+            }
         }
     }
 }
