@@ -35,7 +35,9 @@
 //! `OTEL_EXPORTER_OTLP_*` header variables; the configuration wins for
 //! everything else.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::hash::BuildHasher as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -122,7 +124,7 @@ pub struct Instrument {
 }
 
 /// Which instrument: an index into [`INSTRUMENTS`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Kind {
     TokenUsage = 0,
     OperationDuration = 1,
@@ -209,6 +211,7 @@ type PrometheusHistograms = Family<Labels, Histogram, fn() -> Histogram>;
 pub struct DerivedMetrics {
     prometheus: [PrometheusHistograms; 4],
     otlp: Option<[opentelemetry::metrics::Histogram<f64>; 4]>,
+    found: Found,
 }
 
 impl Default for DerivedMetrics {
@@ -217,7 +220,65 @@ impl Default for DerivedMetrics {
             prometheus: Kind::ALL
                 .map(|kind| Family::new_with_constructor(kind.def().buckets.histogram())),
             otlp: None,
+            found: Found::default(),
         }
+    }
+}
+
+/// The Prometheus histograms already looked up, by kind and label values.
+///
+/// `Family::get_or_create` wants the owned label set (an allocation per
+/// label) and hashes it with SipHash; here the borrowed values are hashed
+/// with foldhash and compared in place, so a label set seen before costs no
+/// allocation. The histograms are clones of the family's (shared state), and
+/// the family never removes one, so an entry stays the registered series.
+/// Bounded as the family is, by the agents' models, providers, tools.
+#[derive(Clone, Debug, Default)]
+struct Found {
+    by_hash: HashMap<u64, Vec<FoundEntry>, foldhash::fast::FixedState>,
+    // Seeded per process: the label values come from the agents.
+    hasher: foldhash::fast::RandomState,
+}
+
+#[derive(Clone, Debug)]
+struct FoundEntry {
+    kind: Kind,
+    values: Box<[String]>,
+    histogram: Histogram,
+}
+
+impl Found {
+    fn get_or_insert<const N: usize>(
+        &mut self,
+        kind: Kind,
+        values: [&str; N],
+        family: &PrometheusHistograms,
+    ) -> &Histogram {
+        let hash = self.hasher.hash_one((kind, values));
+        let entries = self.by_hash.entry(hash).or_default();
+        let at = match entries
+            .iter()
+            .position(|e| e.kind == kind && e.values.iter().map(String::as_str).eq(values))
+        {
+            Some(at) => at,
+            None => {
+                let labels: Labels = kind
+                    .def()
+                    .labels
+                    .iter()
+                    .map(|(_, label)| *label)
+                    .zip(values.map(str::to_owned))
+                    .collect();
+                let histogram = family.get_or_create(&labels).clone();
+                entries.push(FoundEntry {
+                    kind,
+                    values: values.map(str::to_owned).into(),
+                    histogram,
+                });
+                entries.len() - 1
+            }
+        };
+        &entries[at].histogram
     }
 }
 
@@ -257,37 +318,31 @@ impl DerivedMetrics {
 
     /// Feeds one value of `kind`, with its label values in the instrument's
     /// order, to every output.
-    fn observe<const N: usize>(&self, kind: Kind, values: [String; N], value: f64) {
+    fn observe<const N: usize>(&mut self, kind: Kind, values: [&str; N], value: f64) {
         let def = kind.def();
         debug_assert_eq!(def.labels.len(), N, "{}", def.otel_name);
         if let Some(otlp) = &self.otlp {
             let attributes: Vec<KeyValue> = def
                 .labels
                 .iter()
-                .zip(&values)
+                .zip(values)
                 .filter(|(_, v)| !v.is_empty())
-                .map(|((key, _), v)| KeyValue::new(*key, v.clone()))
+                .map(|((key, _), v)| KeyValue::new(*key, v.to_owned()))
                 .collect();
             otlp[kind as usize].record(value, &attributes);
         }
-        let labels: Labels = def
-            .labels
-            .iter()
-            .map(|(_, label)| *label)
-            .zip(values)
-            .collect();
-        self.prometheus[kind as usize]
-            .get_or_create(&labels)
+        self.found
+            .get_or_insert(kind, values, &self.prometheus[kind as usize])
             .observe(value);
     }
 
     /// Records what `span` contributes.
-    pub fn record(&self, span: &Span) {
+    pub fn record(&mut self, span: &Span) {
         let seconds = span
             .end_time_unix_nano
             .saturating_sub(span.start_time_unix_nano) as f64
             / 1e9;
-        match string(span, "gen_ai.operation.name").as_deref() {
+        match string(span, "gen_ai.operation.name") {
             Some("chat") => {
                 let model = string(span, "gen_ai.request.model").unwrap_or_default();
                 let provider = string(span, "gen_ai.provider.name").unwrap_or_default();
@@ -296,29 +351,19 @@ impl DerivedMetrics {
                     ("gen_ai.usage.output_tokens", "output"),
                 ] {
                     if let Some(n) = int(span, key).filter(|n| *n >= 0) {
-                        self.observe(
-                            Kind::TokenUsage,
-                            [
-                                "chat".to_owned(),
-                                provider.clone(),
-                                model.clone(),
-                                kind.to_owned(),
-                            ],
-                            n as f64,
-                        );
+                        self.observe(Kind::TokenUsage, ["chat", provider, model, kind], n as f64);
                     }
                 }
                 let error = string(span, "error.type").unwrap_or_default();
                 self.observe(
                     Kind::OperationDuration,
-                    ["chat".to_owned(), provider, model, error],
+                    ["chat", provider, model, error],
                     seconds,
                 );
             }
             Some("execute_tool") => {
                 let tool = string(span, "gen_ai.tool.name").unwrap_or_default();
-                let status =
-                    string(span, "hermes.tool.status").unwrap_or_else(|| "unknown".to_owned());
+                let status = string(span, "hermes.tool.status").unwrap_or("unknown");
                 self.observe(Kind::ToolDuration, [tool, status], seconds);
             }
             Some("invoke_agent")
@@ -336,7 +381,7 @@ impl DerivedMetrics {
                 } else {
                     "completed"
                 };
-                self.observe(Kind::TurnDuration, [outcome.to_owned()], seconds);
+                self.observe(Kind::TurnDuration, [outcome], seconds);
             }
             _ => {}
         }
@@ -573,9 +618,9 @@ fn value<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
         .and_then(|kv| kv.value.as_ref()?.value.as_ref())
 }
 
-fn string(span: &Span, key: &str) -> Option<String> {
+fn string<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
     match value(span, key)? {
-        Value::StringValue(s) => Some(s.clone()),
+        Value::StringValue(s) => Some(s),
         _ => None,
     }
 }
@@ -658,7 +703,7 @@ mod tests {
 
     #[test]
     fn chat_tool_and_turn_spans_feed_their_histograms() {
-        let m = DerivedMetrics::default();
+        let mut m = DerivedMetrics::default();
         for span in sample_spans() {
             m.record(&span);
         }
@@ -679,6 +724,34 @@ mod tests {
             out.contains("hermes_turn_duration_seconds_count{outcome=\"completed\"} 1"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_label_set_seen_before_feeds_the_series_a_clone_registered() {
+        // The admin server registers a clone made before any span.
+        let mut m = DerivedMetrics::default();
+        let registered = m.clone();
+        for _ in 0..3 {
+            for span in sample_spans() {
+                m.record(&span);
+            }
+        }
+        let mut other_tool = sample_spans().swap_remove(1);
+        other_tool.attributes[1] = kv("gen_ai.tool.name", Value::StringValue("read".into()));
+        m.record(&other_tool);
+        let out = text(&registered);
+        for series in [
+            "hermes_tool_duration_seconds_count{gen_ai_tool_name=\"terminal\",status=\"ok\"} 3",
+            "hermes_tool_duration_seconds_count{gen_ai_tool_name=\"read\",status=\"ok\"} 1",
+            "hermes_turn_duration_seconds_count{outcome=\"completed\"} 3",
+            "gen_ai_client_operation_duration_seconds_count{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"custom\",gen_ai_request_model=\"m\",error_type=\"\"} 3",
+        ] {
+            assert!(out.contains(series), "{series}\n{out}");
+        }
+        // One cached histogram per label set: 2 token types, 1 chat
+        // duration, 2 tools, 1 turn outcome.
+        let cached: usize = m.found.by_hash.values().map(Vec::len).sum();
+        assert_eq!(cached, 6);
     }
 
     /// One exported histogram point, flattened.
@@ -754,7 +827,7 @@ mod tests {
         .build();
         let provider = SdkMeterProvider::builder().with_reader(reader).build();
         let meter = opentelemetry::metrics::MeterProvider::meter(&provider, "test");
-        let m = DerivedMetrics::default().with_meter(&meter);
+        let mut m = DerivedMetrics::default().with_meter(&meter);
         for span in sample_spans() {
             m.record(&span);
         }

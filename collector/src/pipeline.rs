@@ -262,7 +262,7 @@ pub async fn run(
     let Steps {
         mut sequencer,
         mut correlator,
-        derived,
+        mut derived,
         processor,
     } = steps;
     let open_lsn = |sequencer: &Sequencer, correlator: &Correlator| {
@@ -323,7 +323,7 @@ pub async fn run(
                 tracker.suppress_exported(&mut spans);
             }
             if !spans.is_empty() {
-                let batch = processed(&processor, &derived, spans);
+                let batch = processed(&processor, &mut derived, spans);
                 if let Some(tracker) = tracker.as_mut() {
                     tracker.sending(&batch);
                 }
@@ -359,7 +359,7 @@ pub async fn run(
     if !out.is_empty() {
         let n = out.len();
         if export
-            .send(processed(&processor, &derived, out))
+            .send(processed(&processor, &mut derived, out))
             .await
             .is_err()
         {
@@ -398,7 +398,7 @@ fn publish(sequencer: &Sequencer, correlator: &Correlator, stats: &PipelineStats
 /// attribute sets, redaction and truncation.
 fn processed(
     processor: &SpanProcessor,
-    derived: &DerivedMetrics,
+    derived: &mut DerivedMetrics,
     spans: Vec<FinishedSpan>,
 ) -> Vec<ResourceSpans> {
     for finished in &spans {
