@@ -9,20 +9,11 @@
 //! [`SliceCodec`] decodes from `DecodeBuf::chunk()` and then advances past
 //! it; a buffer in pieces (not produced by tonic today) falls back to the
 //! `Buf` path. Encoding is prost's, as in `tonic_prost::ProstCodec`.
-//!
-//! prost grows a repeated field one element at a time. For an `EventBatch`
-//! of 512 events (808 bytes each) that is seven reallocations and 400 KiB
-//! copied, and the large ones take fresh pages from the OS, which the
-//! kernel zeroes (5 % of the collector's CPU under load in a perf profile;
-//! +1 … +3 % events per CPU-second measured). [`Decode`] lets a
-//! message size its repeated field from a walk over the wire's top-level
-//! keys first ([`count_field`]).
 
 use std::marker::PhantomData;
 
 use prost::Message;
 use prost::bytes::Buf;
-use prost::encoding::{WireType, decode_key, decode_varint};
 use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
@@ -39,7 +30,7 @@ impl<T, U> Default for SliceCodec<T, U> {
 impl<T, U> Codec for SliceCodec<T, U>
 where
     T: Message + Send + 'static,
-    U: Decode + Send + 'static,
+    U: Message + Default + Send + 'static,
 {
     type Encode = T;
     type Decode = U;
@@ -73,7 +64,7 @@ impl<T: Message> Encoder for SliceEncoder<T> {
 #[derive(Debug)]
 pub struct SliceDecoder<U>(PhantomData<U>);
 
-impl<U: Decode> Decoder for SliceDecoder<U> {
+impl<U: Message + Default> Decoder for SliceDecoder<U> {
     type Item = U;
     type Error = Status;
 
@@ -82,66 +73,14 @@ impl<U: Decode> Decoder for SliceDecoder<U> {
     }
 }
 
-/// A message [`SliceCodec`] receives.
-pub trait Decode: Message + Default {
-    /// The empty message `encoded` is merged into; it may reserve room for
-    /// its repeated fields. A hint only: `encoded` is not validated yet.
-    fn for_wire(encoded: &[u8]) -> Self {
-        let _ = encoded;
-        Self::default()
-    }
-}
-
-impl Decode for crate::v1::Ack {}
-
-impl Decode for crate::v1::EventBatch {
-    fn for_wire(encoded: &[u8]) -> Self {
-        Self {
-            events: Vec::with_capacity(count_field(encoded, 2)),
-            ..Self::default()
-        }
-    }
-}
-
-/// How many times field `number` occurs at the top level of the encoded
-/// message: its keys are read and every value skipped, without decoding
-/// any. The walk stops at the first malformed key or value (decoding then
-/// reports it), so the count is at most one per two bytes of `encoded`.
-pub fn count_field(mut encoded: &[u8], number: u32) -> usize {
-    let mut count = 0;
-    while !encoded.is_empty() {
-        let Ok((tag, wire_type)) = decode_key(&mut encoded) else {
-            break;
-        };
-        let skip = match wire_type {
-            WireType::Varint => decode_varint(&mut encoded).map(|_| 0),
-            WireType::SixtyFourBit => Ok(8),
-            WireType::ThirtyTwoBit => Ok(4),
-            WireType::LengthDelimited => decode_varint(&mut encoded),
-            WireType::StartGroup | WireType::EndGroup => break,
-        };
-        let Some(skip) = skip.ok().and_then(|n| usize::try_from(n).ok()) else {
-            break;
-        };
-        let Some(rest) = encoded.get(skip..) else {
-            break;
-        };
-        encoded = rest;
-        count += usize::from(tag == number);
-    }
-    count
-}
-
 /// Decodes one message that fills `buf`, from one slice when `buf` is
 /// contiguous. Errors are `INTERNAL`, as tonic's prost codec reports them.
-pub fn decode<U: Decode>(buf: &mut impl Buf) -> Result<U, Status> {
+pub fn decode<U: Message + Default>(buf: &mut impl Buf) -> Result<U, Status> {
     let len = buf.remaining();
     let decoded = if buf.chunk().len() == len {
-        let encoded = buf.chunk();
-        let mut message = U::for_wire(encoded);
-        let merged = message.merge(encoded).map(|()| message);
+        let message = U::decode(buf.chunk());
         buf.advance(len);
-        merged
+        message
     } else {
         U::decode(buf)
     };
@@ -191,38 +130,6 @@ mod tests {
         let mut pieces = Bytes::copy_from_slice(a).chain(Bytes::copy_from_slice(b));
         assert_eq!(decode::<EventBatch>(&mut pieces).unwrap(), batch());
         assert_eq!(pieces.remaining(), 0);
-    }
-
-    #[test]
-    fn a_batch_is_decoded_into_events_sized_from_the_wire() {
-        let wire = batch().encode_to_vec();
-        assert_eq!(count_field(&wire, 2), 3);
-        assert_eq!(count_field(&wire, 1), 1);
-        assert_eq!(count_field(&wire, 9), 0);
-        let decoded = decode::<EventBatch>(&mut &wire[..]).unwrap();
-        assert_eq!(decoded, batch());
-        assert_eq!(decoded.events.capacity(), 3);
-    }
-
-    #[test]
-    fn the_count_stops_at_a_malformed_key_or_value() {
-        let events_only = EventBatch {
-            events: batch().events,
-            ..Default::default()
-        };
-        let mut cut = events_only.encode_to_vec();
-        // The third event's length now runs past the end.
-        cut.pop();
-        assert_eq!(count_field(&cut, 2), 2);
-        assert_eq!(count_field(&[0x12, 0xff, 0xff, 0xff], 2), 0);
-        assert_eq!(
-            count_field(&[0x0b, 0x12, 0x00], 2),
-            0,
-            "a group stops the walk"
-        );
-        assert_eq!(count_field(&[], 2), 0);
-        // Decoding the cut message still reports the error.
-        assert!(decode::<EventBatch>(&mut &cut[..]).is_err());
     }
 
     #[test]
