@@ -235,6 +235,8 @@ impl Default for DerivedMetrics {
 /// Bounded as the family is, by the agents' models, providers, tools.
 #[derive(Clone, Debug, Default)]
 struct Found {
+    /// Keyed by the seeded hash of (kind, values); entries whose hashes
+    /// collide share the vector.
     by_hash: HashMap<u64, Vec<FoundEntry>, foldhash::fast::FixedState>,
     // Seeded per process: the label values come from the agents.
     hasher: foldhash::fast::RandomState,

@@ -748,8 +748,14 @@ mod generated {
             let ours = encode_request(&request);
             prop_assert_eq!(ours.len(), Lengths::of(&request).total);
             prop_assert_eq!(ours, request.encode_to_vec());
+            // The batcher's measure of each span.
             let mut scratch = Vec::new();
-            for span in request.resource_spans.iter().flat_map(|rs| &rs.scope_spans).flat_map(|ss| &ss.spans) {
+            let spans = request
+                .resource_spans
+                .iter()
+                .flat_map(|rs| &rs.scope_spans)
+                .flat_map(|ss| &ss.spans);
+            for span in spans {
                 prop_assert_eq!(span_len(span, &mut scratch), span.encoded_len());
             }
         }
