@@ -3,11 +3,11 @@
 //! Owns [`Prefilter`]: a set of literals such that every match of every
 //! value pattern contains at least one of them (`sk-`, `AKIA`, `@`,
 //! `bearer` in any case, ...), searched ignoring ASCII case. A string that
-//! contains none of them cannot match, and skips the regex; almost every attribute value of a
-//! trace (ids, model names, finish reasons, URLs) is such a string. The
-//! combined regex finds no literal prefix of its own when one pattern starts
-//! with a class (the e-mail pattern), so without this it runs its automaton
-//! over every byte of every value.
+//! contains none of them cannot match, and skips the regex; almost every
+//! attribute value of a trace (ids, model names, finish reasons, URLs) is
+//! such a string. The combined regex finds no literal prefix of its own when
+//! one pattern starts with a class (the e-mail pattern), so without this it
+//! runs its automaton over every byte of every value.
 //!
 //! The literals are read from each pattern's syntax tree: a literal, a run of
 //! small classes expanded into every literal it spells (at most
