@@ -307,7 +307,10 @@ fn http_receiver_accepts_protobuf_gzip_and_json() {
 
 #[test]
 fn receiver_restarts_on_same_port_with_same_store() {
-    let first = OtlpHttpReceiver::start();
+    // A port below the ephemeral range: between the stop and the restart,
+    // an OS-chosen port of a parallel test (a listener or a client's local
+    // port) could take one from that range.
+    let first = OtlpHttpReceiver::start_on(free_port());
     let port = first.addr().port();
     let store = first.store().clone();
     first.stop();
