@@ -72,6 +72,8 @@ pub struct Config {
     pub queue: QueueConfig,
     /// Shutdown behaviour.
     pub shutdown: ShutdownConfig,
+    /// The async runtime's threads.
+    pub runtime: RuntimeConfig,
     /// The collector's own logs.
     pub log: LogConfig,
 }
@@ -607,6 +609,23 @@ impl Default for ShutdownConfig {
     }
 }
 
+/// Most worker threads `runtime.worker_threads` accepts.
+pub const MAX_WORKER_THREADS: usize = 256;
+
+/// The async runtime that runs every stage (receiver, correlation,
+/// exporters, admin server).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Worker threads; 0: one per CPU the process may use (a cgroup CPU
+    /// quota counts), or `TOKIO_WORKER_THREADS` when set. A sidecar beside
+    /// one agent needs 1: one thread spends the least CPU per event (the
+    /// stages hand data over without waking another thread, and memory is
+    /// freed by the thread that allocated it; docs/BENCHMARKS.md).
+    #[schemars(range(max = 256))]
+    pub worker_threads: usize,
+}
+
 /// The collector's own logs (to standard error).
 #[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -829,6 +848,12 @@ impl Config {
             return Err(ConfigError::new(
                 "shutdown.grace_ms",
                 "must be below 30000 (Kubernetes' default termination grace period)",
+            ));
+        }
+        if self.runtime.worker_threads > MAX_WORKER_THREADS {
+            return Err(ConfigError::new(
+                "runtime.worker_threads",
+                format!("must be at most {MAX_WORKER_THREADS} (0: one per CPU)"),
             ));
         }
         self.processing
@@ -1110,6 +1135,12 @@ mod tests {
                 "exporters.otlp.protocol",
             ),
             ("shutdown:\n  grace_ms: 60000\n", "shutdown.grace_ms"),
+            (
+                "runtime:\n  worker_threads: 100000\n",
+                "runtime.worker_threads",
+            ),
+            ("runtime:\n  worker_threads: -1\n", "runtime.worker_threads"),
+            ("runtime:\n  threads: 2\n", "runtime.threads"),
             (
                 "processing:\n  redaction:\n    value_patterns: ['ok', '(unclosed']\n",
                 "processing.redaction.value_patterns[1]",

@@ -214,11 +214,12 @@ fn run(args: &RunArgs) -> ExitCode {
         Err(e) => return config_failure(&e),
     };
     init_logging(&config.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("hermes-collector")
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all().thread_name("hermes-collector");
+    if config.runtime.worker_threads > 0 {
+        builder.worker_threads(config.runtime.worker_threads);
+    }
+    let runtime = match builder.build() {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the async runtime");
@@ -539,6 +540,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     readiness.set_receiver_bound(true);
     tracing::info!(
         listen = %local,
+        worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         authenticated,
         tls = tls.is_some(),
         mutual_tls,
