@@ -14,6 +14,11 @@ Scenarios (each repeated --repeats times; medians reported):
               (utime+stime from /proc/PID/stat) -> events per CPU-second
   open_turns  `hermes-bench-driver open-turns`: N distinct turns opened
               (pre_llm_call + pre_tool_call each) and held; collector RSS
+  floor_full  `hermes-bench-floor --decode full`: the collector's ingest alone
+              (gRPC receive, decode, acknowledge, drop) under the throughput
+              load: its events per CPU-second, the collector's ceiling
+  floor_seqs  the same, decoding only the events' seqs (what any receiver
+              must decode to acknowledge)
   delay       `hermes-bench-driver paced`: agents replaying the recorded turns
               in real time (--speed 1), 5x and 20x faster, capture time = send
               time, batched like the shim (<= 512 events or 50 ms); sink
@@ -40,6 +45,8 @@ from typing import Any, Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, ".."))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Environment of the collector (and of the floor server) only: --worker-threads.
+COLLECTOR_ENV: Dict[str, str] = {}
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -96,7 +103,8 @@ def metric(text: Optional[str], name: str) -> Optional[float]:
 
 
 class Proc:
-    def __init__(self, argv: List[str], name: str, logdir: str, stdout_pipe: bool = False):
+    def __init__(self, argv: List[str], name: str, logdir: str, stdout_pipe: bool = False,
+                 env: Optional[Dict[str, str]] = None):
         self.name = name
         self.log = open(os.path.join(logdir, f"{name}.log"), "ab")
         self.p = subprocess.Popen(
@@ -104,7 +112,7 @@ class Proc:
             stdout=subprocess.PIPE if stdout_pipe else self.log,
             stderr=self.log,
             cwd=ROOT,
-            env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, **(env or {})},
         )
 
     @property
@@ -146,6 +154,7 @@ class Rig:
             ],
             f"{tag}-collector",
             logdir,
+            env=COLLECTOR_ENV,
         )
         deadline = time.time() + 30
         while http_get(f"http://127.0.0.1:{self.admin}/readyz") is None:
@@ -239,6 +248,57 @@ def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batc
     }
 
 
+def scenario_floor(bins: str, logdir: str, decode: str, instances: int, turns: int, batch: int) -> Dict[str, Any]:
+    """`hermes-bench-floor --decode DECODE` (the collector's ingest alone)
+    under the throughput scenario's load: its CPU per event."""
+    port = free_port()
+    floor = Proc(
+        [os.path.join(bins, "hermes-bench-floor"), "--listen", f"127.0.0.1:{port}", "--decode", decode],
+        f"floor-{decode}",
+        logdir,
+        stdout_pipe=True,
+        env=COLLECTOR_ENV,
+    )
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if floor.p.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"hermes-bench-floor did not start (see {logdir}/floor-{decode}.log)")
+            time.sleep(0.05)
+    time.sleep(0.5)
+    cpu0 = cpu_seconds(floor.pid)
+    summary = run_json(
+        [
+            os.path.join(bins, "hermes-loadgen"),
+            "--endpoint", f"http://127.0.0.1:{port}",
+            "--instances", str(instances),
+            "--turns", str(turns),
+            "--batch", str(batch),
+        ],
+        timeout=600,
+    )
+    cpu = cpu_seconds(floor.pid) - cpu0
+    mem = memory(floor.pid)
+    out = floor.stop()
+    lines = [l for l in out.splitlines() if l.startswith("{")]
+    received = json.loads(lines[-1]) if lines else {}
+    events = summary["events_acked"]
+    return {
+        "decode": decode,
+        "events": events,
+        "events_received": received.get("events"),
+        "loadgen_events_per_second": summary["events_per_second"],
+        "cpu_seconds": cpu,
+        "events_per_cpu_second": events / cpu if cpu > 0 else None,
+        "cpu_us_per_event": cpu * 1e6 / events if events else None,
+        "hwm_mib": mem["VmHWM"],
+        "load": load(),
+    }
+
+
 def scenario_open_turns(bins: str, logdir: str, turns: int, capture: str, settle: float) -> Dict[str, Any]:
     rig = Rig(bins, logdir, f"open{turns}")
     time.sleep(0.5)
@@ -329,7 +389,11 @@ def main() -> None:
     ap.add_argument("--delay-turns", type=int, default=8)
     ap.add_argument("--scenarios", default="idle,throughput,open_turns,delay")
     ap.add_argument("--logdir", default="")
+    ap.add_argument("--worker-threads", type=int, default=0,
+                    help="the collector's runtime.worker_threads (via TOKIO_WORKER_THREADS); 0: its default")
     args = ap.parse_args()
+    if args.worker_threads > 0:
+        COLLECTOR_ENV["TOKIO_WORKER_THREADS"] = str(args.worker_threads)
     logdir = args.logdir or tempfile.mkdtemp(prefix="hermes-bench-")
     os.makedirs(logdir, exist_ok=True)
     scenarios = args.scenarios.split(",")
@@ -344,6 +408,9 @@ def main() -> None:
             record("idle", scenario_idle(args.bins, logdir, settle=2.0))
         if "throughput" in scenarios:
             record("throughput", scenario_throughput(args.bins, logdir, args.instances, args.turns, args.batch))
+        for decode in ("full", "seqs"):
+            if f"floor_{decode}" in scenarios:
+                record(f"floor_{decode}", scenario_floor(args.bins, logdir, decode, args.instances, args.turns, args.batch))
         if "open_turns" in scenarios:
             for n in (1000, 10000):
                 record(f"open_turns_{n}", scenario_open_turns(args.bins, logdir, n, "metadata", settle=1.0))

@@ -335,6 +335,23 @@ def collector_tables(load: Dict[str, Any]) -> List[str]:
             "Loads: " + "; ".join(str(x) for x in t.get("loads", [])),
             "",
         ]
+    floors = [(k, m[k]) for k in ("floor_full", "floor_seqs") if m.get(k)]
+    if floors:
+        lines += [
+            "The ingest alone under the same load (`hermes-bench-floor`: gRPC receive, decode, acknowledge, drop):",
+            "",
+            "| ingest floor | CPU per event | events per CPU-second | share of the collector's CPU per event | loads |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for key, f in floors:
+            us = f.get("cpu_us_per_event")
+            whole = 1e6 / epc if t and epc else None
+            share = f"{100 * us / whole:.0f} %" if us and whole else ""
+            label = "decoding every field" if key == "floor_full" else "decoding only the seqs"
+            lines.append(
+                f"| {label} | {us:.2f} µs | {fmt_rate(f.get('events_per_cpu_second'))} | {share} | {'; '.join(map(str, f.get('loads', [])))} |"
+            )
+        lines.append("")
     lines += ["| RSS | MiB (median) | high-water | per open turn | target | result | loads |", "|---|---:|---:|---:|---:|---|---|"]
     idle = m.get("idle")
     if idle:

@@ -69,7 +69,7 @@ cat "$OUT/machine.txt" >&2
 # ---- 1. build
 log "building (release)"
 cargo build --release -p hermes-collector -p hermes-loadgen -p hermes-benches --bins
-for b in hermes-collector hermes-loadgen hermes-bench-sink hermes-bench-driver; do
+for b in hermes-collector hermes-loadgen hermes-bench-sink hermes-bench-driver hermes-bench-floor; do
   cp "target/release/$b" "$OUT/bin/$b"
 done
 BIN="$OUT/bin"
@@ -152,6 +152,7 @@ if want collector; then
   log "collector load runs ($REPEATS repeats)"
   echo "collector start: $(uptime)" >> "$OUT/loads.txt"
   python3 benches/collector_load.py --bins "$BIN" --repeats "$REPEATS" \
+    --scenarios idle,throughput,floor_full,floor_seqs,open_turns,delay \
     --turns "${BENCH_LOADGEN_TURNS:-20000}" --delay-turns "${BENCH_DELAY_TURNS:-8}" --logdir "$OUT/collector-logs" \
     > "$OUT/collector_load.json"
   echo "collector end: $(uptime)" >> "$OUT/loads.txt"
