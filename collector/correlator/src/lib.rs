@@ -1098,7 +1098,7 @@ impl Correlator {
             end = turn.max_child_end;
             turn.clock_adjusted = true;
         }
-        let mut a = turn.common();
+        let mut a = turn.common(14);
         a.str("gen_ai.operation.name", "invoke_agent")
             .str("gen_ai.request.model", &turn.model)
             .opt_bool("hermes.turn.completed", turn.completed)
@@ -1154,10 +1154,14 @@ impl Correlator {
     }
 }
 
+/// The most attributes [`Turn::common`] adds.
+const COMMON_ATTRIBUTES: usize = 7;
+
 impl Turn {
-    /// Attributes every span of this turn carries.
-    fn common(&self) -> Attrs {
-        let mut a = Attrs::with_capacity(16);
+    /// Attributes every span of this turn carries, with room for `extra`
+    /// more (the most the span adds: its list is never regrown).
+    fn common(&self, extra: usize) -> Attrs {
+        let mut a = Attrs::with_capacity(COMMON_ATTRIBUTES + extra);
         a.str("session.id", &self.root_session_id)
             .str("gen_ai.conversation.id", &self.root_session_id)
             .str("hermes.turn_id", &self.turn_id)
@@ -1250,7 +1254,7 @@ fn close_attempt(
     if turn.model.is_empty() {
         model.clone_into(&mut turn.model);
     }
-    let mut a = turn.common();
+    let mut a = turn.common(21);
     a.str("gen_ai.operation.name", "chat")
         .str("gen_ai.provider.name", provider)
         .str("gen_ai.request.model", model)
@@ -1384,7 +1388,7 @@ fn close_tool(
         ),
     };
     turn.tool_calls += 1;
-    let mut a = turn.common();
+    let mut a = turn.common(10);
     a.str("gen_ai.operation.name", "execute_tool")
         .str("gen_ai.tool.name", &name)
         .str("gen_ai.tool.call.id", tool_call_id)
@@ -1449,7 +1453,7 @@ fn close_approval(
     } else {
         appr.command.clone()
     };
-    let mut a = turn.common();
+    let mut a = turn.common(8);
     a.str("hermes.approval.pattern_key", &appr.pattern_key)
         .str("hermes.approval.surface", &surface)
         .str("hermes.approval.choice", &appr.choice)
