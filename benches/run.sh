@@ -78,7 +78,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # ---- 3. criterion
 if want criterion; then
-  cargo bench -p hermes-benches --bench pipeline --no-run
+  cargo bench -p hermes-benches --bench pipeline --bench shim --no-run
   for pass in $(seq 1 "$PASSES"); do
     log "criterion pass $pass/$PASSES (load: $(cut -d' ' -f1-3 /proc/loadavg))"
     echo "criterion pass $pass start: $(uptime)" >> "$OUT/loads.txt"
@@ -88,7 +88,7 @@ if want criterion; then
         -f "criterion pass $pass: %e s wall, %U s user, %S s sys (CPU share of one core: %P)")
     fi
     CRITERION_HOME="$OUT/criterion/pass$pass" "${timer[@]}" \
-      cargo bench -p hermes-benches --bench pipeline > "$OUT/criterion_pass$pass.txt" 2>&1
+      cargo bench -p hermes-benches --bench pipeline --bench shim > "$OUT/criterion_pass$pass.txt" 2>&1
     echo "criterion pass $pass end: $(uptime)" >> "$OUT/loads.txt"
   done
 fi

@@ -1,14 +1,12 @@
-//! Criterion micro-benchmarks of the collector's stages and of the shim's
-//! conversion, on the recorded Hermes fixtures.
+//! Criterion micro-benchmarks of the collector's stages on the recorded
+//! Hermes fixtures, with the collector's allocator (mimalloc, as in
+//! `hermes-collector`); the shim's conversion is in `benches/shim.rs`.
 //!
 //! Groups (ids as in `target/criterion/`):
 //! * `correlator_turn/{fixture}`: a fresh correlator ingests one whole
 //!   fixture (metadata events) and flushes; throughput in events.
 //! * `sequencer_correlator/{in_order,shuffled}/{fixture}`: the same through
 //!   the sequencer first, events in capture order or shuffled (fixed seed).
-//! * `convert_json/{metadata,content}/{hook}`: the shim's kwargs → event
-//!   conversion (`to_event` over `JsonKwargs`) of the largest recorded call
-//!   of each hook kind.
 //! * `processor/{metadata,content}`: `SpanProcessor::process` (default
 //!   config: gen_ai, redaction, 4 KiB truncation) on a batch of 512 spans;
 //!   `processor_all_sets/*` with OpenInference and Langfuse sets too;
@@ -29,12 +27,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::Duration;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use hermes_benches::{Call, FIXTURES, convert, load_fixture, shim_info, span_batch, span_count};
+use hermes_benches::{FIXTURES, convert, load_fixture, shim_info, span_batch, span_count};
 use hermes_collector_shim::config::CaptureLevel;
-use hermes_collector_shim::convert::{JsonKwargs, to_event};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlator, to_resource_spans};
 use hermes_exporter::encode::encode_request;
@@ -111,42 +111,6 @@ fn sequencer_correlator(c: &mut Criterion) {
                     },
                     BatchSize::SmallInput,
                 );
-            });
-        }
-    }
-    group.finish();
-}
-
-/// The largest recorded call (by JSON size) of every registered hook kind.
-fn calls_per_hook() -> Vec<Call> {
-    let mut best: Vec<(usize, Call)> = Vec::new();
-    for name in FIXTURES {
-        for call in load_fixture(name).unwrap() {
-            if !CaptureLevel::Metadata.hooks().contains(&call.hook.as_str()) {
-                continue;
-            }
-            let size = serde_json::Value::Object(call.kwargs.clone())
-                .to_string()
-                .len();
-            match best.iter_mut().find(|(_, c)| c.hook == call.hook) {
-                Some(entry) if entry.0 < size => *entry = (size, call),
-                Some(_) => {}
-                None => best.push((size, call)),
-            }
-        }
-    }
-    best.into_iter().map(|(_, c)| c).collect()
-}
-
-fn convert_json(c: &mut Criterion) {
-    let mut group = c.benchmark_group("convert_json");
-    group.throughput(Throughput::Elements(1));
-    for call in calls_per_hook() {
-        for level in [CaptureLevel::Metadata, CaptureLevel::Content] {
-            group.bench_function(BenchmarkId::new(level.as_str(), &call.hook), |b| {
-                let stamp = call.stamp(1);
-                let kwargs = JsonKwargs(&call.kwargs);
-                b.iter(|| to_event(&stamp, &kwargs, level));
             });
         }
     }
@@ -347,7 +311,7 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = correlator_turn, sequencer_correlator, convert_json, processor, otlp_encode,
+    targets = correlator_turn, sequencer_correlator, processor, otlp_encode,
         ingest_decode, stages_per_event
 }
 criterion_main!(benches);
