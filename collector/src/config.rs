@@ -622,7 +622,7 @@ pub struct RuntimeConfig {
     /// one agent needs 1: one thread spends the least CPU per event (the
     /// stages hand data over without waking another thread, and memory is
     /// freed by the thread that allocated it; docs/BENCHMARKS.md).
-    #[schemars(range(max = 256))]
+    #[schemars(range(max = MAX_WORKER_THREADS))]
     pub worker_threads: usize,
 }
 
