@@ -14,6 +14,9 @@ Scenarios (each repeated --repeats times; medians reported):
               (utime+stime from /proc/PID/stat) -> events per CPU-second
   open_turns  `hermes-bench-driver open-turns`: N distinct turns opened
               (pre_llm_call + pre_tool_call each) and held; collector RSS
+  throughput_one_worker
+              the same with the collector's runtime.worker_threads at 1 (the
+              sidecar overlay's setting): events per CPU-second on one core
   floor_full  `hermes-bench-floor --decode full`: the collector's ingest alone
               (gRPC receive, decode, acknowledge, drop) under the throughput
               load: its events per CPU-second, the collector's ceiling
@@ -135,7 +138,7 @@ class Proc:
 class Rig:
     """A sink and a collector exporting to it."""
 
-    def __init__(self, bins: str, logdir: str, tag: str):
+    def __init__(self, bins: str, logdir: str, tag: str, env: Optional[Dict[str, str]] = None):
         self.sink_port = free_port()
         self.listen = free_port()
         self.admin = free_port()
@@ -154,7 +157,7 @@ class Rig:
             ],
             f"{tag}-collector",
             logdir,
-            env=COLLECTOR_ENV,
+            env={**COLLECTOR_ENV, **(env or {})},
         )
         deadline = time.time() + 30
         while http_get(f"http://127.0.0.1:{self.admin}/readyz") is None:
@@ -207,8 +210,9 @@ def scenario_idle(bins: str, logdir: str, settle: float) -> Dict[str, Any]:
     return {"rss_mib": mem["VmRSS"], "hwm_mib": mem["VmHWM"], "load": load()}
 
 
-def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batch: int) -> Dict[str, Any]:
-    rig = Rig(bins, logdir, "throughput")
+def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batch: int,
+                        tag: str = "throughput", env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    rig = Rig(bins, logdir, tag, env)
     time.sleep(0.5)
     pid = rig.collector.pid
     load_before = load()
@@ -408,6 +412,10 @@ def main() -> None:
             record("idle", scenario_idle(args.bins, logdir, settle=2.0))
         if "throughput" in scenarios:
             record("throughput", scenario_throughput(args.bins, logdir, args.instances, args.turns, args.batch))
+        if "throughput_one_worker" in scenarios:
+            record("throughput_one_worker", scenario_throughput(
+                args.bins, logdir, args.instances, args.turns, args.batch,
+                tag="throughput-one-worker", env={"TOKIO_WORKER_THREADS": "1"}))
         for decode in ("full", "seqs"):
             if f"floor_{decode}" in scenarios:
                 record(f"floor_{decode}", scenario_floor(args.bins, logdir, decode, args.instances, args.turns, args.batch))

@@ -331,6 +331,15 @@ def collector_tables(load: Dict[str, Any]) -> List[str]:
             f"| **events per CPU-second** (content off) | **{fmt_rate(epc)}** | {fmt_rate(EVENTS_PER_CORE)} | "
             f"{epc / EVENTS_PER_CORE:.2f} | {ok(epc >= EVENTS_PER_CORE)} |",
             f"| RSS right after the run (high-water mark) | {t.get('rss_after_mib'):.1f} MiB ({t.get('hwm_mib'):.1f} MiB) | | | |",
+        ]
+        one = m.get("throughput_one_worker")
+        if one:
+            e1 = one.get("events_per_cpu_second")
+            lines.append(
+                f"| **events per CPU-second, one worker thread** (`runtime.worker_threads: 1`) | **{fmt_rate(e1)}** "
+                f"({fmt_rate(one.get('events_per_second'))} wall) | {fmt_rate(EVENTS_PER_CORE)} | {e1 / EVENTS_PER_CORE:.2f} | {ok(e1 >= EVENTS_PER_CORE)} |"
+            )
+        lines += [
             "",
             "Loads: " + "; ".join(str(x) for x in t.get("loads", [])),
             "",
