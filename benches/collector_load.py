@@ -20,6 +20,8 @@ Scenarios (each repeated --repeats times; medians reported):
   floor_full  `hermes-bench-floor --decode full`: the collector's ingest alone
               (gRPC receive, decode, acknowledge, drop) under the throughput
               load: its events per CPU-second, the collector's ceiling
+  floor_views the same, reading every field as floor_full does but into
+              borrowed views of the received bytes (no allocation per field)
   floor_seqs  the same, decoding only the events' seqs (what any receiver
               must decode to acknowledge)
   delay       `hermes-bench-driver paced`: agents replaying the recorded turns
@@ -416,7 +418,7 @@ def main() -> None:
             record("throughput_one_worker", scenario_throughput(
                 args.bins, logdir, args.instances, args.turns, args.batch,
                 tag="throughput-one-worker", env={"TOKIO_WORKER_THREADS": "1"}))
-        for decode in ("full", "seqs"):
+        for decode in ("full", "views", "seqs"):
             if f"floor_{decode}" in scenarios:
                 record(f"floor_{decode}", scenario_floor(args.bins, logdir, decode, args.instances, args.turns, args.batch))
         if "open_turns" in scenarios:

@@ -7,10 +7,13 @@
 //! `--decode full` a batch is decoded into the collector's `EventBatch`, as
 //! the collector's receiver does; with `--decode seqs` into a message that
 //! declares only the events' seqs, so prost skips every other field (the
-//! least any receiver must decode to acknowledge). Under `hermes-loadgen`
-//! its CPU per event is the floor below which the collector cannot go with
-//! this transport and wire format (`benches/collector_load.py --scenarios
-//! floor`, docs/BENCHMARKS.md).
+//! least any receiver must decode to acknowledge); with `--decode views`
+//! every field is read and every string UTF-8-checked as with `full`, but
+//! into borrowed views of the received bytes ([`EventView`]), with no
+//! allocation per field: what decoding costs in the data layout
+//! docs/BENCHMARKS.md proposes. Under `hermes-loadgen` its CPU per event is
+//! the floor below which the collector cannot go with this transport and
+//! wire format (`benches/collector_load.py --scenarios floor_full,...`).
 //!
 //! Prints one JSON line on exit (SIGTERM or SIGINT): batches and events
 //! received.
@@ -42,6 +45,8 @@ enum Decode {
     Full,
     /// Only the events' seqs; prost skips the other fields.
     Seqs,
+    /// Every field, into borrowed views of the received bytes.
+    Views,
 }
 
 /// The ingest side of the collector alone (receive, decode, acknowledge).
@@ -72,23 +77,266 @@ struct SeqEvent {
     seq: u64,
 }
 
-/// What a decoded batch gives the acknowledgement.
-trait Batch: prost::Message + Default + Send + 'static {
-    /// First and last seq, and the number of events.
-    fn range(&self) -> Option<(u64, u64, u64)>;
+/// A batch as one `--decode` mode decodes it, and what it gives the
+/// acknowledgement.
+trait Batch: Send + 'static + Sized {
+    /// The gRPC codec that decodes it.
+    type Codec: tonic::codec::Codec<Encode = Ack, Decode = Self> + Default + Send + 'static;
+
+    /// First and last seq, and the number of events (`None`: no event).
+    fn range(&self) -> Result<Option<(u64, u64, u64)>, Status>;
 }
 
 impl Batch for EventBatch {
-    fn range(&self) -> Option<(u64, u64, u64)> {
-        let (first, last) = (self.events.first()?, self.events.last()?);
-        Some((first.seq, last.seq, self.events.len() as u64))
+    type Codec = SliceCodec<Ack, EventBatch>;
+
+    fn range(&self) -> Result<Option<(u64, u64, u64)>, Status> {
+        let (Some(first), Some(last)) = (self.events.first(), self.events.last()) else {
+            return Ok(None);
+        };
+        Ok(Some((first.seq, last.seq, self.events.len() as u64)))
     }
 }
 
 impl Batch for SeqBatch {
-    fn range(&self) -> Option<(u64, u64, u64)> {
-        let (first, last) = (self.events.first()?, self.events.last()?);
-        Some((first.seq, last.seq, self.events.len() as u64))
+    type Codec = SliceCodec<Ack, SeqBatch>;
+
+    fn range(&self) -> Result<Option<(u64, u64, u64)>, Status> {
+        let (Some(first), Some(last)) = (self.events.first(), self.events.last()) else {
+            return Ok(None);
+        };
+        Ok(Some((first.seq, last.seq, self.events.len() as u64)))
+    }
+}
+
+impl Batch for ViewBatch {
+    type Codec = RawCodec;
+
+    fn range(&self) -> Result<Option<(u64, u64, u64)>, Status> {
+        let events = self.events()?;
+        let (Some(first), Some(last)) = (events.first(), events.last()) else {
+            return Ok(None);
+        };
+        Ok(Some((first.seq, last.seq, events.len() as u64)))
+    }
+}
+
+/// One event as borrowed views of the received message: its strings are
+/// slices of the receive buffer (UTF-8-checked), its numbers copied.
+#[derive(Debug, Default, Clone, Copy)]
+struct EventView<'a> {
+    seq: u64,
+    time_unix_nano: u64,
+    hook: &'a str,
+    schema_version: &'a str,
+    thread: &'a str,
+    /// `Ids`, by field number − 1.
+    ids: [&'a str; 10],
+    /// Field number of the body (10 … 16), 0 without one.
+    body: u32,
+    /// The body's strings, in wire order (the first 12).
+    strings: [&'a str; 12],
+    /// The body's integers, in wire order (the first 12).
+    numbers: [u64; 12],
+}
+
+/// One field of a protobuf message.
+enum Wire<'a> {
+    Varint(u64),
+    Fixed(u64),
+    Bytes(&'a [u8]),
+}
+
+fn varint(buf: &mut &[u8]) -> Result<u64, Status> {
+    let mut value = 0u64;
+    for shift in 0..10 {
+        let (&byte, rest) = buf
+            .split_first()
+            .ok_or_else(|| Status::internal("truncated varint"))?;
+        *buf = rest;
+        value |= u64::from(byte & 0x7f) << (7 * shift);
+        if byte < 0x80 {
+            return Ok(value);
+        }
+    }
+    Err(Status::internal("varint too long"))
+}
+
+fn take<'a>(buf: &mut &'a [u8], n: usize) -> Result<&'a [u8], Status> {
+    if buf.len() < n {
+        return Err(Status::internal("truncated field"));
+    }
+    let (head, rest) = buf.split_at(n);
+    *buf = rest;
+    Ok(head)
+}
+
+/// The next field of `buf`: its number and value.
+fn field<'a>(buf: &mut &'a [u8]) -> Result<(u32, Wire<'a>), Status> {
+    let key = varint(buf)?;
+    let number = u32::try_from(key >> 3).map_err(|_| Status::internal("field number"))?;
+    let value = match key & 7 {
+        0 => Wire::Varint(varint(buf)?),
+        1 => Wire::Fixed(u64::from_le_bytes(
+            take(buf, 8)?.try_into().unwrap_or_default(),
+        )),
+        2 => {
+            let len = usize::try_from(varint(buf)?).map_err(|_| Status::internal("length"))?;
+            Wire::Bytes(take(buf, len)?)
+        }
+        5 => Wire::Fixed(u64::from(u32::from_le_bytes(
+            take(buf, 4)?.try_into().unwrap_or_default(),
+        ))),
+        _ => return Err(Status::internal("unsupported wire type")),
+    };
+    Ok((number, value))
+}
+
+fn text(bytes: &[u8]) -> Result<&str, Status> {
+    std::str::from_utf8(bytes).map_err(|_| Status::internal("invalid UTF-8"))
+}
+
+/// Checks every string of a message whose length-delimited fields are all
+/// strings (`ShimInfo`, a `map<string, string>` entry).
+fn strings_only(mut buf: &[u8]) -> Result<(), Status> {
+    while !buf.is_empty() {
+        if let (_, Wire::Bytes(b)) = field(&mut buf)? {
+            text(b)?;
+        }
+    }
+    Ok(())
+}
+
+/// The body message `number` of an event into `view`.
+fn body<'a>(number: u32, mut buf: &'a [u8], view: &mut EventView<'a>) -> Result<(), Status> {
+    view.body = number;
+    let (mut s, mut n) = (0, 0);
+    while !buf.is_empty() {
+        match field(&mut buf)? {
+            // ApiCall.usage: numbers only.
+            (14, Wire::Bytes(usage)) if number == 12 => {
+                let mut usage = usage;
+                while !usage.is_empty() {
+                    if let (_, Wire::Varint(v)) = field(&mut usage)?
+                        && let Some(slot) = view.numbers.get_mut(n)
+                    {
+                        *slot = v;
+                        n += 1;
+                    }
+                }
+            }
+            // Other.fields: map<string, Scalar> entries.
+            (1, Wire::Bytes(entry)) if number == 16 => {
+                let mut entry = entry;
+                while !entry.is_empty() {
+                    match field(&mut entry)? {
+                        (1, Wire::Bytes(key)) => {
+                            text(key)?;
+                        }
+                        (2, Wire::Bytes(scalar)) => strings_only(scalar)?,
+                        _ => {}
+                    }
+                }
+            }
+            (_, Wire::Bytes(b)) => {
+                let t = text(b)?;
+                if let Some(slot) = view.strings.get_mut(s) {
+                    *slot = t;
+                    s += 1;
+                }
+            }
+            (_, Wire::Varint(v) | Wire::Fixed(v)) => {
+                if let Some(slot) = view.numbers.get_mut(n) {
+                    *slot = v;
+                    n += 1;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn event(mut buf: &[u8]) -> Result<EventView<'_>, Status> {
+    let mut view = EventView::default();
+    while !buf.is_empty() {
+        match field(&mut buf)? {
+            (1, Wire::Varint(v)) => view.seq = v,
+            (2, Wire::Bytes(b)) => view.hook = text(b)?,
+            (3, Wire::Bytes(b)) => view.schema_version = text(b)?,
+            (4, Wire::Fixed(v)) => view.time_unix_nano = v,
+            (6, Wire::Bytes(b)) => view.thread = text(b)?,
+            (7, Wire::Bytes(mut ids)) => {
+                while !ids.is_empty() {
+                    if let (number @ 1..=10, Wire::Bytes(b)) = field(&mut ids)? {
+                        view.ids[number as usize - 1] = text(b)?;
+                    }
+                }
+            }
+            (number @ 10..=16, Wire::Bytes(b)) => body(number, b, &mut view)?,
+            (20, Wire::Bytes(entry)) => strings_only(entry)?,
+            _ => {}
+        }
+    }
+    Ok(view)
+}
+
+/// An `EventBatch` read as views of its bytes.
+#[derive(Default)]
+struct ViewBatch {
+    bytes: prost::bytes::Bytes,
+}
+
+impl ViewBatch {
+    /// The events, checked as prost would check them.
+    fn events(&self) -> Result<Vec<EventView<'_>>, Status> {
+        let mut events = Vec::with_capacity(512);
+        let mut buf = &self.bytes[..];
+        while !buf.is_empty() {
+            match field(&mut buf)? {
+                (1, Wire::Bytes(shim)) => strings_only(shim)?,
+                (2, Wire::Bytes(event_bytes)) => events.push(event(event_bytes)?),
+                _ => {}
+            }
+        }
+        Ok(events)
+    }
+}
+
+/// The codec of `--decode views`: a received message is handed on as its
+/// bytes (split off tonic's buffer, not copied).
+#[derive(Debug, Default, Clone, Copy)]
+struct RawCodec;
+
+struct RawDecoder;
+
+impl tonic::codec::Decoder for RawDecoder {
+    type Item = ViewBatch;
+    type Error = Status;
+
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<ViewBatch>, Status> {
+        use prost::bytes::Buf as _;
+        let len = buf.remaining();
+        Ok(Some(ViewBatch {
+            bytes: buf.copy_to_bytes(len),
+        }))
+    }
+}
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Ack;
+    type Decode = ViewBatch;
+    type Encoder = <SliceCodec<Ack, EventBatch> as tonic::codec::Codec>::Encoder;
+    type Decoder = RawDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        SliceCodec::<Ack, EventBatch>::default().encoder()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawDecoder
     }
 }
 
@@ -114,18 +362,21 @@ impl<M: Batch> StreamingService<M> for Method<M> {
     fn call(&mut self, request: Request<Streaming<M>>) -> Self::Future {
         let counts = Arc::clone(&self.counts);
         Box::pin(async move {
-            let acks = request.into_inner().filter_map(move |batch| match batch {
-                Ok(batch) => {
-                    let (first_seq, last_seq, n) = batch.range()?;
-                    counts.batches.fetch_add(1, Ordering::Relaxed);
-                    counts.events.fetch_add(n, Ordering::Relaxed);
-                    Some(Ok(Ack {
-                        first_seq,
-                        last_seq,
-                    }))
-                }
-                Err(status) => Some(Err(status)),
-            });
+            let acks =
+                request
+                    .into_inner()
+                    .filter_map(move |batch| match batch.and_then(|b| b.range()) {
+                        Ok(Some((first_seq, last_seq, n))) => {
+                            counts.batches.fetch_add(1, Ordering::Relaxed);
+                            counts.events.fetch_add(n, Ordering::Relaxed);
+                            Some(Ok(Ack {
+                                first_seq,
+                                last_seq,
+                            }))
+                        }
+                        Ok(None) => None,
+                        Err(status) => Some(Err(status)),
+                    });
             Ok(Response::new(Box::pin(acks) as AckStream))
         })
     }
@@ -168,8 +419,8 @@ impl<M: Batch> tonic::codegen::Service<http::Request<Body>> for Floor<M> {
             if request.uri().path() != "/hermes.collector.v1.EventIngest/Stream" {
                 return Ok(Status::unimplemented("only EventIngest/Stream").into_http());
             }
-            let mut grpc = Grpc::new(SliceCodec::<Ack, M>::default())
-                .apply_max_message_size_config(Some(64 << 20), None);
+            let mut grpc =
+                Grpc::new(M::Codec::default()).apply_max_message_size_config(Some(64 << 20), None);
             Ok(grpc.streaming(method, request).await)
         })
     }
@@ -220,6 +471,7 @@ fn main() -> anyhow::Result<()> {
         match args.decode {
             Decode::Full => serve::<EventBatch>(&args, Arc::clone(&counts)).await,
             Decode::Seqs => serve::<SeqBatch>(&args, Arc::clone(&counts)).await,
+            Decode::Views => serve::<ViewBatch>(&args, Arc::clone(&counts)).await,
         }
     })?;
     println!(
@@ -230,4 +482,128 @@ fn main() -> anyhow::Result<()> {
         })
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use hermes_benches::{FIXTURES, convert, load_fixture, shim_info};
+    use hermes_collector_shim::config::CaptureLevel;
+    use hermes_proto::v1::event::Body;
+    use prost::Message as _;
+
+    /// The non-empty strings of a body in field order (proto3 leaves empty
+    /// strings off the wire), read from prost's decoded message.
+    fn body_strings(body: &Body) -> Vec<String> {
+        let fields: Vec<&str> = match body {
+            Body::Session(b) => vec![
+                &b.model,
+                &b.platform,
+                &b.reason,
+                &b.old_session_id,
+                &b.new_session_id,
+            ]
+            .into_iter()
+            .map(String::as_str)
+            .collect(),
+            Body::Turn(b) => vec![b.model.as_str(), &b.platform, &b.reason, &b.sender_id],
+            Body::Api(b) => vec![
+                b.model.as_str(),
+                &b.platform,
+                &b.provider,
+                &b.base_url,
+                &b.api_mode,
+                &b.finish_reason,
+                &b.response_model,
+                &b.reason,
+                &b.error_type,
+                &b.error_message,
+            ],
+            Body::Tool(b) => vec![
+                b.tool_name.as_str(),
+                &b.status,
+                &b.error_type,
+                &b.error_message,
+            ],
+            Body::Subagent(b) => vec![
+                b.child_role.as_str(),
+                &b.child_status,
+                &b.child_goal,
+                &b.child_summary,
+            ],
+            Body::Approval(b) => std::iter::once(b.pattern_key.as_str())
+                .chain(b.pattern_keys.iter().map(String::as_str))
+                .chain([
+                    b.surface.as_str(),
+                    &b.choice,
+                    &b.decided_by,
+                    &b.session_key,
+                    &b.command,
+                    &b.description,
+                ])
+                .collect(),
+            Body::Other(_) => Vec::new(),
+        };
+        let mut strings: Vec<String> = fields
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .take(12)
+            .collect();
+        strings.resize(12, String::new());
+        strings
+    }
+
+    #[test]
+    fn views_read_what_prost_decodes() {
+        for level in [CaptureLevel::Metadata, CaptureLevel::Content] {
+            let events: Vec<_> = FIXTURES
+                .iter()
+                .flat_map(|name| convert(&load_fixture(name).unwrap(), level))
+                .collect();
+            let batch = EventBatch {
+                shim: Some(shim_info(0, level)),
+                events,
+                ..Default::default()
+            };
+            let views = ViewBatch {
+                bytes: batch.encode_to_vec().into(),
+            };
+            let read = views.events().unwrap();
+            assert_eq!(read.len(), batch.events.len());
+            for (view, event) in read.iter().zip(&batch.events) {
+                assert_eq!(view.seq, event.seq);
+                assert_eq!(view.time_unix_nano, event.time_unix_nano);
+                assert_eq!(view.hook, event.hook);
+                assert_eq!(view.thread, event.thread);
+                let ids = event.ids.clone().unwrap_or_default();
+                assert_eq!(view.ids[0], ids.session_id);
+                assert_eq!(view.ids[2], ids.turn_id);
+                assert_eq!(view.ids[3], ids.api_request_id);
+                assert_eq!(view.ids[4], ids.tool_call_id);
+                if let Some(body) = &event.body {
+                    let strings: Vec<_> = view.strings.iter().map(|s| (*s).to_owned()).collect();
+                    if !matches!(body, Body::Other(_)) {
+                        assert_eq!(strings, body_strings(body), "{}", event.hook);
+                    }
+                }
+            }
+            assert_eq!(views.range().unwrap(), batch.range().unwrap(), "{level:?}");
+        }
+    }
+
+    #[test]
+    fn views_refuse_what_prost_refuses() {
+        let bad = ViewBatch {
+            bytes: vec![0x12, 0x03, 0x12, 0x01, 0xff].into(),
+        };
+        assert!(bad.events().is_err(), "invalid UTF-8 in a hook name");
+        assert!(EventBatch::decode(&bad.bytes[..]).is_err());
+        let truncated = ViewBatch {
+            bytes: vec![0x12, 0x05, 0x08].into(),
+        };
+        assert!(truncated.events().is_err());
+    }
 }
