@@ -87,14 +87,20 @@ trait Batch: Send + 'static + Sized {
     fn range(&self) -> Result<Option<(u64, u64, u64)>, Status>;
 }
 
+/// First and last seq, and the number of `events`.
+fn range_of<T>(events: &[T], seq: impl Fn(&T) -> u64) -> Option<(u64, u64, u64)> {
+    Some((
+        seq(events.first()?),
+        seq(events.last()?),
+        events.len() as u64,
+    ))
+}
+
 impl Batch for EventBatch {
     type Codec = SliceCodec<Ack, EventBatch>;
 
     fn range(&self) -> Result<Option<(u64, u64, u64)>, Status> {
-        let (Some(first), Some(last)) = (self.events.first(), self.events.last()) else {
-            return Ok(None);
-        };
-        Ok(Some((first.seq, last.seq, self.events.len() as u64)))
+        Ok(range_of(&self.events, |e| e.seq))
     }
 }
 
@@ -102,10 +108,7 @@ impl Batch for SeqBatch {
     type Codec = SliceCodec<Ack, SeqBatch>;
 
     fn range(&self) -> Result<Option<(u64, u64, u64)>, Status> {
-        let (Some(first), Some(last)) = (self.events.first(), self.events.last()) else {
-            return Ok(None);
-        };
-        Ok(Some((first.seq, last.seq, self.events.len() as u64)))
+        Ok(range_of(&self.events, |e| e.seq))
     }
 }
 
@@ -113,11 +116,7 @@ impl Batch for ViewBatch {
     type Codec = RawCodec;
 
     fn range(&self) -> Result<Option<(u64, u64, u64)>, Status> {
-        let events = self.events()?;
-        let (Some(first), Some(last)) = (events.first(), events.last()) else {
-            return Ok(None);
-        };
-        Ok(Some((first.seq, last.seq, events.len() as u64)))
+        Ok(range_of(&self.events()?, |e| e.seq))
     }
 }
 
