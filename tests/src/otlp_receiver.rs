@@ -334,9 +334,26 @@ impl Drop for ServerThread {
     }
 }
 
+/// Binds 127.0.0.1:`port` (0: OS-chosen). A chosen port that was just
+/// released is retried for up to 2 s: a child process that a parallel test
+/// forked while the old listener was open holds a copy of it until its exec
+/// closes it (the socket is close-on-exec), and binding in that window fails
+/// with "address in use".
 pub(crate) fn bind(port: u16) -> StdTcpListener {
-    let listener = StdTcpListener::bind(("127.0.0.1", port))
-        .unwrap_or_else(|e| panic!("bind 127.0.0.1:{port}: {e}"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let listener = loop {
+        match StdTcpListener::bind(("127.0.0.1", port)) {
+            Err(e)
+                if port != 0
+                    && e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            bound => break bound,
+        }
+    }
+    .unwrap_or_else(|e| panic!("bind 127.0.0.1:{port}: {e}"));
     listener
         .set_nonblocking(true)
         .unwrap_or_else(|e| panic!("set_nonblocking: {e}"));
