@@ -307,9 +307,10 @@ fn http_receiver_accepts_protobuf_gzip_and_json() {
 
 #[test]
 fn receiver_restarts_on_same_port_with_same_store() {
-    // A port below the ephemeral range: between the stop and the restart,
-    // an OS-chosen port of a parallel test (a listener or a client's local
-    // port) could take one from that range.
+    // A port below the ephemeral range, which no OS-chosen port of a
+    // parallel test can take between the stop and the restart; a child that
+    // a parallel test forks meanwhile may hold the old listener until its
+    // exec, which the restart's bind waits out (`otlp_receiver::bind`).
     let first = OtlpHttpReceiver::start_on(free_port());
     let port = first.addr().port();
     let store = first.store().clone();
