@@ -59,9 +59,6 @@ struct Args {
     /// How much of each batch to decode.
     #[arg(long, value_enum, default_value_t = Decode::Full)]
     decode: Decode,
-    /// Worker threads of the runtime (0: one per CPU).
-    #[arg(long, default_value_t = 0)]
-    worker_threads: usize,
 }
 
 /// An `EventBatch` of which only the events' seqs are decoded.
@@ -459,12 +456,10 @@ fn main() -> anyhow::Result<()> {
     if !args.listen.ip().is_loopback() {
         anyhow::bail!("--listen must be a loopback address");
     }
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all();
-    if args.worker_threads > 0 {
-        builder.worker_threads(args.worker_threads);
-    }
-    let runtime = builder.build()?;
+    // One worker per CPU, or TOKIO_WORKER_THREADS, as the collector's default.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let counts = Arc::new(Counts::default());
     runtime.block_on(async {
         match args.decode {
