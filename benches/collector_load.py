@@ -191,17 +191,21 @@ class Rig:
 
     def stop(self) -> Dict[str, Any]:
         self.collector.stop()
-        out = self.sink.stop()
-        lines = [l for l in out.splitlines() if l.startswith("{")]
-        return json.loads(lines[-1]) if lines else {}
+        return last_json(self.sink.stop()) or {}
+
+
+def last_json(out: str) -> Optional[Dict[str, Any]]:
+    """The last JSON object line a helper printed (its summary), if any."""
+    lines = [l for l in out.splitlines() if l.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
 
 
 def run_json(argv: List[str], timeout: float) -> Dict[str, Any]:
     p = subprocess.run(argv, capture_output=True, timeout=timeout, cwd=ROOT, check=False)
-    lines = [l for l in p.stdout.decode().splitlines() if l.startswith("{")]
-    if p.returncode != 0 or not lines:
+    summary = last_json(p.stdout.decode())
+    if p.returncode != 0 or summary is None:
         raise SystemExit(f"{argv[0]} failed ({p.returncode}): {p.stderr.decode()[-2000:]}")
-    return json.loads(lines[-1])
+    return summary
 
 
 def scenario_idle(bins: str, logdir: str, settle: float) -> Dict[str, Any]:
@@ -288,9 +292,7 @@ def scenario_floor(bins: str, logdir: str, decode: str, instances: int, turns: i
     )
     cpu = cpu_seconds(floor.pid) - cpu0
     mem = memory(floor.pid)
-    out = floor.stop()
-    lines = [l for l in out.splitlines() if l.startswith("{")]
-    received = json.loads(lines[-1]) if lines else {}
+    received = last_json(floor.stop()) or {}
     events = summary["events_acked"]
     return {
         "decode": decode,
