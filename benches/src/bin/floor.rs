@@ -29,6 +29,7 @@ use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use hermes_proto::codec::SliceCodec;
 use hermes_proto::v1::{Ack, EventBatch};
+use prost::encoding::{WireType, decode_key, decode_varint};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::body::Body;
@@ -143,19 +144,9 @@ enum Wire<'a> {
     Bytes(&'a [u8]),
 }
 
+/// prost's own varint reader, its errors as the codec reports them.
 fn varint(buf: &mut &[u8]) -> Result<u64, Status> {
-    let mut value = 0u64;
-    for shift in 0..10 {
-        let (&byte, rest) = buf
-            .split_first()
-            .ok_or_else(|| Status::internal("truncated varint"))?;
-        *buf = rest;
-        value |= u64::from(byte & 0x7f) << (7 * shift);
-        if byte < 0x80 {
-            return Ok(value);
-        }
-    }
-    Err(Status::internal("varint too long"))
+    decode_varint(buf).map_err(|e| Status::internal(e.to_string()))
 }
 
 fn take<'a>(buf: &mut &'a [u8], n: usize) -> Result<&'a [u8], Status> {
@@ -167,23 +158,25 @@ fn take<'a>(buf: &mut &'a [u8], n: usize) -> Result<&'a [u8], Status> {
     Ok(head)
 }
 
-/// The next field of `buf`: its number and value.
+/// The next field of `buf`: its number and value (the key read and
+/// checked by prost, as its decoder does).
 fn field<'a>(buf: &mut &'a [u8]) -> Result<(u32, Wire<'a>), Status> {
-    let key = varint(buf)?;
-    let number = u32::try_from(key >> 3).map_err(|_| Status::internal("field number"))?;
-    let value = match key & 7 {
-        0 => Wire::Varint(varint(buf)?),
-        1 => Wire::Fixed(u64::from_le_bytes(
+    let (number, wire_type) = decode_key(buf).map_err(|e| Status::internal(e.to_string()))?;
+    let value = match wire_type {
+        WireType::Varint => Wire::Varint(varint(buf)?),
+        WireType::SixtyFourBit => Wire::Fixed(u64::from_le_bytes(
             take(buf, 8)?.try_into().unwrap_or_default(),
         )),
-        2 => {
+        WireType::LengthDelimited => {
             let len = usize::try_from(varint(buf)?).map_err(|_| Status::internal("length"))?;
             Wire::Bytes(take(buf, len)?)
         }
-        5 => Wire::Fixed(u64::from(u32::from_le_bytes(
+        WireType::ThirtyTwoBit => Wire::Fixed(u64::from(u32::from_le_bytes(
             take(buf, 4)?.try_into().unwrap_or_default(),
         ))),
-        _ => return Err(Status::internal("unsupported wire type")),
+        WireType::StartGroup | WireType::EndGroup => {
+            return Err(Status::internal("unsupported wire type"));
+        }
     };
     Ok((number, value))
 }
