@@ -15,7 +15,7 @@ use hermes_collector_shim::config::CaptureLevel;
 use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_correlator::{Config, Correlator, FinishedSpan, to_resource_spans};
 use hermes_proto::v1::{Event, ShimInfo, event::Body};
-use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
+use hermes_span::trace::v1::ResourceSpans;
 
 /// The fixture files, in the order the load generator rotates them.
 pub const FIXTURES: [&str; 4] = [

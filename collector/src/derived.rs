@@ -42,11 +42,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hermes_span::common::v1::any_value::Value;
+use hermes_span::trace::v1::Span;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
@@ -646,7 +646,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
+    use hermes_span::common::v1::{AnyValue, KeyValue};
     use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
     use std::sync::{Arc, Mutex};
 
@@ -654,7 +654,6 @@ mod tests {
         KeyValue {
             key: key.into(),
             value: Some(AnyValue { value: Some(value) }),
-            ..Default::default()
         }
     }
 

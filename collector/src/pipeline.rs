@@ -39,7 +39,7 @@ use crate::persist::{QueueStats, Recovered, Settle};
 use hermes_exporter::ExporterStats;
 use hermes_queue::{SPAN_KEY_BYTES, SpanKey};
 use hermes_receiver::Ingested;
-use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
+use hermes_span::trace::v1::ResourceSpans;
 use tokio::sync::mpsc;
 
 /// Counters of the correlation stage; all monotonic except `open_turns`.
@@ -236,7 +236,7 @@ impl Tracker {
     }
 }
 
-fn key_of(span: &opentelemetry_proto::tonic::trace::v1::Span) -> SpanKey {
+fn key_of(span: &hermes_span::trace::v1::Span) -> SpanKey {
     let mut key = [0u8; SPAN_KEY_BYTES];
     let trace = span.trace_id.len().min(16);
     key[..trace].copy_from_slice(&span.trace_id[..trace]);

@@ -322,7 +322,7 @@ impl Pipeline {
                 self.parents.push((
                     s.span.trace_id.clone(),
                     s.span.parent_span_id.clone(),
-                    s.span.name.clone(),
+                    s.span.name.to_string(),
                 ));
             }
             self.emitted.insert((s.span.trace_id, s.span.span_id));

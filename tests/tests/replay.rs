@@ -15,8 +15,8 @@ use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlator, FinishedSpan, to_resource_spans};
 use hermes_proto::v1;
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
+use hermes_span::common::v1::any_value::Value;
+use hermes_span::trace::v1::{Span, status::StatusCode};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use prost::Message;
@@ -103,7 +103,7 @@ fn int(span: &Span, key: &str) -> i64 {
 
 fn string(span: &Span, key: &str) -> String {
     match attr(span, key) {
-        Some(Value::StringValue(s)) => s.clone(),
+        Some(Value::StringValue(s)) => s.to_string(),
         other => panic!("{key} = {other:?} on {}", span.name),
     }
 }
@@ -346,7 +346,7 @@ fn correlate_arrivals(arrivals: &[v1::Event]) -> Vec<FinishedSpan> {
 /// The OTLP bytes an exporter would send.
 fn exported_bytes(spans: Vec<FinishedSpan>) -> Vec<u8> {
     let request = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest {
-        resource_spans: to_resource_spans(spans),
+        resource_spans: hermes_span::convert::to_otlp(&to_resource_spans(spans)),
     };
     request.encode_to_vec()
 }

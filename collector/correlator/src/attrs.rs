@@ -1,6 +1,11 @@
 //! Small builders for OTLP attribute lists.
+//!
+//! Keys are static strings (no allocation); string values are copied once
+//! into a shared [`Str`], so the spans of a turn that repeat one (the
+//! session id, the model) share it.
 
-use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
+use hermes_span::Str;
+use hermes_span::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
 
 /// An attribute list under construction. Empty strings are skipped: Hermes
 /// passes `None` or `""` for absent values and a backend should not show them.
@@ -8,11 +13,10 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any
 pub struct Attrs(pub Vec<KeyValue>);
 
 /// One attribute.
-pub(crate) fn kv(key: &str, value: Value) -> KeyValue {
+pub(crate) fn kv(key: &'static str, value: Value) -> KeyValue {
     KeyValue {
-        key: key.to_owned(),
+        key: Str::from_static(key),
         value: Some(AnyValue { value: Some(value) }),
-        ..Default::default()
     }
 }
 
@@ -21,47 +25,56 @@ impl Attrs {
         Self(Vec::with_capacity(n))
     }
 
-    pub fn str(&mut self, key: &str, value: &str) -> &mut Self {
+    pub fn str(&mut self, key: &'static str, value: &str) -> &mut Self {
         if !value.is_empty() {
-            self.0.push(kv(key, Value::StringValue(value.to_owned())));
+            self.0.push(kv(key, Value::StringValue(value.into())));
         }
         self
     }
 
-    pub fn int(&mut self, key: &str, value: i64) -> &mut Self {
+    /// A value that is already a [`Str`] (static, or shared with other
+    /// spans): no copy.
+    pub fn shared(&mut self, key: &'static str, value: &Str) -> &mut Self {
+        if !value.is_empty() {
+            self.0.push(kv(key, Value::StringValue(value.clone())));
+        }
+        self
+    }
+
+    pub fn int(&mut self, key: &'static str, value: i64) -> &mut Self {
         self.0.push(kv(key, Value::IntValue(value)));
         self
     }
 
     /// Unsigned values are clamped into OTLP's signed 64-bit integer.
-    pub fn uint(&mut self, key: &str, value: u64) -> &mut Self {
+    pub fn uint(&mut self, key: &'static str, value: u64) -> &mut Self {
         self.int(key, i64::try_from(value).unwrap_or(i64::MAX))
     }
 
-    pub fn opt_uint(&mut self, key: &str, value: Option<u64>) -> &mut Self {
+    pub fn opt_uint(&mut self, key: &'static str, value: Option<u64>) -> &mut Self {
         if let Some(v) = value {
             self.uint(key, v);
         }
         self
     }
 
-    pub fn bool(&mut self, key: &str, value: bool) -> &mut Self {
+    pub fn bool(&mut self, key: &'static str, value: bool) -> &mut Self {
         self.0.push(kv(key, Value::BoolValue(value)));
         self
     }
 
-    pub fn opt_bool(&mut self, key: &str, value: Option<bool>) -> &mut Self {
+    pub fn opt_bool(&mut self, key: &'static str, value: Option<bool>) -> &mut Self {
         if let Some(v) = value {
             self.bool(key, v);
         }
         self
     }
 
-    pub fn str_array(&mut self, key: &str, values: &[&str]) -> &mut Self {
+    pub fn str_array(&mut self, key: &'static str, values: &[&str]) -> &mut Self {
         let values = values
             .iter()
             .map(|v| AnyValue {
-                value: Some(Value::StringValue((*v).to_owned())),
+                value: Some(Value::StringValue((*v).into())),
             })
             .collect();
         self.0

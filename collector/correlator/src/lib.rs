@@ -29,11 +29,10 @@ use std::sync::Arc;
 
 use hermes_proto::hooks;
 use hermes_proto::v1::{self, event::Body};
-use opentelemetry_proto::tonic::common::v1::{InstrumentationScope, KeyValue, any_value};
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{
-    ResourceSpans, ScopeSpans, Span, Status, span, status,
-};
+use hermes_span::Str;
+use hermes_span::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use hermes_span::resource::v1::Resource;
+use hermes_span::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span, status};
 
 pub use attrs::Attrs;
 use ids::{SpanId, SpanKey, TraceId, span_id, trace_id};
@@ -138,14 +137,15 @@ struct Turn {
     span_id: SpanId,
     parent: Option<SpanId>,
     resource: Arc<Resource>,
-    turn_id: String,
-    task_id: String,
-    session_id: String,
+    // Shared: every span of the turn carries them (`Turn::common`).
+    turn_id: Str,
+    task_id: Str,
+    session_id: Str,
     /// The top-level session (differs from `session_id` for subagents).
-    root_session_id: String,
-    platform: String,
-    agent_name: String,
-    model: String,
+    root_session_id: Str,
+    platform: Str,
+    agent_name: Str,
+    model: Str,
     start: u64,
     /// `pre_llm_call` seen (else the turn was synthesized from a later event).
     started: bool,
@@ -189,8 +189,8 @@ struct Turn {
 struct SubagentLink {
     trace_id: TraceId,
     span_id: SpanId,
-    root_session_id: String,
-    role: String,
+    root_session_id: Str,
+    role: Str,
     last_seen: u64,
 }
 
@@ -314,7 +314,7 @@ impl Correlator {
                     if let Some(Body::Turn(b)) = body
                         && !b.model.is_empty()
                     {
-                        turn.model = b.model.clone();
+                        turn.model = b.model.as_str().into();
                     }
                     if let Some(text) = event.content.get(content::USER_MESSAGE) {
                         turn.user_message = Some(content::text(text));
@@ -415,7 +415,7 @@ impl Correlator {
                     if let Some(result) = event.content.get(content::RESULT) {
                         span.span.attributes.push(attrs::kv(
                             "gen_ai.tool.call.result",
-                            any_value::Value::StringValue(content::text(result)),
+                            any_value::Value::StringValue(content::text(result).into()),
                         ));
                     }
                     out.push(span);
@@ -494,7 +494,7 @@ impl Correlator {
                     turn.min_lsn = turn.min_lsn.min(self.lsn);
                     turn.events.push(span::Event {
                         time_unix_nano: t,
-                        name: format!("hermes.hook.{hook}"),
+                        name: format!("hermes.hook.{hook}").into(),
                         attributes: attrs.0,
                         dropped_attributes_count: 0,
                     });
@@ -632,7 +632,6 @@ impl Correlator {
         let resource = Arc::new(Resource {
             attributes: a.0,
             dropped_attributes_count: 0,
-            entity_refs: vec![],
         });
         self.resources.insert(
             shim.instance_id.clone(),
@@ -686,10 +685,10 @@ impl Correlator {
         turn.last_seen = turn.last_seen.max(t);
         turn.min_lsn = turn.min_lsn.min(lsn);
         if turn.platform.is_empty() && !platform.is_empty() {
-            turn.platform = platform.to_owned();
+            turn.platform = platform.into();
         }
         if turn.task_id.is_empty() && !ids.task_id.is_empty() {
-            turn.task_id = ids.task_id.clone();
+            turn.task_id = ids.task_id.as_str().into();
         }
         if t < turn.start && !turn.started {
             turn.start = t;
@@ -712,8 +711,8 @@ impl Correlator {
             None => (
                 trace_id(&ids.turn_id),
                 None,
-                ids.session_id.clone(),
-                "hermes".to_owned(),
+                ids.session_id.as_str().into(),
+                Str::from_static("hermes"),
             ),
         };
         Turn {
@@ -723,13 +722,13 @@ impl Correlator {
             }),
             parent,
             resource: resource.clone(),
-            turn_id: ids.turn_id.clone(),
-            task_id: ids.task_id.clone(),
-            session_id: ids.session_id.clone(),
+            turn_id: ids.turn_id.as_str().into(),
+            task_id: ids.task_id.as_str().into(),
+            session_id: ids.session_id.as_str().into(),
             root_session_id: root_session,
-            platform: String::new(),
+            platform: Str::default(),
             agent_name,
-            model: String::new(),
+            model: Str::default(),
             start: t,
             started: false,
             end: None,
@@ -822,7 +821,7 @@ impl Correlator {
                     .str("hermes.platform", &p.platform);
                 turn.events.push(span::Event {
                     time_unix_nano: p.at,
-                    name: "hermes.session.start".to_owned(),
+                    name: Str::from_static("hermes.session.start"),
                     attributes: a.0,
                     dropped_attributes_count: 0,
                 });
@@ -935,9 +934,9 @@ impl Correlator {
         let task_id = parent_turn.task_id.clone();
         let platform = parent_turn.platform.clone();
         let role = if sub.child_role.is_empty() {
-            "subagent".to_owned()
+            Str::from_static("subagent")
         } else {
-            sub.child_role.clone()
+            sub.child_role.as_str().into()
         };
         let mut common = Attrs::with_capacity(6);
         common
@@ -1035,7 +1034,7 @@ impl Correlator {
                 trace_id: link.trace_id.to_vec(),
                 span_id: link.span_id.to_vec(),
                 parent_span_id: open.parent.to_vec(),
-                name: format!("invoke_agent {}", link.role),
+                name: format!("invoke_agent {}", link.role).into(),
                 kind: span::SpanKind::Internal as i32,
                 start_time_unix_nano: open.start,
                 end_time_unix_nano: t.max(open.start),
@@ -1141,7 +1140,7 @@ impl Correlator {
                 trace_id: turn.trace_id.to_vec(),
                 span_id: turn.span_id.to_vec(),
                 parent_span_id: turn.parent.map(|p| p.to_vec()).unwrap_or_default(),
-                name: format!("invoke_agent {}", turn.agent_name),
+                name: format!("invoke_agent {}", turn.agent_name).into(),
                 kind: span::SpanKind::Internal as i32,
                 start_time_unix_nano: turn.start,
                 end_time_unix_nano: end,
@@ -1162,14 +1161,14 @@ impl Turn {
     /// more (the most the span adds: its list is never regrown).
     fn common(&self, extra: usize) -> Attrs {
         let mut a = Attrs::with_capacity(COMMON_ATTRIBUTES + extra);
-        a.str("session.id", &self.root_session_id)
-            .str("gen_ai.conversation.id", &self.root_session_id)
-            .str("hermes.turn_id", &self.turn_id)
-            .str("hermes.task_id", &self.task_id)
-            .str("hermes.platform", &self.platform)
-            .str("gen_ai.agent.name", &self.agent_name);
+        a.shared("session.id", &self.root_session_id)
+            .shared("gen_ai.conversation.id", &self.root_session_id)
+            .shared("hermes.turn_id", &self.turn_id)
+            .shared("hermes.task_id", &self.task_id)
+            .shared("hermes.platform", &self.platform)
+            .shared("gen_ai.agent.name", &self.agent_name);
         if self.session_id != self.root_session_id {
-            a.str("hermes.session_id", &self.session_id);
+            a.shared("hermes.session_id", &self.session_id);
         }
         a
     }
@@ -1252,7 +1251,7 @@ fn close_attempt(
         open.as_ref().map_or(0, |o| o.api_call_count)
     };
     if turn.model.is_empty() {
-        model.clone_into(&mut turn.model);
+        turn.model = model.into();
     }
     let mut a = turn.common(21);
     a.str("gen_ai.operation.name", "chat")
@@ -1313,7 +1312,7 @@ fn close_attempt(
             .str("exception.message", &api.error_message);
         events.push(span::Event {
             time_unix_nano: end,
-            name: "exception".to_owned(),
+            name: Str::from_static("exception"),
             attributes: ev.0,
             dropped_attributes_count: 0,
         });
@@ -1356,7 +1355,7 @@ fn close_attempt(
         turn,
         Span {
             span_id: span_id.to_vec(),
-            name: format!("chat {model}"),
+            name: format!("chat {model}").into(),
             kind: span::SpanKind::Client as i32,
             start_time_unix_nano: start,
             end_time_unix_nano: end,
@@ -1419,7 +1418,7 @@ fn close_tool(
         turn,
         Span {
             span_id: span_id.to_vec(),
-            name: format!("execute_tool {name}"),
+            name: format!("execute_tool {name}").into(),
             kind: span::SpanKind::Internal as i32,
             start_time_unix_nano: start,
             end_time_unix_nano: t,
@@ -1480,9 +1479,9 @@ fn close_approval(
         pattern_key: &appr.pattern_key,
     });
     let name = if appr.pattern_key.is_empty() {
-        "approval".to_owned()
+        Str::from_static("approval")
     } else {
-        format!("approval {}", appr.pattern_key)
+        format!("approval {}", appr.pattern_key).into()
     };
     child_span(
         turn,
@@ -1516,12 +1515,15 @@ fn error_status(message: &str) -> Status {
 fn scalar_kv(key: &str, v: v1::scalar::Value) -> KeyValue {
     use v1::scalar::Value as S;
     let value = match v {
-        S::StringValue(s) => any_value::Value::StringValue(s),
+        S::StringValue(s) => any_value::Value::StringValue(s.into()),
         S::BoolValue(b) => any_value::Value::BoolValue(b),
         S::IntValue(i) => any_value::Value::IntValue(i),
         S::DoubleValue(d) => any_value::Value::DoubleValue(d),
     };
-    attrs::kv(key, value)
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(value) }),
+    }
 }
 
 fn resource_instance(resource: &Resource) -> Option<&str> {
@@ -1579,8 +1581,8 @@ pub fn to_resource_spans(spans: Vec<FinishedSpan>) -> Vec<ResourceSpans> {
             resource: Some(Arc::unwrap_or_clone(resource)),
             scope_spans: vec![ScopeSpans {
                 scope: Some(InstrumentationScope {
-                    name: SCOPE_NAME.to_owned(),
-                    version: env!("CARGO_PKG_VERSION").to_owned(),
+                    name: Str::from_static(SCOPE_NAME),
+                    version: Str::from_static(env!("CARGO_PKG_VERSION")),
                     ..Default::default()
                 }),
                 spans,

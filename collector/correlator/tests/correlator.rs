@@ -5,8 +5,8 @@
 use hermes_correlator::ids::{SpanKey, span_id, trace_id};
 use hermes_correlator::{Config, Correlator, FinishedSpan};
 use hermes_proto::v1::{self, event::Body};
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
+use hermes_span::common::v1::any_value::Value;
+use hermes_span::trace::v1::{Span, status::StatusCode};
 
 const MS: u64 = 1_000_000;
 const T0: u64 = 1_800_000_000_000 * MS;
@@ -78,7 +78,7 @@ impl Feed {
         &found[0].span
     }
     fn names(&self) -> Vec<String> {
-        self.out.iter().map(|s| s.span.name.clone()).collect()
+        self.out.iter().map(|s| s.span.name.to_string()).collect()
     }
 }
 
@@ -123,7 +123,7 @@ fn int(span: &Span, key: &str) -> i64 {
 
 fn string(span: &Span, key: &str) -> String {
     match attr(span, key) {
-        Some(Value::StringValue(s)) => s.clone(),
+        Some(Value::StringValue(s)) => s.to_string(),
         other => panic!("{key} is {other:?} on {}", span.name),
     }
 }

@@ -12,10 +12,9 @@
 //!   `schema_url` are merged into one; span order is preserved;
 //! * scopes and resources without spans are dropped (nothing to export).
 
-use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
-use prost::Message;
+use hermes_span::common::v1::InstrumentationScope;
+use hermes_span::resource::v1::Resource;
+use hermes_span::trace::v1::{ResourceSpans, ScopeSpans, Span};
 
 use crate::encode;
 
@@ -140,7 +139,7 @@ impl Batcher {
         {
             Some(i) => i,
             None => {
-                self.bytes += resource.as_ref().map_or(0, Message::encoded_len) + FRAMING;
+                self.bytes += resource.as_ref().map_or(0, encode::resource_len) + FRAMING;
                 self.current.push(ResourceSpans {
                     resource: resource.clone(),
                     scope_spans: Vec::new(),
@@ -156,7 +155,7 @@ impl Batcher {
         {
             Some(ss) => ss.spans.extend(spans),
             None => {
-                self.bytes += scope.as_ref().map_or(0, Message::encoded_len) + FRAMING;
+                self.bytes += scope.as_ref().map_or(0, encode::scope_len) + FRAMING;
                 scopes.push(ScopeSpans {
                     scope: scope.clone(),
                     spans,
@@ -170,7 +169,7 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+    use hermes_span::common::v1::{AnyValue, KeyValue, any_value};
 
     fn resource(service: &str) -> Option<Resource> {
         Some(Resource {
@@ -179,7 +178,6 @@ mod tests {
                 value: Some(AnyValue {
                     value: Some(any_value::Value::StringValue(service.into())),
                 }),
-                ..Default::default()
             }],
             ..Default::default()
         })
@@ -268,7 +266,7 @@ mod byte_limit_tests {
     fn big_span(i: u8, bytes: usize) -> Span {
         Span {
             span_id: vec![i; 8],
-            name: "x".repeat(bytes),
+            name: "x".repeat(bytes).into(),
             ..Default::default()
         }
     }
@@ -290,10 +288,12 @@ mod byte_limit_tests {
         let sizes: Vec<usize> = full
             .iter()
             .map(|batch| {
-                opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest {
-                    resource_spans: batch.clone(),
-                }
-                .encoded_len()
+                crate::encode::encode_request(
+                    &hermes_span::collector::trace::v1::ExportTraceServiceRequest {
+                        resource_spans: batch.clone(),
+                    },
+                )
+                .len()
             })
             .collect();
         assert!(sizes.iter().all(|s| *s <= 10_000), "{sizes:?}");

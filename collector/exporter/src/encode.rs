@@ -1,4 +1,6 @@
-//! Protobuf encoding of an OTLP `ExportTraceServiceRequest` in two passes.
+//! Protobuf encoding of an OTLP `ExportTraceServiceRequest` in two passes,
+//! from the collector's span model (`hermes_span`, which prost does not
+//! encode: every message but `Status` is written here).
 //!
 //! prost writes a nested message's length before the message, and computes
 //! it by walking the message; it does so again at every level of nesting, so
@@ -8,19 +10,20 @@
 //! (`docs/BENCHMARKS.md`, collector profile). This module measures every
 //! message that holds repeated messages once, records the lengths in
 //! pre-order, and writes the bytes in a second pass that reads them back;
-//! attributes (a key and a value) are measured where they are written, and
-//! their string and scalar values are written here rather than by prost.
+//! attributes (a key and a value) are measured where they are written.
 //!
-//! Invariant: the bytes are exactly prost's (fields in tag order, proto3
-//! defaults skipped, oneof values always written); the tests compare both
-//! encodings on edge cases and generated requests, and the criterion bench
+//! Invariant: the bytes are exactly prost's for the same request in
+//! `opentelemetry_proto`'s messages (fields in tag order, proto3 defaults
+//! skipped, oneof values always written); the tests compare both encodings on
+//! edge cases and generated requests, and the criterion bench
 //! `otlp_encode` on the fixtures' spans before it times them.
 
 use bytes::BufMut;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, span};
+use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
+use hermes_span::common::v1::any_value::Value;
+use hermes_span::common::v1::{AnyValue, ArrayValue, InstrumentationScope, KeyValue};
+use hermes_span::resource::v1::Resource;
+use hermes_span::trace::v1::{ResourceSpans, ScopeSpans, Span, span};
 use prost::Message;
 
 const VARINT: u32 = 0;
@@ -168,8 +171,8 @@ fn put_fixed32(tag: u32, value: u32, buf: &mut impl BufMut) {
     }
 }
 
-/// A message field written by prost itself: leaf-like messages (resource,
-/// scope, status) whose nesting is shallow, so prost's walk costs little.
+/// A message field written by prost itself: `Status`, a leaf message that
+/// is mostly absent.
 fn message_len(tag: u32, message: &impl Message) -> usize {
     nested(tag, message.encoded_len())
 }
@@ -179,10 +182,37 @@ fn put_message(tag: u32, message: &impl Message, buf: &mut impl BufMut) {
     message.encode_raw(buf);
 }
 
+/// Encoded length of a `Resource`'s body.
+pub(crate) fn resource_len(resource: &Resource) -> usize {
+    attributes_len(1, &resource.attributes)
+        + uint_len(2, u64::from(resource.dropped_attributes_count))
+}
+
+fn put_resource(resource: &Resource, buf: &mut impl BufMut) {
+    put_len(1, resource_len(resource), buf);
+    put_attributes(1, &resource.attributes, buf);
+    put_uint(2, u64::from(resource.dropped_attributes_count), buf);
+}
+
+/// Encoded length of an `InstrumentationScope`'s body.
+pub(crate) fn scope_len(scope: &InstrumentationScope) -> usize {
+    bytes_len(1, scope.name.as_bytes())
+        + bytes_len(2, scope.version.as_bytes())
+        + attributes_len(3, &scope.attributes)
+        + uint_len(4, u64::from(scope.dropped_attributes_count))
+}
+
+fn put_scope(scope: &InstrumentationScope, buf: &mut impl BufMut) {
+    put_len(1, scope_len(scope), buf);
+    put_bytes(1, scope.name.as_bytes(), buf);
+    put_bytes(2, scope.version.as_bytes(), buf);
+    put_attributes(3, &scope.attributes, buf);
+    put_uint(4, u64::from(scope.dropped_attributes_count), buf);
+}
+
 /// Repeated attributes, measured where written: a `KeyValue` nests one
-/// `AnyValue`, whose string and scalar values are measured and written here
-/// in one step each (prost measures the `AnyValue` again inside
-/// `KeyValue::encode_raw`); arrays, lists and bytes are prost's.
+/// `AnyValue`, whose string and scalar values are measured and written in
+/// one step each.
 fn attributes_len(tag: u32, attributes: &[KeyValue]) -> usize {
     attributes
         .iter()
@@ -199,20 +229,19 @@ fn put_attributes(tag: u32, attributes: &[KeyValue], buf: &mut impl BufMut) {
             put_len(2, len, buf);
             put_any_value(value, buf);
         }
-        put_int32(3, kv.key_strindex, buf);
     }
 }
 
 /// A `KeyValue`'s length, given its value's (fields in tag order: key,
-/// value, `key_strindex`).
+/// value).
 fn key_value_len(kv: &KeyValue, value_len: Option<usize>) -> usize {
-    bytes_len(1, kv.key.as_bytes())
-        + value_len.map_or(0, |len| nested(2, len))
-        + int32_len(3, kv.key_strindex)
+    bytes_len(1, kv.key.as_bytes()) + value_len.map_or(0, |len| nested(2, len))
 }
 
 /// An `AnyValue`'s length. Its `value` is a oneof: a set variant is written
-/// even when it holds its type's default (`""`, `0`, `false`).
+/// even when it holds its type's default (`""`, `0`, `false`, an empty
+/// array). Arrays and lists, rare in spans, are measured again by each
+/// enclosing value.
 fn any_value_len(value: &AnyValue) -> usize {
     match &value.value {
         None => 0,
@@ -220,8 +249,18 @@ fn any_value_len(value: &AnyValue) -> usize {
         Some(Value::BoolValue(_)) => key_len(2) + 1,
         Some(Value::IntValue(i)) => key_len(3) + varint_len(*i as u64),
         Some(Value::DoubleValue(_)) => key_len(4) + 8,
-        Some(_) => value.encoded_len(),
+        Some(Value::ArrayValue(a)) => nested(5, array_len(a)),
+        Some(Value::KvlistValue(l)) => nested(6, attributes_len(1, &l.values)),
+        Some(Value::BytesValue(b)) => nested(7, b.len()),
     }
+}
+
+fn array_len(array: &ArrayValue) -> usize {
+    array
+        .values
+        .iter()
+        .map(|v| nested(1, any_value_len(v)))
+        .sum()
 }
 
 fn put_any_value(value: &AnyValue, buf: &mut impl BufMut) {
@@ -243,7 +282,21 @@ fn put_any_value(value: &AnyValue, buf: &mut impl BufMut) {
             put_key(4, FIXED64, buf);
             buf.put_f64_le(*d);
         }
-        Some(_) => value.encode_raw(buf),
+        Some(Value::ArrayValue(a)) => {
+            put_len(5, array_len(a), buf);
+            for v in &a.values {
+                put_len(1, any_value_len(v), buf);
+                put_any_value(v, buf);
+            }
+        }
+        Some(Value::KvlistValue(l)) => {
+            put_len(6, attributes_len(1, &l.values), buf);
+            put_attributes(1, &l.values, buf);
+        }
+        Some(Value::BytesValue(b)) => {
+            put_len(7, b.len(), buf);
+            buf.put_slice(b);
+        }
     }
 }
 
@@ -263,7 +316,9 @@ fn slot(lens: &mut Vec<usize>, measure: impl FnOnce(&mut Vec<usize>) -> usize) -
 // slower on criterion `otlp_encode/metadata`.
 fn measure_resource_spans(rs: &ResourceSpans, lens: &mut Vec<usize>) -> usize {
     slot(lens, |lens| {
-        rs.resource.as_ref().map_or(0, |r| message_len(1, r))
+        rs.resource
+            .as_ref()
+            .map_or(0, |r| nested(1, resource_len(r)))
             + rs.scope_spans
                 .iter()
                 .map(|ss| nested(2, measure_scope_spans(ss, lens)))
@@ -275,7 +330,7 @@ fn measure_resource_spans(rs: &ResourceSpans, lens: &mut Vec<usize>) -> usize {
 fn write_resource_spans(rs: &ResourceSpans, next: &mut Next<'_>, buf: &mut impl BufMut) {
     put_len(1, next.next().unwrap_or(0), buf);
     if let Some(resource) = &rs.resource {
-        put_message(1, resource, buf);
+        put_resource(resource, buf);
     }
     for ss in &rs.scope_spans {
         write_scope_spans(ss, next, buf);
@@ -285,7 +340,7 @@ fn write_resource_spans(rs: &ResourceSpans, next: &mut Next<'_>, buf: &mut impl 
 
 fn measure_scope_spans(ss: &ScopeSpans, lens: &mut Vec<usize>) -> usize {
     slot(lens, |lens| {
-        ss.scope.as_ref().map_or(0, |s| message_len(1, s))
+        ss.scope.as_ref().map_or(0, |s| nested(1, scope_len(s)))
             + ss.spans
                 .iter()
                 .map(|span| nested(2, measure_span(span, lens)))
@@ -297,7 +352,7 @@ fn measure_scope_spans(ss: &ScopeSpans, lens: &mut Vec<usize>) -> usize {
 fn write_scope_spans(ss: &ScopeSpans, next: &mut Next<'_>, buf: &mut impl BufMut) {
     put_len(2, next.next().unwrap_or(0), buf);
     if let Some(scope) = &ss.scope {
-        put_message(1, scope, buf);
+        put_scope(scope, buf);
     }
     for span in &ss.spans {
         write_span(span, next, buf);
@@ -401,12 +456,18 @@ fn write_link(link: &span::Link, next: &mut Next<'_>, buf: &mut impl BufMut) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    //! Requests built in prost's messages, encoded by prost and, converted
+    //! to the span model, by this module.
+    use super::{Lengths, encode_request, varint_len};
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::KeyValue;
     use opentelemetry_proto::tonic::common::v1::{
         AnyValue, ArrayValue, InstrumentationScope, KeyValueList, any_value::Value,
     };
     use opentelemetry_proto::tonic::resource::v1::Resource;
     use opentelemetry_proto::tonic::trace::v1::Status;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, span};
+    use prost::Message;
 
     fn kv(key: &str, value: Value) -> KeyValue {
         KeyValue {
@@ -417,9 +478,11 @@ mod tests {
     }
 
     fn same_as_prost(request: &ExportTraceServiceRequest) {
-        let ours = encode_request(request);
+        let model =
+            hermes_span::collector::trace::v1::ExportTraceServiceRequest::from(request.clone());
+        let ours = encode_request(&model);
         assert_eq!(ours, request.encode_to_vec());
-        assert_eq!(ours.len(), Lengths::of(request).total);
+        assert_eq!(ours.len(), Lengths::of(&model).total);
         assert_eq!(ours.capacity(), ours.len(), "sized exactly");
     }
 
@@ -483,7 +546,7 @@ mod tests {
             KeyValue {
                 key: "no value".into(),
                 value: None,
-                key_strindex: -1,
+                key_strindex: 0,
             },
         ];
         let long = "x".repeat(300);
@@ -587,16 +650,21 @@ mod tests {
 
 #[cfg(test)]
 mod generated {
-    //! Random requests: every field, nesting and length width, against prost.
-    use super::*;
+    //! Random requests: every field, nesting and length width, against prost
+    //! (built in prost's messages, converted to the span model).
+    use super::{Lengths, encode_request, span_len};
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::KeyValue;
     use opentelemetry_proto::tonic::common::v1::{
         AnyValue, ArrayValue, InstrumentationScope, KeyValueList, any_value::Value,
     };
     use opentelemetry_proto::tonic::resource::v1::Resource;
     use opentelemetry_proto::tonic::trace::v1::Status;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, span};
     use proptest::collection::vec;
     use proptest::option;
     use proptest::prelude::*;
+    use prost::Message;
 
     fn any_value() -> impl Strategy<Value = AnyValue> {
         let leaf = prop_oneof![
@@ -629,13 +697,12 @@ mod generated {
 
     fn attributes() -> impl Strategy<Value = Vec<KeyValue>> {
         vec(
-            ("[a-z._]{0,12}", option::of(any_value()), -2i32..2).prop_map(
-                |(key, value, key_strindex)| KeyValue {
-                    key,
-                    value,
-                    key_strindex,
-                },
-            ),
+            // `key_strindex` (profiles only) is not in the span model.
+            ("[a-z._]{0,12}", option::of(any_value())).prop_map(|(key, value)| KeyValue {
+                key,
+                value,
+                key_strindex: 0,
+            }),
             0..6,
         )
     }
@@ -745,18 +812,25 @@ mod generated {
         #![proptest_config(ProptestConfig::with_cases(256))]
         #[test]
         fn encoding_is_prost_s(request in request()) {
-            let ours = encode_request(&request);
-            prop_assert_eq!(ours.len(), Lengths::of(&request).total);
+            let model =
+                hermes_span::collector::trace::v1::ExportTraceServiceRequest::from(request.clone());
+            let ours = encode_request(&model);
+            prop_assert_eq!(ours.len(), Lengths::of(&model).total);
             prop_assert_eq!(ours, request.encode_to_vec());
             // The batcher's measure of each span.
             let mut scratch = Vec::new();
-            let spans = request
+            let theirs = request
                 .resource_spans
                 .iter()
                 .flat_map(|rs| &rs.scope_spans)
                 .flat_map(|ss| &ss.spans);
-            for span in spans {
-                prop_assert_eq!(span_len(span, &mut scratch), span.encoded_len());
+            let spans = model
+                .resource_spans
+                .iter()
+                .flat_map(|rs| &rs.scope_spans)
+                .flat_map(|ss| &ss.spans);
+            for (span, theirs) in spans.zip(theirs) {
+                prop_assert_eq!(span_len(span, &mut scratch), theirs.encoded_len());
             }
         }
     }

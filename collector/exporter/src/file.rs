@@ -29,7 +29,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 
 use crate::error::ExportError;
 use crate::sink::{ExportFuture, ExportOutcome, SpanExporter};
@@ -90,7 +90,10 @@ fn write_line(
     file: Option<File>,
     request: &ExportTraceServiceRequest,
 ) -> (Option<File>, Result<(), ExportError>) {
-    let mut line = match serde_json::to_vec(request) {
+    // OTLP JSON is the serde form of prost's messages.
+    let request =
+        opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::from(request);
+    let mut line = match serde_json::to_vec(&request) {
         Ok(line) => line,
         Err(e) => return (file, Err(ExportError::Encode(e))),
     };

@@ -21,10 +21,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 use http::uri::PathAndQuery;
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use prost::Message as _;
 use tonic::client::Grpc;
 use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};

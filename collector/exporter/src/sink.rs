@@ -14,7 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 
 use crate::error::ExportError;
 

@@ -44,8 +44,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::trace::v1::ResourceSpans;
+use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
+use hermes_span::trace::v1::ResourceSpans;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;

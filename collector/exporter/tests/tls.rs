@@ -261,8 +261,8 @@ async fn http_receiver(
 
 // ------------------------------------------------------------------ helpers
 
-fn spans(n: u8) -> Vec<ResourceSpans> {
-    vec![ResourceSpans {
+fn spans(n: u8) -> Vec<hermes_span::trace::v1::ResourceSpans> {
+    hermes_span::convert::from_otlp(vec![ResourceSpans {
         scope_spans: vec![ScopeSpans {
             spans: (1..=n)
                 .map(|i| Span {
@@ -277,13 +277,15 @@ fn spans(n: u8) -> Vec<ResourceSpans> {
             ..Default::default()
         }],
         ..Default::default()
-    }]
+    }])
 }
 
-fn request(n: u8) -> Arc<ExportTraceServiceRequest> {
-    Arc::new(ExportTraceServiceRequest {
-        resource_spans: spans(n),
-    })
+fn request(n: u8) -> Arc<hermes_span::collector::trace::v1::ExportTraceServiceRequest> {
+    Arc::new(
+        hermes_span::collector::trace::v1::ExportTraceServiceRequest {
+            resource_spans: spans(n),
+        },
+    )
 }
 
 const API_KEY: &str = "k3y-from-a-secret-file";

@@ -34,8 +34,9 @@ mod truncate;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use opentelemetry_proto::tonic::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, Span};
+use hermes_span::Str;
+use hermes_span::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
+use hermes_span::trace::v1::{ResourceSpans, Span};
 
 pub use config::{
     AttributeSet, ConfigError, DEFAULT_KEY_NAMES, DEFAULT_REPLACEMENT, DEFAULT_VALUE_PATTERNS,
@@ -213,7 +214,7 @@ impl SpanProcessor {
                 truncated += 1;
                 cut.push(match prefix {
                     Some(p) => format!("{p}/{}", kv.key),
-                    None => kv.key.clone(),
+                    None => kv.key.to_string(),
                 });
             }
         }
@@ -230,7 +231,7 @@ fn mark_truncated(attrs: &mut Vec<KeyValue>, keys: Vec<String>) {
     let values = keys
         .into_iter()
         .map(|k| AnyValue {
-            value: Some(Value::StringValue(k)),
+            value: Some(Value::StringValue(k.into())),
         })
         .collect::<Vec<_>>();
     let existing = attrs.iter_mut().find(|kv| kv.key == TRUNCATED_ATTRIBUTES);
@@ -250,10 +251,9 @@ fn mark_truncated(attrs: &mut Vec<KeyValue>, keys: Vec<String>) {
     }
     attrs.retain(|kv| kv.key != TRUNCATED_ATTRIBUTES);
     attrs.push(KeyValue {
-        key: TRUNCATED_ATTRIBUTES.to_owned(),
+        key: Str::from_static(TRUNCATED_ATTRIBUTES),
         value: Some(AnyValue {
             value: Some(Value::ArrayValue(ArrayValue { values })),
         }),
-        ..Default::default()
     });
 }

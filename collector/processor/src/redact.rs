@@ -19,8 +19,11 @@
 //! the same result as once (unless the replacement itself matches a rule).
 
 use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
-use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
+use hermes_span::Str;
+use hermes_span::common::v1::{AnyValue, KeyValue, any_value::Value};
 use regex::{NoExpand, Regex};
 
 use crate::config::{ConfigError, RedactionConfig};
@@ -107,20 +110,59 @@ impl KeyGlob {
     }
 }
 
-/// Working memory of one processing pass: the normalized-key buffer and
-/// the key rules' verdicts per key seen (spans of a batch share most of their
-/// attribute keys, so each is normalized and matched once per pass).
+/// Working memory of one processing pass: the normalized-key buffer, the
+/// key rules' verdicts per key seen (spans of a batch share most of their
+/// attribute keys, so each is normalized and matched once per pass), and the
+/// values known to need no redaction.
+///
+/// Static strings (the correlator's keys and fixed values) are remembered by
+/// address and length, without hashing their text; shared values (the ids,
+/// model and platform every span of a turn holds) by the address of their
+/// shared allocation, which the entry keeps alive so that no other string can
+/// take that address during the pass.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
     normalized: String,
     /// foldhash: a key is hashed on every attribute, and SipHash (the
     /// std default, built against flooding) cost more than the rules.
-    verdicts: std::collections::HashMap<String, bool, foldhash::fast::RandomState>,
+    verdicts: HashMap<String, bool, foldhash::fast::RandomState>,
+    static_verdicts: HashMap<(usize, usize), bool, foldhash::fast::RandomState>,
+    clean_static: HashSet<(usize, usize), foldhash::fast::RandomState>,
+    clean_shared: HashMap<usize, Arc<str>, foldhash::fast::RandomState>,
 }
 
 impl Scratch {
-    /// Keys remembered per pass (JSON member keys are arbitrary).
+    /// Keys (and, separately, clean values) remembered per pass: JSON member
+    /// keys and values are arbitrary.
     const MAX_VERDICTS: usize = 1024;
+
+    fn known_clean(&self, s: &Str) -> bool {
+        match s {
+            Str::Static(t) => self.clean_static.contains(&static_id(t)),
+            Str::Shared(a) => self.clean_shared.contains_key(&shared_id(a)),
+            Str::Owned(_) => false,
+        }
+    }
+
+    fn remember_clean(&mut self, s: &Str) {
+        match s {
+            Str::Static(t) if self.clean_static.len() < Self::MAX_VERDICTS => {
+                self.clean_static.insert(static_id(t));
+            }
+            Str::Shared(a) if self.clean_shared.len() < Self::MAX_VERDICTS => {
+                self.clean_shared.insert(shared_id(a), Arc::clone(a));
+            }
+            _ => {}
+        }
+    }
+}
+
+fn static_id(s: &'static str) -> (usize, usize) {
+    (s.as_ptr() as usize, s.len())
+}
+
+fn shared_id(s: &Arc<str>) -> usize {
+    s.as_ptr() as usize
 }
 
 /// Lowercases `key` and drops `-` and `_`, into `out` (cleared first).
@@ -229,8 +271,27 @@ impl Redactor {
             .sum()
     }
 
+    /// [`Self::key_matches`] for an attribute key: a static key's verdict
+    /// is found by its address.
+    fn str_key_matches(&self, key: &Str, scratch: &mut Scratch) -> bool {
+        let Str::Static(text) = key else {
+            return self.key_matches(key, scratch);
+        };
+        if self.keys.is_empty() {
+            return false;
+        }
+        if let Some(&known) = scratch.static_verdicts.get(&static_id(text)) {
+            return known;
+        }
+        let matches = self.key_matches(text, scratch);
+        if scratch.static_verdicts.len() < Scratch::MAX_VERDICTS {
+            scratch.static_verdicts.insert(static_id(text), matches);
+        }
+        matches
+    }
+
     fn redact_key_value(&self, kv: &mut KeyValue, scratch: &mut Scratch) -> bool {
-        if self.key_matches(&kv.key, scratch) {
+        if self.str_key_matches(&kv.key, scratch) {
             let Some(value) = kv.value.as_mut() else {
                 return false;
             };
@@ -238,7 +299,7 @@ impl Redactor {
                 None => false,
                 Some(Value::StringValue(s)) if s.is_empty() || *s == self.replacement => false,
                 Some(_) => {
-                    value.value = Some(Value::StringValue(self.replacement.clone()));
+                    value.value = Some(Value::StringValue(self.replacement.clone().into()));
                     true
                 }
             };
@@ -251,13 +312,21 @@ impl Redactor {
 
     fn redact_any(&self, v: &mut AnyValue, scratch: &mut Scratch) -> bool {
         match &mut v.value {
-            Some(Value::StringValue(s)) => match self.redact_str(s, 0, scratch) {
-                Some(new) => {
-                    *s = new;
-                    true
+            Some(Value::StringValue(s)) => {
+                if scratch.known_clean(s) {
+                    return false;
                 }
-                None => false,
-            },
+                match self.redact_str(s, 0, scratch) {
+                    Some(new) => {
+                        *s = new.into();
+                        true
+                    }
+                    None => {
+                        scratch.remember_clean(s);
+                        false
+                    }
+                }
+            }
             Some(Value::ArrayValue(array)) => {
                 let mut changed = false;
                 for item in &mut array.values {

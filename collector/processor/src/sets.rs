@@ -33,8 +33,9 @@
 //! copied as is; redaction and truncation run afterwards on every attribute,
 //! derived ones included.
 
-use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
-use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
+use hermes_span::Str;
+use hermes_span::common::v1::{AnyValue, KeyValue, any_value::Value};
+use hermes_span::trace::v1::{Span, status::StatusCode};
 
 use crate::json::{self, Json};
 
@@ -168,21 +169,20 @@ impl Usage {
 struct Additions(Vec<KeyValue>);
 
 impl Additions {
-    fn push(&mut self, key: &str, value: Value) {
+    fn push(&mut self, key: &'static str, value: Value) {
         self.0.push(KeyValue {
-            key: key.to_owned(),
+            key: Str::from_static(key),
             value: Some(AnyValue { value: Some(value) }),
-            ..Default::default()
         });
     }
 
-    fn str(&mut self, key: &str, value: Option<&str>) {
+    fn str(&mut self, key: &'static str, value: Option<&str>) {
         if let Some(v) = value {
-            self.push(key, Value::StringValue(v.to_owned()));
+            self.push(key, Value::StringValue(v.into()));
         }
     }
 
-    fn int(&mut self, key: &str, value: Option<i64>) {
+    fn int(&mut self, key: &'static str, value: Option<i64>) {
         if let Some(v) = value {
             self.push(key, Value::IntValue(v));
         }

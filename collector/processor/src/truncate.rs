@@ -13,7 +13,7 @@
 //! output (for any `limit` ≥ 2); the result of a value within the limit is
 //! the value itself.
 
-use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value::Value};
+use hermes_span::common::v1::{AnyValue, any_value::Value};
 
 use crate::json::{self, Json};
 
@@ -58,7 +58,7 @@ pub(crate) fn truncate_any(v: &mut AnyValue, limit: usize) -> bool {
     match &mut v.value {
         Some(Value::StringValue(s)) => match truncate_str(s, limit) {
             Some(new) => {
-                *s = new;
+                *s = new.into();
                 true
             }
             None => false,

@@ -5,11 +5,10 @@ use hermes_processor::{
     AttributeSet, ConfigError, ProcessorConfig, RedactionConfig, SpanProcessor,
     TRUNCATED_ATTRIBUTES,
 };
-use opentelemetry_proto::tonic::common::v1::{
-    AnyValue, ArrayValue, KeyValue, KeyValueList, any_value::Value,
-};
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{
+use hermes_span::Str;
+use hermes_span::common::v1::{AnyValue, ArrayValue, KeyValue, KeyValueList, any_value::Value};
+use hermes_span::resource::v1::Resource;
+use hermes_span::trace::v1::{
     ResourceSpans, ScopeSpans, Span, Status, span::Event, status::StatusCode,
 };
 use proptest::prelude::*;
@@ -17,14 +16,13 @@ use serde_json::json;
 
 fn kv(key: &str, value: Value) -> KeyValue {
     KeyValue {
-        key: key.to_owned(),
+        key: key.into(),
         value: Some(AnyValue { value: Some(value) }),
-        ..Default::default()
     }
 }
 
 fn s(key: &str, value: &str) -> KeyValue {
-    kv(key, Value::StringValue(value.to_owned()))
+    kv(key, Value::StringValue(value.into()))
 }
 
 fn i(key: &str, value: i64) -> KeyValue {
@@ -36,7 +34,7 @@ fn span(name: &str, root: bool, attributes: Vec<KeyValue>) -> Span {
         trace_id: vec![1; 16],
         span_id: vec![2; 8],
         parent_span_id: if root { Vec::new() } else { vec![3; 8] },
-        name: name.to_owned(),
+        name: name.into(),
         attributes,
         ..Default::default()
     }
@@ -160,7 +158,7 @@ fn get_int(sp: &Span, key: &str) -> i64 {
 
 /// Every string anywhere in the batch, for "never survives" checks.
 fn all_text(b: &[ResourceSpans]) -> String {
-    serde_json::to_string(b).unwrap()
+    serde_json::to_string(&hermes_span::convert::to_otlp(b)).unwrap()
 }
 
 #[test]
@@ -221,6 +219,69 @@ fn an_email_in_a_message_is_redacted() {
     assert_eq!(get_str(sp, "hermes.note"), "contact <redacted>");
 }
 
+/// Static keys and values and shared values (as the correlator builds them)
+/// are remembered per pass by address: a clean shared value stays as it is,
+/// a shared value with a secret is redacted on every span that holds it, and
+/// a static key's verdict holds for every attribute under it.
+#[test]
+fn static_and_shared_strings_are_redacted_like_owned_ones() {
+    let secret = Str::from("mail jane@example.org");
+    let clean = Str::from("sess-1");
+    let fixed = Str::from_static("hermes.note");
+    let spans = (0..3)
+        .map(|_| {
+            span(
+                "x",
+                false,
+                vec![
+                    KeyValue {
+                        key: fixed.clone(),
+                        value: Some(AnyValue {
+                            value: Some(Value::StringValue(secret.clone())),
+                        }),
+                    },
+                    KeyValue {
+                        key: Str::from_static("gen_ai.conversation.id"),
+                        value: Some(AnyValue {
+                            value: Some(Value::StringValue(clean.clone())),
+                        }),
+                    },
+                    KeyValue {
+                        key: Str::from_static("api_key"),
+                        value: Some(AnyValue {
+                            value: Some(Value::StringValue(Str::from_static("plain"))),
+                        }),
+                    },
+                    KeyValue {
+                        key: Str::from_static("gen_ai.operation.name"),
+                        value: Some(AnyValue {
+                            value: Some(Value::StringValue(Str::from_static("chat"))),
+                        }),
+                    },
+                ],
+            )
+        })
+        .collect();
+    let mut b = batch(spans);
+    let p = processor(ProcessorConfig::default());
+    p.process(&mut b);
+    for sp in &b[0].scope_spans[0].spans {
+        assert_eq!(get_str(sp, "hermes.note"), "mail <redacted>");
+        assert_eq!(get_str(sp, "gen_ai.conversation.id"), "sess-1");
+        assert_eq!(get_str(sp, "api_key"), "<redacted>");
+        assert_eq!(get_str(sp, "gen_ai.operation.name"), "chat");
+        // The clean shared value is still the one allocation.
+        let Some(Value::StringValue(Str::Shared(kept))) = get(sp, "gen_ai.conversation.id") else {
+            panic!("not shared");
+        };
+        let Str::Shared(original) = &clean else {
+            unreachable!()
+        };
+        assert!(std::sync::Arc::ptr_eq(kept, original));
+    }
+    assert_eq!(p.stats().redacted_attributes(), 6);
+}
+
 #[test]
 fn keys_matching_rules_have_their_whole_value_replaced() {
     let mut sp = span(
@@ -243,7 +304,7 @@ fn keys_matching_rules_have_their_whole_value_replaced() {
         ],
     );
     sp.events.push(Event {
-        name: "hermes.hook.x".to_owned(),
+        name: "hermes.hook.x".into(),
         attributes: vec![s("x_refresh_token", "plain-value")],
         ..Default::default()
     });
@@ -497,12 +558,12 @@ fn truncation_marks_and_counts() {
         "hermes.list",
         Value::ArrayValue(ArrayValue {
             values: vec![AnyValue {
-                value: Some(Value::StringValue("y".repeat(100))),
+                value: Some(Value::StringValue("y".repeat(100).into())),
             }],
         }),
     ));
     sp.events.push(Event {
-        name: "exception".to_owned(),
+        name: "exception".into(),
         attributes: vec![s("exception.message", &"m".repeat(100))],
         ..Default::default()
     });

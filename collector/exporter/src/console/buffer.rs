@@ -18,8 +18,8 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::trace::v1::Span;
+use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
+use hermes_span::trace::v1::Span;
 
 use super::ConsoleExporterConfig;
 use super::render::{Style, TraceView, is_root, render_late, render_trace, string_attr};
@@ -217,14 +217,14 @@ impl TurnBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+    use hermes_span::trace::v1::{ResourceSpans, ScopeSpans};
 
     fn span(trace: u8, id: u8, parent: Option<u8>, start: u64) -> Span {
         Span {
             trace_id: vec![trace; 16],
             span_id: vec![id; 8],
             parent_span_id: parent.map(|p| vec![p; 8]).unwrap_or_default(),
-            name: format!("s{id}"),
+            name: format!("s{id}").into(),
             start_time_unix_nano: start,
             end_time_unix_nano: start + 2_000_000,
             ..Default::default()

@@ -17,7 +17,7 @@ mod render;
 use std::io::Write;
 use std::sync::Arc;
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 
 use crate::error::ExportError;
 use crate::sink::{ExportFuture, ExportOutcome, SpanExporter};

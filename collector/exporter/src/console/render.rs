@@ -22,9 +22,9 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
-use opentelemetry_proto::tonic::trace::v1::Span;
-use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use hermes_span::common::v1::{AnyValue, KeyValue, any_value};
+use hermes_span::trace::v1::Span;
+use hermes_span::trace::v1::status::StatusCode;
 
 const MAX_VALUE_CHARS: usize = 64;
 
@@ -315,7 +315,7 @@ pub(crate) fn string_attr(attrs: &[KeyValue], key: &str) -> Option<String> {
         .find(|kv| kv.key == key)
         .and_then(|kv| kv.value.as_ref())
         .and_then(|v| match &v.value {
-            Some(any_value::Value::StringValue(s)) => Some(s.clone()),
+            Some(any_value::Value::StringValue(s)) => Some(s.to_string()),
             _ => None,
         })
 }
@@ -331,7 +331,7 @@ fn attr_text(attrs: &[KeyValue], key: &str) -> Option<String> {
 
 fn value_text(value: &AnyValue) -> Option<String> {
     Some(match value.value.as_ref()? {
-        any_value::Value::StringValue(s) => s.clone(),
+        any_value::Value::StringValue(s) => s.to_string(),
         any_value::Value::BoolValue(b) => b.to_string(),
         any_value::Value::IntValue(i) => i.to_string(),
         any_value::Value::DoubleValue(d) => d.to_string(),

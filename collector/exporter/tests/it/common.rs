@@ -123,10 +123,19 @@ pub fn resource_spans(spans: Vec<Span>) -> Vec<ResourceSpans> {
     }]
 }
 
-pub fn request(spans: Vec<Span>) -> Arc<ExportTraceServiceRequest> {
-    Arc::new(ExportTraceServiceRequest {
-        resource_spans: resource_spans(spans),
-    })
+/// The same, in the collector's span model, as the exporters take it.
+pub fn ours(spans: Vec<Span>) -> Vec<hermes_span::trace::v1::ResourceSpans> {
+    hermes_span::convert::from_otlp(resource_spans(spans))
+}
+
+pub fn request(
+    spans: Vec<Span>,
+) -> Arc<hermes_span::collector::trace::v1::ExportTraceServiceRequest> {
+    Arc::new(
+        hermes_span::collector::trace::v1::ExportTraceServiceRequest {
+            resource_spans: ours(spans),
+        },
+    )
 }
 
 /// `n` leaf spans of trace `TRACE`, ids `first..first+n`.
@@ -386,7 +395,10 @@ pub enum Step {
 }
 
 /// One export call: when (paused clock) and what.
-pub type Call = (tokio::time::Instant, Arc<ExportTraceServiceRequest>);
+pub type Call = (
+    tokio::time::Instant,
+    Arc<hermes_span::collector::trace::v1::ExportTraceServiceRequest>,
+);
 
 /// A sink that records calls (with the paused-clock instant) and answers
 /// from a script, then `Ok`.
@@ -410,13 +422,16 @@ impl ScriptedSink {
             .lock()
             .unwrap()
             .iter()
-            .map(|(_, r)| ExportTraceServiceRequest::clone(r))
+            .map(|(_, r)| ExportTraceServiceRequest::from(&**r))
             .collect()
     }
 }
 
 impl SpanExporter for ScriptedSink {
-    fn export(&mut self, request: Arc<ExportTraceServiceRequest>) -> ExportFuture<'_> {
+    fn export(
+        &mut self,
+        request: Arc<hermes_span::collector::trace::v1::ExportTraceServiceRequest>,
+    ) -> ExportFuture<'_> {
         self.calls
             .lock()
             .unwrap()

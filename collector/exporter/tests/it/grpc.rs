@@ -32,7 +32,12 @@ async fn spans_arrive_uncompressed_with_metadata() {
 
     let calls = receiver.wait_for_spans(3).await;
     assert_eq!(calls.len(), 1);
-    assert_eq!(calls[0].request, *request);
+    assert_eq!(
+        calls[0].request,
+        opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::from(
+            &*request
+        )
+    );
     assert_eq!(calls[0].encoding, None);
     assert_eq!(
         calls[0]
@@ -51,7 +56,12 @@ async fn spans_arrive_gzip_compressed() {
     exporter.export(Arc::clone(&request)).await.unwrap();
 
     let calls = receiver.wait_for_spans(50).await;
-    assert_eq!(calls[0].request, *request);
+    assert_eq!(
+        calls[0].request,
+        opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::from(
+            &*request
+        )
+    );
     assert_eq!(calls[0].encoding.as_deref(), Some("gzip"));
 }
 
@@ -89,9 +99,7 @@ async fn stage_exports_to_grpc_and_drains_on_shutdown() {
         shutdown.clone(),
     ));
     for i in 0..5u8 {
-        tx.send(resource_spans(leaf_spans(2 + i * 2, 2)))
-            .await
-            .unwrap();
+        tx.send(ours(leaf_spans(2 + i * 2, 2))).await.unwrap();
     }
     // 10 spans: two full batches of 4 go out at once, 2 wait for shutdown.
     receiver.wait_for_spans(8).await;

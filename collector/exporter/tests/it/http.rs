@@ -45,7 +45,7 @@ async fn run_stage(
         fast_retry(),
         CancellationToken::new(),
     ));
-    tx.send(resource_spans(spans)).await.unwrap();
+    tx.send(ours(spans)).await.unwrap();
     drop(tx);
     task.await.unwrap()
 }
@@ -77,7 +77,14 @@ async fn posts_protobuf_to_v1_traces() {
             .and_then(|v| v.to_str().ok()),
         Some("Bearer t0k3n")
     );
-    assert_eq!(calls[0].request.as_ref(), Some(&*request));
+    assert_eq!(
+        calls[0].request.as_ref(),
+        Some(
+            &opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::from(
+                &*request
+            )
+        )
+    );
 }
 
 #[tokio::test]
