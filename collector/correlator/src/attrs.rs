@@ -32,6 +32,21 @@ impl Attrs {
         self
     }
 
+    /// A fixed value: no allocation.
+    pub fn fixed(&mut self, key: &'static str, value: &'static str) -> &mut Self {
+        self.shared(key, &Str::from_static(value))
+    }
+
+    /// `shared` when `value` is its text (the turn's model on each chat
+    /// span), else a copy of `value`.
+    pub fn shared_or_str(&mut self, key: &'static str, shared: &Str, value: &str) -> &mut Self {
+        if *shared == value {
+            self.shared(key, shared)
+        } else {
+            self.str(key, value)
+        }
+    }
+
     /// A value that is already a [`Str`] (static, or shared with other
     /// spans): no copy.
     pub fn shared(&mut self, key: &'static str, value: &Str) -> &mut Self {

@@ -624,7 +624,7 @@ impl Correlator {
         .str("host.name", &shim.host_name)
         .int("process.pid", i64::from(shim.pid))
         .str("telemetry.sdk.name", SCOPE_NAME)
-        .str("telemetry.sdk.language", "rust")
+        .fixed("telemetry.sdk.language", "rust")
         .str("telemetry.sdk.version", &self.config.sdk_version)
         .str("hermes.telemetry_schema_version", schema_version)
         .str("hermes.shim.version", &shim.shim_version)
@@ -1010,7 +1010,7 @@ impl Correlator {
             return;
         };
         let mut a = open.common.clone();
-        a.str("gen_ai.operation.name", "invoke_agent")
+        a.fixed("gen_ai.operation.name", "invoke_agent")
             .str("gen_ai.agent.id", &open.child_subagent_id)
             .str("hermes.child_session_id", child)
             .str("hermes.subagent.status", &sub.child_status)
@@ -1098,8 +1098,8 @@ impl Correlator {
             turn.clock_adjusted = true;
         }
         let mut a = turn.common(14);
-        a.str("gen_ai.operation.name", "invoke_agent")
-            .str("gen_ai.request.model", &turn.model)
+        a.fixed("gen_ai.operation.name", "invoke_agent")
+            .shared("gen_ai.request.model", &turn.model)
             .opt_bool("hermes.turn.completed", turn.completed)
             .opt_bool("hermes.turn.interrupted", turn.interrupted)
             .str("hermes.turn.end_reason", &turn.end_reason)
@@ -1254,9 +1254,10 @@ fn close_attempt(
         turn.model = model.into();
     }
     let mut a = turn.common(21);
-    a.str("gen_ai.operation.name", "chat")
+    let turn_model = turn.model.clone();
+    a.fixed("gen_ai.operation.name", "chat")
         .str("gen_ai.provider.name", provider)
-        .str("gen_ai.request.model", model)
+        .shared_or_str("gen_ai.request.model", &turn_model, model)
         .opt_uint("gen_ai.request.max_tokens", max_tokens)
         .str("hermes.api_request_id", api_request_id)
         .uint("hermes.api_call_count", api_call_count)
@@ -1388,10 +1389,10 @@ fn close_tool(
     };
     turn.tool_calls += 1;
     let mut a = turn.common(10);
-    a.str("gen_ai.operation.name", "execute_tool")
+    a.fixed("gen_ai.operation.name", "execute_tool")
         .str("gen_ai.tool.name", &name)
         .str("gen_ai.tool.call.id", tool_call_id)
-        .str("gen_ai.tool.type", "function")
+        .fixed("gen_ai.tool.type", "function")
         .str("hermes.tool.status", &tool.status)
         .opt_uint("hermes.tool.duration_ms", tool.duration_ms);
     if let Some(arguments) = open.as_ref().and_then(|o| o.arguments.as_deref()) {
