@@ -10,7 +10,9 @@
 //! (`docs/BENCHMARKS.md`, collector profile). This module measures every
 //! message that holds repeated messages once, records the lengths in
 //! pre-order, and writes the bytes in a second pass that reads them back;
-//! attributes (a key and a value) are measured where they are written.
+//! the lengths of a span's attribute values are recorded there too, and the
+//! attributes of everything else (events, links, resource, scope, nested
+//! lists: few) are measured where they are written.
 //!
 //! Invariant: the bytes are exactly prost's for the same request in
 //! `opentelemetry_proto`'s messages (fields in tag order, proto3 defaults
@@ -232,6 +234,32 @@ fn put_attributes(tag: u32, attributes: &[KeyValue], buf: &mut impl BufMut) {
     }
 }
 
+/// A span's attributes, measured in the first pass: each value's length is
+/// recorded (`usize::MAX` for none) so that the second pass
+/// ([`write_attributes`]) does not measure it again.
+fn measure_attributes(tag: u32, attributes: &[KeyValue], lens: &mut Vec<usize>) -> usize {
+    attributes
+        .iter()
+        .map(|kv| {
+            let value_len = kv.value.as_ref().map(any_value_len);
+            lens.push(value_len.unwrap_or(usize::MAX));
+            nested(tag, key_value_len(kv, value_len))
+        })
+        .sum()
+}
+
+fn write_attributes(tag: u32, attributes: &[KeyValue], next: &mut Next<'_>, buf: &mut impl BufMut) {
+    for kv in attributes {
+        let value_len = next.next().filter(|&len| len != usize::MAX);
+        put_len(tag, key_value_len(kv, value_len), buf);
+        put_bytes(1, kv.key.as_bytes(), buf);
+        if let (Some(value), Some(len)) = (&kv.value, value_len) {
+            put_len(2, len, buf);
+            put_any_value(value, buf);
+        }
+    }
+}
+
 /// A `KeyValue`'s length, given its value's (fields in tag order: key,
 /// value).
 fn key_value_len(kv: &KeyValue, value_len: Option<usize>) -> usize {
@@ -370,7 +398,7 @@ fn measure_span(span: &Span, lens: &mut Vec<usize>) -> usize {
             + int32_len(6, span.kind)
             + fixed64_len(7, span.start_time_unix_nano)
             + fixed64_len(8, span.end_time_unix_nano)
-            + attributes_len(9, &span.attributes)
+            + measure_attributes(9, &span.attributes, lens)
             + uint_len(10, u64::from(span.dropped_attributes_count))
             + span
                 .events
@@ -400,7 +428,7 @@ fn write_span(span: &Span, next: &mut Next<'_>, buf: &mut impl BufMut) {
     put_int32(6, span.kind, buf);
     put_fixed64(7, span.start_time_unix_nano, buf);
     put_fixed64(8, span.end_time_unix_nano, buf);
-    put_attributes(9, &span.attributes, buf);
+    write_attributes(9, &span.attributes, next, buf);
     put_uint(10, u64::from(span.dropped_attributes_count), buf);
     for event in &span.events {
         write_event(event, next, buf);
