@@ -1,6 +1,6 @@
 //! Conversions between this model and `opentelemetry_proto`'s messages, both
-//! ways: `From<&ours> for theirs` (the JSON file and console exporters, which
-//! serialize prost's messages, and tests that compare against them) and
+//! ways: `From<&ours> for theirs` (the JSON file exporter, which serializes
+//! prost's messages as OTLP JSON, and tests that compare against them) and
 //! `From<theirs> for ours` (tests and benches that build prost's messages).
 //! A round trip from ours is the identity; one from theirs drops
 //! `KeyValue::key_strindex`, `Resource::entity_refs` and the

@@ -7,9 +7,10 @@
 //! correlator writes), shared (cloned by a reference count: the ids, model
 //! and platform every span of a turn repeats) or owned. The correlator builds
 //! spans in this model, the processor rewrites them in place, the exporters
-//! encode them to OTLP's protobuf bytes directly (`hermes_exporter::encode`),
-//! and what needs prost's messages (the JSON file and console exporters,
-//! tests) converts them with `From` (both ways: [`convert`]).
+//! encode them to OTLP's protobuf bytes directly (`hermes_exporter::encode`)
+//! or render them (the console tree), and what needs prost's messages (the
+//! JSON file exporter's OTLP JSON, tests) converts them with `From` (both
+//! ways: [`convert`]).
 //!
 //! Left as in `opentelemetry_proto`: `Status` (one per span, often absent)
 //! and the `SpanKind` and `StatusCode` enums, re-exported; `trace_state` and
