@@ -224,13 +224,19 @@ fn attributes_len(tag: u32, attributes: &[KeyValue]) -> usize {
 
 fn put_attributes(tag: u32, attributes: &[KeyValue], buf: &mut impl BufMut) {
     for kv in attributes {
-        let value_len = kv.value.as_ref().map(any_value_len);
-        put_len(tag, key_value_len(kv, value_len), buf);
-        put_bytes(1, kv.key.as_bytes(), buf);
-        if let (Some(value), Some(len)) = (&kv.value, value_len) {
-            put_len(2, len, buf);
-            put_any_value(value, buf);
-        }
+        put_key_value(tag, kv, kv.value.as_ref().map(any_value_len), buf);
+    }
+}
+
+/// One attribute, given its value's length. Inlined into both loops: as a
+/// call it cost 6 % of criterion `otlp_encode/metadata`.
+#[inline(always)]
+fn put_key_value(tag: u32, kv: &KeyValue, value_len: Option<usize>, buf: &mut impl BufMut) {
+    put_len(tag, key_value_len(kv, value_len), buf);
+    put_bytes(1, kv.key.as_bytes(), buf);
+    if let (Some(value), Some(len)) = (&kv.value, value_len) {
+        put_len(2, len, buf);
+        put_any_value(value, buf);
     }
 }
 
@@ -251,12 +257,7 @@ fn measure_attributes(tag: u32, attributes: &[KeyValue], lens: &mut Vec<usize>) 
 fn write_attributes(tag: u32, attributes: &[KeyValue], next: &mut Next<'_>, buf: &mut impl BufMut) {
     for kv in attributes {
         let value_len = next.next().filter(|&len| len != usize::MAX);
-        put_len(tag, key_value_len(kv, value_len), buf);
-        put_bytes(1, kv.key.as_bytes(), buf);
-        if let (Some(value), Some(len)) = (&kv.value, value_len) {
-            put_len(2, len, buf);
-            put_any_value(value, buf);
-        }
+        put_key_value(tag, kv, value_len, buf);
     }
 }
 
