@@ -272,7 +272,7 @@ impl Redactor {
     }
 
     /// [`Self::key_matches`] for an attribute key: a static key's verdict
-    /// is found by its address.
+    /// is remembered by its address (not also by its text).
     fn str_key_matches(&self, key: &Str, scratch: &mut Scratch) -> bool {
         let Str::Static(text) = key else {
             return self.key_matches(key, scratch);
@@ -283,7 +283,7 @@ impl Redactor {
         if let Some(&known) = scratch.static_verdicts.get(&static_id(text)) {
             return known;
         }
-        let matches = self.key_matches(text, scratch);
+        let matches = self.key_matches_uncached(text, &mut scratch.normalized);
         if scratch.static_verdicts.len() < Scratch::MAX_VERDICTS {
             scratch.static_verdicts.insert(static_id(text), matches);
         }
