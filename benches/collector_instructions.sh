@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Instructions the collector executes per event, counted by callgrind, for
+# comparing two builds where CPU time cannot: on this shared VM the same
+# binary's events per CPU-second move by ±10 % or more between runs, the
+# instruction counts by ±0.2 %.
+#
+# One collector under valgrind takes hermes-loadgen's load (4 agents, content
+# off, exporting to hermes-bench-sink) twice over, in two processes: TURNS
+# and then 2 × TURNS turns per agent. Instructions per event are the
+# difference of the two totals over the difference of the events, so the
+# start and the shutdown cancel out.
+#
+# It counts instructions only: no cache misses, page faults or waiting, which
+# CPU time includes. Valgrind counts a `rep movsb`/`rep stosb` once per byte,
+# so glibc is told not to use them (GLIBC_TUNABLES below): its vector loops
+# copy and fill 32 bytes per instruction, closer to what such a copy costs
+# (1 MiB copied: 1.05 M counted instructions with `rep movsb`, 0.10 M
+# without). Builds the release binaries (as benches/run.sh does)
+# unless BIN_DIR names others.
+#
+#   benches/collector_instructions.sh [TURNS]   (default 250)
+#   BIN_DIR=DIR benches/collector_instructions.sh   (prebuilt binaries)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+TURNS="${1:-250}"
+if [[ -z "${BIN_DIR:-}" ]]; then
+  cargo build --quiet --release -p hermes-collector -p hermes-loadgen -p hermes-benches --bins
+  BIN_DIR=target/release
+fi
+BIN_DIR="$(cd "$BIN_DIR" && pwd)"
+command -v valgrind >/dev/null || { echo "valgrind is needed (Debian: valgrind)" >&2; exit 1; }
+OUT="$(mktemp -d /tmp/hermes-instructions-XXXXXX)"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Prints "<instructions> <events acknowledged>" for one collector process.
+count() {
+  local turns=$1 run="$OUT/$1"
+  mkdir -p "$run"
+  local sink_port listen admin
+  sink_port=$(free_port); listen=$(free_port); admin=$(free_port)
+  "$BIN_DIR/hermes-bench-sink" --listen "127.0.0.1:$sink_port" > /dev/null 2>&1 &
+  local sink=$!
+  (cd "$run" && GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=4294967295:glibc.cpu.x86_rep_stosb_threshold=4294967295 \
+    exec valgrind --tool=callgrind --callgrind-out-file="$run/callgrind.out" \
+    "$BIN_DIR/hermes-collector" --listen "127.0.0.1:$listen" \
+    --admin-listen "127.0.0.1:$admin" --otlp-endpoint "http://127.0.0.1:$sink_port") \
+    2> "$run/valgrind.log" &
+  local collector=$!
+  local ready=0
+  for _ in $(seq 150); do
+    if python3 - "$admin" <<'EOF' 2>/dev/null; then ready=1; break; fi
+import sys, urllib.request
+urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/readyz", timeout=1)
+EOF
+    sleep 0.2
+  done
+  [[ $ready == 1 ]] || { echo "the collector did not become ready: $run/valgrind.log" >&2; kill "$collector" "$sink"; exit 1; }
+  "$BIN_DIR/hermes-loadgen" --endpoint "http://127.0.0.1:$listen" --instances 4 \
+    --turns "$turns" --batch 512 --give-up-secs 120 > "$run/loadgen.json"
+  sleep 2   # the last spans reach the sink
+  kill -TERM "$collector"; wait "$collector" || true
+  kill -TERM "$sink"; wait "$sink" || true
+  local ir events
+  ir=$(grep -oE 'Collected : [0-9]+' "$run/valgrind.log" | grep -oE '[0-9]+$')
+  events=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["events_acked"])' "$run/loadgen.json")
+  echo "$ir $events"
+}
+
+read -r ir1 ev1 < <(count "$TURNS")
+read -r ir2 ev2 < <(count "$((2 * TURNS))")
+echo "turns per agent $TURNS: $ir1 instructions, $ev1 events"
+echo "turns per agent $((2 * TURNS)): $ir2 instructions, $ev2 events"
+python3 -c "import sys; a,b,c,d=map(int,sys.argv[1:]); print(f'instructions per event: {(c-a)/(d-b):.0f}')" "$ir1" "$ev1" "$ir2" "$ev2"
+echo "callgrind files: $OUT/*/callgrind.out (callgrind_annotate --inclusive=yes FILE)"
