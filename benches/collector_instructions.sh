@@ -66,8 +66,10 @@ EOF
   echo "$ir $events"
 }
 
-read -r ir1 ev1 < <(count "$TURNS")
-read -r ir2 ev2 < <(count "$((2 * TURNS))")
+first=$(count "$TURNS")
+second=$(count "$((2 * TURNS))")
+read -r ir1 ev1 <<< "$first"
+read -r ir2 ev2 <<< "$second"
 echo "turns per agent $TURNS: $ir1 instructions, $ev1 events"
 echo "turns per agent $((2 * TURNS)): $ir2 instructions, $ev2 events"
 python3 -c "import sys; a,b,c,d=map(int,sys.argv[1:]); print(f'instructions per event: {(c-a)/(d-b):.0f}')" "$ir1" "$ev1" "$ir2" "$ev2"
