@@ -119,6 +119,18 @@ mod tests {
         assert_eq!(pinned_span, PINNED_SPAN);
     }
 
+    #[test]
+    fn chat_ids_are_stable_across_releases() {
+        let id = |attempt| {
+            hex(&span_id(SpanKey::Chat {
+                api_request_id: "req-1",
+                attempt,
+            }))
+        };
+        assert_eq!([id(1), id(12), id(u32::MAX)], PINNED_CHAT);
+    }
+
+    const PINNED_CHAT: [&str; 3] = ["d5331c661e4aba6f", "207dd9406f277789", "f94b5b22881d432d"];
     const PINNED_TRACE: &str = "b0a21f5e1b6bb3f5bdba887cacc0694e";
     const PINNED_SPAN: &str = "e69a46ced8262f59";
 
