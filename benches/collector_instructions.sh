@@ -2,7 +2,8 @@
 # Instructions the collector executes per event, counted by callgrind, for
 # comparing two builds where CPU time cannot: on this shared VM the same
 # binary's events per CPU-second move by ±10 % or more between runs, the
-# instruction counts by ±0.2 %.
+# instructions per event by ≈ 1.5 % on a quiet machine (more beside other
+# load, as the tasks then interleave differently).
 #
 # One collector under valgrind takes hermes-loadgen's load (4 agents, content
 # off, exporting to hermes-bench-sink) twice over, in two processes: TURNS
@@ -30,7 +31,7 @@ fi
 BIN_DIR="$(cd "$BIN_DIR" && pwd)"
 command -v valgrind >/dev/null || { echo "valgrind is needed (Debian: valgrind)" >&2; exit 1; }
 OUT="$(mktemp -d /tmp/hermes-instructions-XXXXXX)"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. benches/lib.sh
 
 # Prints "<instructions> <events acknowledged>" for one collector process.
 count() {

@@ -11,7 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BIN="${1:-target/release}"
 TURNS="${2:-2000}"
 OUT="$(mktemp -d /tmp/hermes-profile-XXXXXX)"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. benches/lib.sh
 SINK_PORT=$(free_port); LISTEN=$(free_port); ADMIN=$(free_port)
 
 "$BIN/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "$OUT/sink.json" 2> /dev/null &

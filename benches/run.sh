@@ -74,7 +74,7 @@ for b in hermes-collector hermes-loadgen hermes-bench-sink hermes-bench-driver h
 done
 BIN="$OUT/bin"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. benches/lib.sh
 
 # ---- 3. criterion
 if want criterion; then
