@@ -119,8 +119,8 @@ fn sequencer_correlator(c: &mut Criterion) {
 }
 
 fn processor(c: &mut Criterion) {
-    let default = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
-    let all_sets = SpanProcessor::new(&ProcessorConfig {
+    let mut default = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
+    let mut all_sets = SpanProcessor::new(&ProcessorConfig {
         attribute_sets: vec![
             AttributeSet::GenAi,
             AttributeSet::OpenInference,
@@ -133,16 +133,16 @@ fn processor(c: &mut Criterion) {
     // what each part of the redaction costs.
     let mut key_rules_only = ProcessorConfig::default();
     key_rules_only.redaction.value_patterns.clear();
-    let key_rules_only = SpanProcessor::new(&key_rules_only).unwrap();
+    let mut key_rules_only = SpanProcessor::new(&key_rules_only).unwrap();
     let mut no_redaction = ProcessorConfig::default();
     no_redaction.redaction.value_patterns.clear();
     no_redaction.redaction.key_names.clear();
-    let no_redaction = SpanProcessor::new(&no_redaction).unwrap();
+    let mut no_redaction = SpanProcessor::new(&no_redaction).unwrap();
     for (group_name, processor) in [
-        ("processor", &default),
-        ("processor_key_rules_only", &key_rules_only),
-        ("processor_no_redaction", &no_redaction),
-        ("processor_all_sets", &all_sets),
+        ("processor", &mut default),
+        ("processor_key_rules_only", &mut key_rules_only),
+        ("processor_no_redaction", &mut no_redaction),
+        ("processor_all_sets", &mut all_sets),
     ] {
         let mut group = c.benchmark_group(group_name);
         for level in [CaptureLevel::Metadata, CaptureLevel::Content] {
@@ -161,7 +161,7 @@ fn processor(c: &mut Criterion) {
 }
 
 fn otlp_encode(c: &mut Criterion) {
-    let processor = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
+    let mut processor = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
     let requests = [CaptureLevel::Metadata, CaptureLevel::Content].map(|level| {
         let mut batch = span_batch(level, BATCH_SPANS).unwrap();
         processor.process(&mut batch);
@@ -263,7 +263,7 @@ fn ingest_decode(c: &mut Criterion) {
 }
 
 fn stages_per_event(c: &mut Criterion) {
-    let processor = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
+    let mut processor = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
     let batches = wire_batches(CaptureLevel::Metadata, 8);
     let events: usize = batches
         .iter()

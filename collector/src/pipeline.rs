@@ -263,7 +263,7 @@ pub async fn run(
         mut sequencer,
         mut correlator,
         mut derived,
-        processor,
+        mut processor,
     } = steps;
     let open_lsn = |sequencer: &Sequencer, correlator: &Correlator| {
         [sequencer.min_held_lsn(), correlator.min_lsn()]
@@ -323,7 +323,7 @@ pub async fn run(
                 tracker.suppress_exported(&mut spans);
             }
             if !spans.is_empty() {
-                let batch = processed(&processor, &mut derived, spans);
+                let batch = processed(&mut processor, &mut derived, spans);
                 if let Some(tracker) = tracker.as_mut() {
                     tracker.sending(&batch);
                 }
@@ -359,7 +359,7 @@ pub async fn run(
     if !out.is_empty() {
         let n = out.len();
         if export
-            .send(processed(&processor, &mut derived, out))
+            .send(processed(&mut processor, &mut derived, out))
             .await
             .is_err()
         {
@@ -397,7 +397,7 @@ fn publish(sequencer: &Sequencer, correlator: &Correlator, stats: &PipelineStats
 /// Records the derived metrics, groups spans by resource and applies
 /// attribute sets, redaction and truncation.
 fn processed(
-    processor: &SpanProcessor,
+    processor: &mut SpanProcessor,
     derived: &mut DerivedMetrics,
     spans: Vec<FinishedSpan>,
 ) -> Vec<ResourceSpans> {

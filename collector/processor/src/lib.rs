@@ -15,7 +15,10 @@
 //! split a secret into a part the patterns no longer recognize.
 //!
 //! The processor is pure and synchronous: no I/O, no clock, no locks; it is
-//! `Send + Sync` and counts its work in [`ProcessorStats`] (atomics). It is
+//! `Send + Sync` and counts its work in [`ProcessorStats`] (atomics). It
+//! remembers, between batches, the redaction verdicts on static strings
+//! (the correlator's attribute keys and fixed values), which depend only on
+//! its rules; processing takes `&mut self` for that. It is
 //! built from a [`ProcessorConfig`] that is validated (regexes compiled)
 //! once, at construction.
 //!
@@ -130,6 +133,8 @@ impl ProcessorStats {
 pub struct SpanProcessor {
     compiled: Compiled,
     stats: Arc<ProcessorStats>,
+    /// The redactor's verdicts on static strings, kept between passes.
+    statics: redact::StaticMemo,
 }
 
 impl SpanProcessor {
@@ -138,6 +143,7 @@ impl SpanProcessor {
         Ok(Self {
             compiled: Compiled::new(config)?,
             stats: Arc::default(),
+            statics: redact::StaticMemo::default(),
         })
     }
 
@@ -149,8 +155,8 @@ impl SpanProcessor {
 
     /// Processes every span, event, link, scope and resource of a batch in
     /// place.
-    pub fn process(&self, batch: &mut [ResourceSpans]) {
-        let mut scratch = redact::Scratch::default();
+    pub fn process(&mut self, batch: &mut [ResourceSpans]) {
+        let mut scratch = redact::Scratch::with_statics(std::mem::take(&mut self.statics));
         for resource_spans in batch {
             if let Some(resource) = resource_spans.resource.as_mut() {
                 let mut cut = Vec::new();
@@ -166,11 +172,14 @@ impl SpanProcessor {
                 }
             }
         }
+        self.statics = scratch.into_statics();
     }
 
     /// Processes one span (its attributes, events and links) in place.
-    pub fn process_span(&self, span: &mut Span) {
-        self.span(span, &mut redact::Scratch::default());
+    pub fn process_span(&mut self, span: &mut Span) {
+        let mut scratch = redact::Scratch::with_statics(std::mem::take(&mut self.statics));
+        self.span(span, &mut scratch);
+        self.statics = scratch.into_statics();
     }
 
     fn span(&self, span: &mut Span, scratch: &mut redact::Scratch) {

@@ -116,19 +116,32 @@ impl KeyGlob {
 /// values known to need no redaction.
 ///
 /// Static strings (the correlator's keys and fixed values) are remembered by
-/// address and length, without hashing their text; shared values (the ids,
-/// model and platform every span of a turn holds) by the address of their
-/// shared allocation, which the entry keeps alive so that no other string can
-/// take that address during the pass.
+/// address and length, without hashing their text, in a [`StaticMemo`] the
+/// processor keeps from pass to pass; shared values (the ids, model and
+/// platform every span of a turn holds) by the address of their shared
+/// allocation, which the entry keeps alive so that no other string can take
+/// that address during the pass.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
     normalized: String,
     /// foldhash: a key is hashed on every attribute, and SipHash (the
     /// std default, built against flooding) cost more than the rules.
     verdicts: HashMap<String, bool, foldhash::fast::RandomState>,
-    static_verdicts: HashMap<(usize, usize), bool, foldhash::fast::RandomState>,
-    clean_static: HashSet<(usize, usize), foldhash::fast::RandomState>,
+    statics: StaticMemo,
     clean_shared: HashMap<usize, Arc<str>, foldhash::fast::RandomState>,
+}
+
+/// The verdicts on static strings: the key rules' on a static key, and the
+/// value patterns' on a static value found clean. Both depend only on the
+/// redactor's rules and on text that never changes at that address, so
+/// they hold for the redactor's lifetime; the processor keeps them between
+/// passes (its own per-pass matching of the same ≈ 50 keys was 1.5 % of the
+/// collector's instructions, `docs/BENCHMARKS.md`). Bounded: a static
+/// string is one the program contains.
+#[derive(Debug, Default)]
+pub(crate) struct StaticMemo {
+    verdicts: HashMap<(usize, usize), bool, foldhash::fast::RandomState>,
+    clean: HashSet<(usize, usize), foldhash::fast::RandomState>,
 }
 
 impl Scratch {
@@ -136,9 +149,23 @@ impl Scratch {
     /// keys and values are arbitrary.
     const MAX_VERDICTS: usize = 1024;
 
+    /// A pass's scratch that starts from the static verdicts of earlier
+    /// passes (of the same redactor).
+    pub(crate) fn with_statics(statics: StaticMemo) -> Self {
+        Self {
+            statics,
+            ..Self::default()
+        }
+    }
+
+    /// The static verdicts, for the next pass.
+    pub(crate) fn into_statics(self) -> StaticMemo {
+        self.statics
+    }
+
     fn known_clean(&self, s: &Str) -> bool {
         match s {
-            Str::Static(t) => self.clean_static.contains(&static_id(t)),
+            Str::Static(t) => self.statics.clean.contains(&static_id(t)),
             Str::Shared(a) => self.clean_shared.contains_key(&shared_id(a)),
             Str::Owned(_) => false,
         }
@@ -146,8 +173,8 @@ impl Scratch {
 
     fn remember_clean(&mut self, s: &Str) {
         match s {
-            Str::Static(t) if self.clean_static.len() < Self::MAX_VERDICTS => {
-                self.clean_static.insert(static_id(t));
+            Str::Static(t) => {
+                self.statics.clean.insert(static_id(t));
             }
             Str::Shared(a) if self.clean_shared.len() < Self::MAX_VERDICTS => {
                 self.clean_shared.insert(shared_id(a), Arc::clone(a));
@@ -280,13 +307,11 @@ impl Redactor {
         if self.keys.is_empty() {
             return false;
         }
-        if let Some(&known) = scratch.static_verdicts.get(&static_id(text)) {
+        if let Some(&known) = scratch.statics.verdicts.get(&static_id(text)) {
             return known;
         }
         let matches = self.key_matches_uncached(text, &mut scratch.normalized);
-        if scratch.static_verdicts.len() < Scratch::MAX_VERDICTS {
-            scratch.static_verdicts.insert(static_id(text), matches);
-        }
+        scratch.statics.verdicts.insert(static_id(text), matches);
         matches
     }
 

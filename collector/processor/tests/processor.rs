@@ -164,7 +164,7 @@ fn all_text(b: &[ResourceSpans]) -> String {
 #[test]
 fn a_token_in_tool_arguments_never_survives() {
     let arguments = r#"{"headers":{"Authorization":"Bearer abc.def"},"cmd":"curl -H 'Authorization: Bearer xyz' https://api.example.com"}"#;
-    let p = processor(all_sets());
+    let mut p = processor(all_sets());
     let mut b = batch(vec![tool_span(arguments)]);
     p.process(&mut b);
 
@@ -228,58 +228,59 @@ fn static_and_shared_strings_are_redacted_like_owned_ones() {
     let secret = Str::from("mail jane@example.org");
     let clean = Str::from("sess-1");
     let fixed = Str::from_static("hermes.note");
-    let spans = (0..3)
-        .map(|_| {
-            span(
-                "x",
-                false,
-                vec![
-                    KeyValue {
-                        key: fixed.clone(),
-                        value: Some(AnyValue {
-                            value: Some(Value::StringValue(secret.clone())),
-                        }),
-                    },
-                    KeyValue {
-                        key: Str::from_static("gen_ai.conversation.id"),
-                        value: Some(AnyValue {
-                            value: Some(Value::StringValue(clean.clone())),
-                        }),
-                    },
-                    KeyValue {
-                        key: Str::from_static("api_key"),
-                        value: Some(AnyValue {
-                            value: Some(Value::StringValue(Str::from_static("plain"))),
-                        }),
-                    },
-                    KeyValue {
-                        key: Str::from_static("gen_ai.operation.name"),
-                        value: Some(AnyValue {
-                            value: Some(Value::StringValue(Str::from_static("chat"))),
-                        }),
-                    },
-                ],
-            )
-        })
-        .collect();
-    let mut b = batch(spans);
-    let p = processor(ProcessorConfig::default());
-    p.process(&mut b);
-    for sp in &b[0].scope_spans[0].spans {
-        assert_eq!(get_str(sp, "hermes.note"), "mail <redacted>");
-        assert_eq!(get_str(sp, "gen_ai.conversation.id"), "sess-1");
-        assert_eq!(get_str(sp, "api_key"), "<redacted>");
-        assert_eq!(get_str(sp, "gen_ai.operation.name"), "chat");
-        // The clean shared value is still the one allocation.
-        let Some(Value::StringValue(Str::Shared(kept))) = get(sp, "gen_ai.conversation.id") else {
-            panic!("not shared");
-        };
-        let Str::Shared(original) = &clean else {
-            unreachable!()
-        };
-        assert!(std::sync::Arc::ptr_eq(kept, original));
+    let attribute = |key: Str, value: Str| KeyValue {
+        key,
+        value: Some(AnyValue {
+            value: Some(Value::StringValue(value)),
+        }),
+    };
+    let spans = || {
+        (0..3)
+            .map(|_| {
+                span(
+                    "x",
+                    false,
+                    vec![
+                        attribute(fixed.clone(), secret.clone()),
+                        attribute(Str::from_static("gen_ai.conversation.id"), clean.clone()),
+                        attribute(Str::from_static("api_key"), Str::from_static("plain")),
+                        attribute(
+                            Str::from_static("gen_ai.operation.name"),
+                            Str::from_static("chat"),
+                        ),
+                        attribute(
+                            Str::from_static("hermes.fixed"),
+                            Str::from_static("key sk-abcdefghijklmnop1234"),
+                        ),
+                    ],
+                )
+            })
+            .collect()
+    };
+    let mut p = processor(ProcessorConfig::default());
+    // The second pass starts from the static verdicts of the first: the
+    // same output.
+    for pass in 1..=2 {
+        let mut b = batch(spans());
+        p.process(&mut b);
+        for sp in &b[0].scope_spans[0].spans {
+            assert_eq!(get_str(sp, "hermes.note"), "mail <redacted>");
+            assert_eq!(get_str(sp, "gen_ai.conversation.id"), "sess-1");
+            assert_eq!(get_str(sp, "api_key"), "<redacted>");
+            assert_eq!(get_str(sp, "gen_ai.operation.name"), "chat");
+            assert_eq!(get_str(sp, "hermes.fixed"), "key <redacted>");
+            // The clean shared value is still the one allocation.
+            let Some(Value::StringValue(Str::Shared(kept))) = get(sp, "gen_ai.conversation.id")
+            else {
+                panic!("not shared");
+            };
+            let Str::Shared(original) = &clean else {
+                unreachable!()
+            };
+            assert!(std::sync::Arc::ptr_eq(kept, original));
+        }
+        assert_eq!(p.stats().redacted_attributes(), 9 * pass);
     }
-    assert_eq!(p.stats().redacted_attributes(), 6);
 }
 
 #[test]
@@ -314,7 +315,7 @@ fn keys_matching_rules_have_their_whole_value_replaced() {
         .unwrap()
         .attributes
         .push(s("deploy.github_token", "plain-value"));
-    let p = processor(ProcessorConfig::default());
+    let mut p = processor(ProcessorConfig::default());
     p.process(&mut b);
 
     let sp = &b[0].scope_spans[0].spans[0];
@@ -352,7 +353,7 @@ fn keys_matching_rules_have_their_whole_value_replaced() {
     assert_eq!(p.stats().redacted_attributes(), 8);
 
     // Custom rules with inner wildcards.
-    let p = processor(ProcessorConfig {
+    let mut p = processor(ProcessorConfig {
         redaction: RedactionConfig {
             key_names: vec!["x-*-key".into()],
             value_patterns: vec![],
@@ -515,7 +516,7 @@ fn spans_without_matches_are_unchanged() {
     ];
     let original = batch(spans);
     let mut b = original.clone();
-    let p = processor(ProcessorConfig::default());
+    let mut p = processor(ProcessorConfig::default());
     p.process(&mut b);
     assert_eq!(b, original);
     assert_eq!(p.stats().snapshot().spans, 3);
@@ -541,7 +542,7 @@ fn spans_without_matches_are_unchanged() {
 fn processing_twice_changes_nothing_more() {
     let mut long = tool_span(&json!({"data": "x".repeat(10_000), "token": "t"}).to_string());
     long.attributes.push(s("hermes.big", &"é".repeat(5000)));
-    let p = processor(all_sets());
+    let mut p = processor(all_sets());
     let mut once = batch(vec![long, chat_span(), turn_span()]);
     p.process(&mut once);
     let mut twice = once.clone();
@@ -567,7 +568,7 @@ fn truncation_marks_and_counts() {
         attributes: vec![s("exception.message", &"m".repeat(100))],
         ..Default::default()
     });
-    let p = processor(ProcessorConfig {
+    let mut p = processor(ProcessorConfig {
         max_attribute_bytes: Some(64),
         ..Default::default()
     });
@@ -749,7 +750,7 @@ fn no_redaction() -> RedactionConfig {
 }
 
 fn cut_through_processor(text: &str, limit: usize) -> String {
-    let p = processor(ProcessorConfig {
+    let mut p = processor(ProcessorConfig {
         max_attribute_bytes: Some(limit),
         redaction: no_redaction(),
         ..Default::default()
