@@ -37,32 +37,14 @@ OUT="$(mktemp -d /tmp/hermes-instructions-XXXXXX)"
 count() {
   local turns=$1 run="$OUT/$1"
   mkdir -p "$run"
-  local sink_port listen admin
-  sink_port=$(free_port); listen=$(free_port); admin=$(free_port)
-  "$BIN_DIR/hermes-bench-sink" --listen "127.0.0.1:$sink_port" > /dev/null 2>&1 &
-  local sink=$!
-  (cd "$run" && GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=4294967295:glibc.cpu.x86_rep_stosb_threshold=4294967295 \
-    exec valgrind --tool=callgrind --callgrind-out-file="$run/callgrind.out" \
-    "$BIN_DIR/hermes-collector" --listen "127.0.0.1:$listen" \
-    --admin-listen "127.0.0.1:$admin" --otlp-endpoint "http://127.0.0.1:$sink_port") \
-    2> "$run/valgrind.log" &
-  local collector=$!
-  local ready=0
-  for _ in $(seq 150); do
-    if python3 - "$admin" <<'EOF' 2>/dev/null; then ready=1; break; fi
-import sys, urllib.request
-urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/readyz", timeout=1)
-EOF
-    sleep 0.2
-  done
-  [[ $ready == 1 ]] || { echo "the collector did not become ready: $run/valgrind.log" >&2; kill "$collector" "$sink"; exit 1; }
-  "$BIN_DIR/hermes-loadgen" --endpoint "http://127.0.0.1:$listen" --instances 4 \
+  start_collector "$BIN_DIR" "$run/" env GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=4294967295:glibc.cpu.x86_rep_stosb_threshold=4294967295 \
+    valgrind --tool=callgrind --callgrind-out-file="$run/callgrind.out" || exit 1
+  "$BIN_DIR/hermes-loadgen" --endpoint "http://127.0.0.1:$LISTEN" --instances 4 \
     --turns "$turns" --batch 512 --give-up-secs 120 > "$run/loadgen.json"
   sleep 2   # the last spans reach the sink
-  kill -TERM "$collector"; wait "$collector" || true
-  kill -TERM "$sink"; wait "$sink" || true
+  stop_collector
   local ir events
-  ir=$(grep -oE 'Collected : [0-9]+' "$run/valgrind.log" | grep -oE '[0-9]+$')
+  ir=$(grep -oE 'Collected : [0-9]+' "$run/collector.log" | grep -oE '[0-9]+$')
   events=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["events_acked"])' "$run/loadgen.json")
   echo "$ir $events"
 }

@@ -3,3 +3,39 @@
 
 # A TCP port on 127.0.0.1 that is free now.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# start_collector BIN_DIR LOG_PREFIX [WORD...]: starts BIN_DIR's
+# hermes-bench-sink and a hermes-collector exporting to it over OTLP/gRPC,
+# the collector's command line after the WORDs (a wrapper such as valgrind
+# and its options; none to run it as is), and waits up to 30 s for its
+# /readyz. Writes ${LOG_PREFIX}sink.json (the sink's summary),
+# ${LOG_PREFIX}sink.log and ${LOG_PREFIX}collector.log (stderr, the
+# wrapper's too). Sets LISTEN (the collector's ingest port), SINK_PORT,
+# SINK_PID and COLLECTOR_PID; stop both with stop_collector.
+start_collector() {
+  local bin=$1 prefix=$2 admin
+  shift 2
+  SINK_PORT=$(free_port); LISTEN=$(free_port); admin=$(free_port)
+  "$bin/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "${prefix}sink.json" 2> "${prefix}sink.log" &
+  SINK_PID=$!
+  "$@" "$bin/hermes-collector" --listen "127.0.0.1:$LISTEN" --admin-listen "127.0.0.1:$admin" \
+    --otlp-endpoint "http://127.0.0.1:$SINK_PORT" 2> "${prefix}collector.log" &
+  COLLECTOR_PID=$!
+  for _ in $(seq 150); do
+    if python3 -c 'import sys, urllib.request; urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/readyz", timeout=1)' "$admin" 2> /dev/null; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "the collector did not become ready: ${prefix}collector.log" >&2
+  stop_collector
+  return 1
+}
+
+# Stops (SIGTERM) and reaps the collector and the sink of start_collector.
+stop_collector() {
+  kill -TERM "$COLLECTOR_PID" 2> /dev/null || true
+  wait "$COLLECTOR_PID" || true
+  kill -TERM "$SINK_PID" 2> /dev/null || true
+  wait "$SINK_PID" || true
+}

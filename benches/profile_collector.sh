@@ -12,25 +12,16 @@ BIN="${1:-target/release}"
 TURNS="${2:-2000}"
 OUT="$(mktemp -d /tmp/hermes-profile-XXXXXX)"
 . benches/lib.sh
-SINK_PORT=$(free_port); LISTEN=$(free_port); ADMIN=$(free_port)
-
-"$BIN/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "$OUT/sink.json" 2> /dev/null &
-SINK_PID=$!
-"$BIN/hermes-collector" --listen "127.0.0.1:$LISTEN" --admin-listen "127.0.0.1:$ADMIN" \
-  --otlp-endpoint "http://127.0.0.1:$SINK_PORT" 2> "$OUT/collector.log" &
-COLL_PID=$!
-cleanup() { kill -TERM "$COLL_PID" "$SINK_PID" 2>/dev/null || true; }
-trap cleanup EXIT
-sleep 1.5
-perf record -o "$OUT/perf.data" -F 499 --call-graph dwarf,16384 -p "$COLL_PID" 2> "$OUT/perf.log" &
+start_collector "$BIN" "$OUT/"
+trap stop_collector EXIT
+perf record -o "$OUT/perf.data" -F 499 --call-graph dwarf,16384 -p "$COLLECTOR_PID" 2> "$OUT/perf.log" &
 PERF_PID=$!
 sleep 0.5
 echo "load: $(uptime)"
 "$BIN/hermes-loadgen" --endpoint "http://127.0.0.1:$LISTEN" --instances 4 --turns "$TURNS" --batch 512
 sleep 2
 kill -INT "$PERF_PID"; wait "$PERF_PID" || true
-kill -TERM "$COLL_PID"; wait "$COLL_PID" || true
-kill -TERM "$SINK_PID"; wait "$SINK_PID" || true
+stop_collector
 trap - EXIT
 
 echo "samples: $(perf report -i "$OUT/perf.data" --stdio --sort dso 2>/dev/null | grep -m1 -o 'of event.*' || true)"
@@ -45,6 +36,6 @@ perf report -i "$OUT/perf.data" --children --sort symbol --stdio --percent-limit
 # takes fresh from the OS.
 echo "self time in the allocator (glibc malloc/free, mimalloc) and page zeroing:"
 { perf report -i "$OUT/perf.data" --no-children --sort symbol --stdio --percent-limit 0.3 -g none 2>/dev/null \
-  | grep -E '^ +[0-9]' | grep -E '\] (_int_malloc|_int_free|malloc|cfree@GLIBC_2.2.5|malloc_consolidate|unlink_chunk.constprop.0|_int_realloc|realloc|_?mi_[a-z0-9_]+|clear_page_rep)( |$)' || true; } \
+  | grep -E '^ +[0-9]' | grep -E '\] (_int_malloc|_int_free|malloc|cfree@GLIBC_2.2.5|malloc_consolidate|unlink_chunk.constprop.0|_int_realloc|realloc|_?mi_[a-z0-9_]+|clear_page_(rep|erms|orig))( |$)' || true; } \
   | awk '{s += $1; printf "  %7s  %s\n", $1, $3} END {printf "  total %.1f%%\n", s}'
 echo "perf data: $OUT/perf.data"

@@ -119,18 +119,8 @@ if want hook; then
   fi
   "$BENCH_VENV/bin/python" -m pip list --disable-pip-version-check 2>/dev/null | grep -i -E '^(opentelemetry|grpcio|protobuf)' > "$OUT/bench-venv-packages.txt" || true
 
-  SINK_PORT=$(free_port); LISTEN=$(free_port); ADMIN=$(free_port)
-  "$BIN/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "$OUT/hook_sink.json" 2> "$OUT/hook_sink.log" &
-  SINK_PID=$!
-  "$BIN/hermes-collector" --listen "127.0.0.1:$LISTEN" --admin-listen "127.0.0.1:$ADMIN" \
-    --otlp-endpoint "http://127.0.0.1:$SINK_PORT" 2> "$OUT/hook_collector.log" &
-  COLL_PID=$!
-  cleanup() { kill -TERM "$COLL_PID" "$SINK_PID" 2>/dev/null || true; }
-  trap cleanup EXIT
-  for _ in $(seq 1 100); do
-    python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$ADMIN/readyz', timeout=1)" 2>/dev/null && break
-    sleep 0.1
-  done
+  start_collector "$BIN" "$OUT/hook_"
+  trap stop_collector EXIT
   for r in $(seq 1 "$REPEATS"); do
     log "hook cost run $r/$REPEATS (load: $(cut -d' ' -f1-3 /proc/loadavg))"
     echo "hook run $r ours start: $(uptime)" >> "$OUT/loads.txt"
@@ -142,8 +132,7 @@ if want hook; then
       --variants otel,otel_attrs,noop,timer --cold-variants otel,noop --otlp-endpoint "http://127.0.0.1:$SINK_PORT" > "$OUT/hook_otel_$r.json"
     echo "hook run $r end: $(uptime)" >> "$OUT/loads.txt"
   done
-  kill -TERM "$COLL_PID"; wait "$COLL_PID" || true
-  kill -TERM "$SINK_PID"; wait "$SINK_PID" || true
+  stop_collector
   trap - EXIT
 fi
 
