@@ -2,8 +2,11 @@
 # Instructions the collector executes per event, counted by callgrind, for
 # comparing two builds where CPU time cannot: on this shared VM the same
 # binary's events per CPU-second move by ±10 % or more between runs, the
-# instructions per event by ≈ 1.5 % on a quiet machine (more beside other
-# load, as the tasks then interleave differently).
+# instructions per event by 1.5–4 % on a quiet machine (more beside other
+# load): how many events one export batch or processing pass holds depends
+# on timing. For smaller differences compare one stage's inclusive count in
+# the callgrind files it leaves (callgrind_annotate --inclusive=yes), e.g.
+# SpanProcessor::process, between the two loads.
 #
 # One collector under valgrind takes hermes-loadgen's load (4 agents, content
 # off, exporting to hermes-bench-sink) twice over, in two processes: TURNS
