@@ -14,6 +14,10 @@ Scenarios (each repeated --repeats times; medians reported):
               (utime+stime from /proc/PID/stat) -> events per CPU-second
   open_turns  `hermes-bench-driver open-turns`: N distinct turns opened
               (pre_llm_call + pre_tool_call each) and held; collector RSS
+  throughput_warm
+              the same load three times over on one collector; reported:
+              the third round (a collector past its warm-up), and every
+              round's CPU (user, system), minor faults and RSS in `rounds`
   throughput_one_worker
               the same with the collector's runtime.worker_threads at 1 (the
               sidecar overlay's setting): events per CPU-second on one core
@@ -61,11 +65,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_seconds(pid: int) -> float:
+def stat(pid: int) -> Dict[str, float]:
+    """User and system CPU seconds and minor faults of a process (all its
+    threads), from /proc/PID/stat."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    # utime and stime are fields 14 and 15 of stat; [0] here is field 3.
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    # minflt, utime and stime are fields 10, 14 and 15 of stat; [0] here is
+    # field 3.
+    return {
+        "user": int(fields[11]) / CLK_TCK,
+        "system": int(fields[12]) / CLK_TCK,
+        "minflt": int(fields[7]),
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    s = stat(pid)
+    return s["user"] + s["system"]
 
 
 def memory(pid: int) -> Dict[str, float]:
@@ -217,44 +233,68 @@ def scenario_idle(bins: str, logdir: str, settle: float) -> Dict[str, Any]:
 
 
 def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batch: int,
-                        tag: str = "throughput", env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+                        tag: str = "throughput", env: Optional[Dict[str, str]] = None,
+                        rounds: int = 1) -> Dict[str, Any]:
+    """The loadgen load `rounds` times over on one collector. The result's
+    fields are the last round's; `rounds` lists every round's CPU, faults
+    and RSS (the first round of a young process pays for fresh memory)."""
     rig = Rig(bins, logdir, tag, env)
     time.sleep(0.5)
     pid = rig.collector.pid
-    load_before = load()
-    cpu0 = cpu_seconds(pid)
-    t0 = time.time_ns()
-    summary = run_json(
-        [
-            os.path.join(bins, "hermes-loadgen"),
-            "--endpoint", rig.endpoint,
-            "--instances", str(instances),
-            "--turns", str(turns),
-            "--batch", str(batch),
-        ],
-        timeout=600,
-    )
-    rig.wait_quiet()
-    cpu1 = cpu_seconds(pid)
+    per_round: List[Dict[str, Any]] = []
+    for _ in range(rounds):
+        load_before = load()
+        s0 = stat(pid)
+        t0 = time.time_ns()
+        summary = run_json(
+            [
+                os.path.join(bins, "hermes-loadgen"),
+                "--endpoint", rig.endpoint,
+                "--instances", str(instances),
+                "--turns", str(turns),
+                "--batch", str(batch),
+            ],
+            timeout=600,
+        )
+        rig.wait_quiet()
+        s1 = stat(pid)
+        events = summary["events_acked"]
+        cpu = (s1["user"] + s1["system"]) - (s0["user"] + s0["system"])
+        per_round.append({
+            "t0": t0,
+            "events": events,
+            "loadgen_events_per_second": summary["events_per_second"],
+            "collector_cpu_seconds": cpu,
+            "collector_user_seconds": s1["user"] - s0["user"],
+            "collector_system_seconds": s1["system"] - s0["system"],
+            "collector_minor_faults": s1["minflt"] - s0["minflt"],
+            "events_per_cpu_second": events / cpu if cpu > 0 else None,
+            "rss_after_mib": memory(pid)["VmRSS"],
+            "load_before": load_before,
+        })
+    last = per_round[-1]
     mem = memory(pid)
     text = rig.metrics()
     sink = rig.stop()
-    events = summary["events_acked"]
-    span_secs = (sink.get("last_arrival_unix_nano", t0) - t0) / 1e9
-    cpu = cpu1 - cpu0
+    span_secs = (sink.get("last_arrival_unix_nano", last["t0"]) - last["t0"]) / 1e9
     return {
-        "events": events,
+        "events": last["events"],
         "spans": sink.get("spans"),
         "collector_events": metric(text, "hermes_collector_correlator_events_total"),
-        "loadgen_events_per_second": summary["events_per_second"],
+        "loadgen_events_per_second": last["loadgen_events_per_second"],
         "seconds_to_last_span": span_secs,
-        "events_per_second": events / span_secs if span_secs > 0 else None,
-        "collector_cpu_seconds": cpu,
-        "events_per_cpu_second": events / cpu if cpu > 0 else None,
+        "events_per_second": last["events"] / span_secs if span_secs > 0 else None,
+        "collector_cpu_seconds": last["collector_cpu_seconds"],
+        "collector_user_seconds": last["collector_user_seconds"],
+        "collector_system_seconds": last["collector_system_seconds"],
+        "collector_minor_faults": last["collector_minor_faults"],
+        "events_per_cpu_second": last["events_per_cpu_second"],
+        "first_round_events_per_cpu_second": per_round[0]["events_per_cpu_second"],
         "rss_after_mib": mem["VmRSS"],
         "hwm_mib": mem["VmHWM"],
-        "load_before": load_before,
+        "load_before": last["load_before"],
         "load_after": load(),
+        "rounds": [{k: v for k, v in r.items() if k != "t0"} for r in per_round],
     }
 
 
@@ -416,6 +456,10 @@ def main() -> None:
             record("idle", scenario_idle(args.bins, logdir, settle=2.0))
         if "throughput" in scenarios:
             record("throughput", scenario_throughput(args.bins, logdir, args.instances, args.turns, args.batch))
+        if "throughput_warm" in scenarios:
+            record("throughput_warm", scenario_throughput(
+                args.bins, logdir, args.instances, args.turns, args.batch,
+                tag="throughput-warm", rounds=3))
         if "throughput_one_worker" in scenarios:
             record("throughput_one_worker", scenario_throughput(
                 args.bins, logdir, args.instances, args.turns, args.batch,
