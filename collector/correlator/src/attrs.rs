@@ -2,7 +2,15 @@
 //!
 //! Keys are static strings (no allocation); string values are copied once
 //! into a shared [`Str`], so the spans of a turn that repeat one (the
-//! session id, the model) share it.
+//! session id, the model) share it. Values of few distinct texts that
+//! every turn repeats (providers, server addresses, response models, finish
+//! reasons, tool names and statuses) are shared across turns through an
+//! [`Interner`]: one allocation per text, and the span processor, which
+//! remembers a shared value's verdict by its address for a pass, scans each
+//! such text once per pass instead of once per span.
+
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use hermes_span::Str;
 use hermes_span::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
@@ -28,6 +36,20 @@ impl Attrs {
     pub fn str(&mut self, key: &'static str, value: &str) -> &mut Self {
         if !value.is_empty() {
             self.0.push(kv(key, Value::StringValue(value.into())));
+        }
+        self
+    }
+
+    /// A value of few distinct texts (a provider, a server address, a tool
+    /// name), shared through `values` with every other span that has it.
+    pub(crate) fn common_str(
+        &mut self,
+        key: &'static str,
+        value: &str,
+        values: &mut Interner,
+    ) -> &mut Self {
+        if !value.is_empty() {
+            self.0.push(kv(key, Value::StringValue(values.get(value))));
         }
         self
     }
@@ -85,20 +107,78 @@ impl Attrs {
         self
     }
 
-    pub fn str_array(&mut self, key: &'static str, values: &[&str]) -> &mut Self {
-        let values = values
+    /// An array of values of few distinct texts, shared as in
+    /// [`Attrs::common_str`].
+    pub(crate) fn common_str_array(
+        &mut self,
+        key: &'static str,
+        texts: &[&str],
+        values: &mut Interner,
+    ) -> &mut Self {
+        let texts = texts
             .iter()
             .map(|v| AnyValue {
-                value: Some(Value::StringValue((*v).into())),
+                value: Some(Value::StringValue(values.get(v))),
             })
             .collect();
         self.0
-            .push(kv(key, Value::ArrayValue(ArrayValue { values })));
+            .push(kv(key, Value::ArrayValue(ArrayValue { values: texts })));
         self
     }
 
     pub fn extend(&mut self, other: &Attrs) -> &mut Self {
         self.0.extend(other.0.iter().cloned());
         self
+    }
+}
+
+/// Shared copies of short texts, at most [`Interner::MAX_ENTRIES`] of them
+/// (emptied when full), each at most [`Interner::MAX_LEN`] bytes (longer
+/// ones are copied per span): bounded whatever the agents send.
+#[derive(Debug, Default)]
+pub(crate) struct Interner(HashSet<Arc<str>, foldhash::quality::RandomState>);
+
+impl Interner {
+    const MAX_ENTRIES: usize = 1024;
+    const MAX_LEN: usize = 256;
+
+    /// `text` as a shared string: the copy made for an earlier span when
+    /// there is one.
+    pub(crate) fn get(&mut self, text: &str) -> Str {
+        if text.len() > Self::MAX_LEN {
+            return text.into();
+        }
+        if let Some(shared) = self.0.get(text) {
+            return Str::Shared(Arc::clone(shared));
+        }
+        if self.0.len() >= Self::MAX_ENTRIES {
+            self.0.clear();
+        }
+        let shared: Arc<str> = Arc::from(text);
+        self.0.insert(Arc::clone(&shared));
+        Str::Shared(shared)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn an_interned_text_is_one_allocation_and_the_table_stays_bounded() {
+        let mut values = Interner::default();
+        let (Str::Shared(a), Str::Shared(b)) = (values.get("openai"), values.get("openai")) else {
+            panic!("not shared");
+        };
+        assert!(Arc::ptr_eq(&a, &b));
+        for i in 0..3 * Interner::MAX_ENTRIES {
+            assert_eq!(values.get(&i.to_string()).as_str(), i.to_string());
+            assert!(values.0.len() <= Interner::MAX_ENTRIES);
+        }
+        let long = "x".repeat(Interner::MAX_LEN + 1);
+        assert_eq!(values.get(&long).as_str(), long);
+        assert!(!values.0.contains(long.as_str()), "long texts are not kept");
     }
 }

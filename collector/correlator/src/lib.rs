@@ -35,6 +35,7 @@ use hermes_span::resource::v1::Resource;
 use hermes_span::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span, status};
 
 pub use attrs::Attrs;
+use attrs::Interner;
 use ids::{SpanId, SpanKey, TraceId, span_id, trace_id};
 
 /// The correlator's and the sequencer's maps, keyed by ids from the agents:
@@ -221,6 +222,8 @@ pub struct Correlator {
     links: Map<String, SubagentLink>,
     subagents: Map<String, OpenSubagent>,
     pending_starts: Map<String, PendingSessionStart>,
+    /// Texts of few distinct values that the spans of every turn repeat.
+    values: Interner,
     stats: Stats,
     /// Persistent-queue position of the events being ingested.
     lsn: u64,
@@ -238,6 +241,7 @@ impl Correlator {
             links: Map::default(),
             subagents: Map::default(),
             pending_starts: Map::default(),
+            values: Interner::default(),
             stats: Stats::default(),
             lsn: 0,
             clock: 0,
@@ -377,9 +381,17 @@ impl Correlator {
             }
             (hooks::POST_API_REQUEST | hooks::API_REQUEST_ERROR, Some(Body::Api(api))) => {
                 let failed = event.hook == hooks::API_REQUEST_ERROR;
-                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
-                    let span =
-                        close_attempt(turn, &ids.api_request_id, api, failed, t, &event.content);
+                if let Some((turn, values)) = self.turn_and_values(ids, &resource, t, platform, out)
+                {
+                    let span = close_attempt(
+                        turn,
+                        values,
+                        &ids.api_request_id,
+                        api,
+                        failed,
+                        t,
+                        &event.content,
+                    );
                     out.push(span);
                 }
             }
@@ -409,9 +421,10 @@ impl Correlator {
                         &no_tool
                     }
                 };
-                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
+                if let Some((turn, values)) = self.turn_and_values(ids, &resource, t, platform, out)
+                {
                     let open = turn.tools.remove(&ids.tool_call_id);
-                    let mut span = close_tool(turn, &ids.tool_call_id, open, tool, t);
+                    let mut span = close_tool(turn, values, &ids.tool_call_id, open, tool, t);
                     if let Some(result) = event.content.get(content::RESULT) {
                         span.span.attributes.push(attrs::kv(
                             "gen_ai.tool.call.result",
@@ -652,6 +665,21 @@ impl Correlator {
         out: &mut Vec<FinishedSpan>,
     ) -> Option<&mut Turn> {
         self.turn_with(ids, resource, t, "", out)
+    }
+
+    /// As [`Self::turn_with`], with the correlator's shared values for the
+    /// span that the event closes.
+    fn turn_and_values(
+        &mut self,
+        ids: &v1::Ids,
+        resource: &Arc<Resource>,
+        t: u64,
+        platform: &str,
+        out: &mut Vec<FinishedSpan>,
+    ) -> Option<(&mut Turn, &mut Interner)> {
+        self.turn_with(ids, resource, t, platform, out)?;
+        let turn = self.turns.get_mut(&ids.turn_id)?;
+        Some((turn, &mut self.values))
     }
 
     /// As [`Self::turn`], also recording the platform the event names.
@@ -1062,7 +1090,15 @@ impl Correlator {
                 attempt,
                 ..Default::default()
             };
-            let mut span = close_attempt(&mut turn, &api_request_id, &api, false, end, &nothing);
+            let mut span = close_attempt(
+                &mut turn,
+                &mut self.values,
+                &api_request_id,
+                &api,
+                false,
+                end,
+                &nothing,
+            );
             mark_incomplete(&mut span.span);
             out.push(span);
         }
@@ -1071,6 +1107,7 @@ impl Correlator {
         for (tool_call_id, open) in tools {
             let mut span = close_tool(
                 &mut turn,
+                &mut self.values,
                 &tool_call_id,
                 Some(open),
                 &v1::ToolCall::default(),
@@ -1204,6 +1241,7 @@ fn child_span(turn: &mut Turn, mut span: Span) -> FinishedSpan {
 
 fn close_attempt(
     turn: &mut Turn,
+    values: &mut Interner,
     api_request_id: &str,
     api: &v1::ApiCall,
     failed: bool,
@@ -1256,14 +1294,14 @@ fn close_attempt(
     let mut a = turn.common(21);
     let turn_model = turn.model.clone();
     a.fixed("gen_ai.operation.name", "chat")
-        .str("gen_ai.provider.name", provider)
+        .common_str("gen_ai.provider.name", provider, values)
         .shared_or_str("gen_ai.request.model", &turn_model, model)
         .opt_uint("gen_ai.request.max_tokens", max_tokens)
         .str("hermes.api_request_id", api_request_id)
         .uint("hermes.api_call_count", api_call_count)
         .uint("hermes.attempt", u64::from(attempt));
     if let Some((host, port)) = server_address(base_url) {
-        a.str("server.address", host);
+        a.common_str("server.address", host, values);
         if let Some(port) = port {
             a.int("server.port", i64::from(port));
         }
@@ -1328,11 +1366,12 @@ fn close_attempt(
             // A real response (not an attempt closed for lack of one).
             turn.last_attempt_error = None;
         }
-        a.str("gen_ai.response.model", &api.response_model);
+        a.common_str("gen_ai.response.model", &api.response_model, values);
         if !api.finish_reason.is_empty() {
-            a.str_array(
+            a.common_str_array(
                 "gen_ai.response.finish_reasons",
                 &[api.finish_reason.as_str()],
+                values,
             );
         }
         if let Some(u) = &api.usage {
@@ -1370,6 +1409,7 @@ fn close_attempt(
 
 fn close_tool(
     turn: &mut Turn,
+    values: &mut Interner,
     tool_call_id: &str,
     open: Option<OpenTool>,
     tool: &v1::ToolCall,
@@ -1390,10 +1430,10 @@ fn close_tool(
     turn.tool_calls += 1;
     let mut a = turn.common(10);
     a.fixed("gen_ai.operation.name", "execute_tool")
-        .str("gen_ai.tool.name", &name)
+        .common_str("gen_ai.tool.name", &name, values)
         .str("gen_ai.tool.call.id", tool_call_id)
         .fixed("gen_ai.tool.type", "function")
-        .str("hermes.tool.status", &tool.status)
+        .common_str("hermes.tool.status", &tool.status, values)
         .opt_uint("hermes.tool.duration_ms", tool.duration_ms);
     if let Some(arguments) = open.as_ref().and_then(|o| o.arguments.as_deref()) {
         a.str("gen_ai.tool.call.arguments", arguments);
