@@ -321,33 +321,32 @@ def collector_tables(load: Dict[str, Any]) -> List[str]:
     lines: List[str] = [f"Medians over {load.get('repeats')} repeat(s); machine load (1/5/15 min) at each run in the last column.", ""]
     t = m.get("throughput")
     if t:
-        epc = t.get("events_per_cpu_second")
+        def rate_row(metric: str, note: str, r: Dict[str, Any], value_note: str = "") -> str:
+            """A row of events per CPU-second against the target."""
+            e = r.get("events_per_cpu_second")
+            return (f"| **{metric}**{note} | **{fmt_rate(e)}**{value_note} | {fmt_rate(EVENTS_PER_CORE)} | "
+                    f"{e / EVENTS_PER_CORE:.2f} | {ok(e >= EVENTS_PER_CORE)} |")
+
         lines += [
             "| metric | value | target | ratio to target | result |",
             "|---|---:|---:|---:|---|",
             f"| events/s (wall, loadgen start → last span at the sink) | {fmt_rate(t.get('events_per_second'))} | | | |",
             f"| events/s acknowledged (loadgen's own figure) | {fmt_rate(t.get('loadgen_events_per_second'))} | | | |",
             f"| collector CPU seconds | {t.get('collector_cpu_seconds'):.2f} s for {t.get('events'):.0f} events, {t.get('spans'):.0f} spans | | | |",
-            f"| **events per CPU-second** (content off) | **{fmt_rate(epc)}** | {fmt_rate(EVENTS_PER_CORE)} | "
-            f"{epc / EVENTS_PER_CORE:.2f} | {ok(epc >= EVENTS_PER_CORE)} |",
+            rate_row("events per CPU-second", " (content off)", t),
             f"| RSS right after the run (high-water mark) | {t.get('rss_after_mib'):.1f} MiB ({t.get('hwm_mib'):.1f} MiB) | | | |",
         ]
         one = m.get("throughput_one_worker")
         if one:
-            e1 = one.get("events_per_cpu_second")
-            lines.append(
-                f"| **events per CPU-second, one worker thread** (`runtime.worker_threads: 1`) | **{fmt_rate(e1)}** "
-                f"({fmt_rate(one.get('events_per_second'))} wall) | {fmt_rate(EVENTS_PER_CORE)} | {e1 / EVENTS_PER_CORE:.2f} | {ok(e1 >= EVENTS_PER_CORE)} |"
-            )
+            lines.append(rate_row("events per CPU-second, one worker thread", " (`runtime.worker_threads: 1`)", one,
+                                  f" ({fmt_rate(one.get('events_per_second'))} wall)"))
         warm = m.get("throughput_warm")
         if warm:
-            ew = warm.get("events_per_cpu_second")
-            lines.append(
-                f"| **events per CPU-second, third round on one collector** (past its warm-up; first round "
-                f"{fmt_rate(warm.get('first_round_events_per_cpu_second'))}; system CPU in the third round "
-                f"{warm.get('collector_system_seconds'):.2f} s) | **{fmt_rate(ew)}** | {fmt_rate(EVENTS_PER_CORE)} | "
-                f"{ew / EVENTS_PER_CORE:.2f} | {ok(ew >= EVENTS_PER_CORE)} |"
-            )
+            lines.append(rate_row(
+                "events per CPU-second, third round on one collector",
+                f" (first round {fmt_rate(warm.get('first_round_events_per_cpu_second'))}; system CPU in the third "
+                f"round {warm.get('collector_system_seconds'):.2f} s)",
+                warm))
         lines += [
             "",
             "Loads: " + "; ".join(str(x) for x in t.get("loads", [])),
@@ -363,7 +362,8 @@ def collector_tables(load: Dict[str, Any]) -> List[str]:
         ]
         for key, f in floors:
             us = f.get("cpu_us_per_event")
-            whole = 1e6 / epc if t and epc else None
+            epc = (t or {}).get("events_per_cpu_second")
+            whole = 1e6 / epc if epc else None
             share = f"{100 * us / whole:.0f} %" if us and whole else ""
             label = {
                 "floor_full": "decoding every field into owned messages (as the collector does)",

@@ -667,6 +667,19 @@ impl Correlator {
         self.turn_with(ids, resource, t, "", out)
     }
 
+    /// As [`Self::turn`], also recording the platform the event names.
+    fn turn_with(
+        &mut self,
+        ids: &v1::Ids,
+        resource: &Arc<Resource>,
+        t: u64,
+        platform: &str,
+        out: &mut Vec<FinishedSpan>,
+    ) -> Option<&mut Turn> {
+        self.turn_and_values(ids, resource, t, platform, out)
+            .map(|(turn, _)| turn)
+    }
+
     /// As [`Self::turn_with`], with the correlator's shared values for the
     /// span that the event closes.
     fn turn_and_values(
@@ -677,20 +690,6 @@ impl Correlator {
         platform: &str,
         out: &mut Vec<FinishedSpan>,
     ) -> Option<(&mut Turn, &mut Interner)> {
-        self.turn_with(ids, resource, t, platform, out)?;
-        let turn = self.turns.get_mut(&ids.turn_id)?;
-        Some((turn, &mut self.values))
-    }
-
-    /// As [`Self::turn`], also recording the platform the event names.
-    fn turn_with(
-        &mut self,
-        ids: &v1::Ids,
-        resource: &Arc<Resource>,
-        t: u64,
-        platform: &str,
-        out: &mut Vec<FinishedSpan>,
-    ) -> Option<&mut Turn> {
         if ids.turn_id.is_empty() {
             return None;
         }
@@ -721,7 +720,7 @@ impl Correlator {
         if t < turn.start && !turn.started {
             turn.start = t;
         }
-        Some(turn)
+        Some((turn, &mut self.values))
     }
 
     fn new_turn(&mut self, ids: &v1::Ids, resource: &Arc<Resource>, t: u64) -> Turn {
