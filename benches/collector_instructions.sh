@@ -4,9 +4,9 @@
 # binary's events per CPU-second move by ±10 % or more between runs, the
 # instructions per event by 1.5–4 % on a quiet machine (more beside other
 # load): how many events one export batch or processing pass holds depends
-# on timing. For smaller differences compare one stage's inclusive count in
-# the callgrind files it leaves (callgrind_annotate --inclusive=yes), e.g.
-# SpanProcessor::process, between the two loads.
+# on timing. It also prints each stage's count (a function with what it
+# calls), which repeats within ≈ 1–3 %: compare those for smaller
+# differences.
 #
 # One collector under valgrind takes hermes-loadgen's load (4 agents, content
 # off, exporting to hermes-bench-sink) twice over, in two processes: TURNS
@@ -59,4 +59,27 @@ read -r ir2 ev2 <<< "$second"
 echo "turns per agent $TURNS: $ir1 instructions, $ev1 events"
 echo "turns per agent $((2 * TURNS)): $ir2 instructions, $ev2 events"
 python3 -c "import sys; a,b,c,d=map(int,sys.argv[1:]); print(f'instructions per event: {(c-a)/(d-b):.0f}')" "$ir1" "$ev1" "$ir2" "$ev2"
-echo "callgrind files: $OUT/*/callgrind.out (callgrind_annotate --inclusive=yes FILE)"
+
+# Per stage: a function's instructions including what it calls, summed over
+# its call sites (the callers' "> " lines of the calling tree), as the same
+# difference per event. Steadier than the total, which moves with how many
+# events one export batch or processing pass holds.
+for turns in "$TURNS" "$((2 * TURNS))"; do
+  callgrind_annotate --tree=calling --inclusive=yes "$OUT/$turns/callgrind.out" > "$OUT/$turns/tree.txt" 2> /dev/null
+done
+echo "per stage (instructions per event, including callees):"
+for stage in \
+  "SliceDecoder<U> as tonic::codec::Decoder>::decode" \
+  "hermes_receiver::validate::check_batch" \
+  "hermes_correlator::sequencer::Sequencer::push_at" \
+  "hermes_correlator::Correlator::ingest" \
+  "hermes_collector::derived::DerivedMetrics::record" \
+  "hermes_processor::SpanProcessor::process" \
+  "hermes_exporter::batch::Batcher::push" \
+  "SharedCodec as tonic::codec::Encoder>::encode" \
+  "drop_in_place<hermes_span::trace::v1::ResourceSpans>"; do
+  a=$(grep -F "$stage " "$OUT/$TURNS/tree.txt" | grep -E '^ *[0-9,]+ \([^)]*\)  >' | awk '{gsub(",", "", $1); s += $1} END {print s + 0}')
+  b=$(grep -F "$stage " "$OUT/$((2 * TURNS))/tree.txt" | grep -E '^ *[0-9,]+ \([^)]*\)  >' | awk '{gsub(",", "", $1); s += $1} END {print s + 0}')
+  python3 -c "import sys; a,b,c,d=map(int,sys.argv[1:5]); print(f'  {(b-a)/(d-c):7.0f}  {sys.argv[5]}')" "$a" "$b" "$ev1" "$ev2" "$stage"
+done
+echo "callgrind files: $OUT/*/callgrind.out (callgrind_annotate --inclusive=yes FILE; calling trees in $OUT/*/tree.txt)"
