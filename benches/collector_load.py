@@ -16,8 +16,9 @@ Scenarios (each repeated --repeats times; medians reported):
               (pre_llm_call + pre_tool_call each) and held; collector RSS
   throughput_warm
               the same load three times over on one collector; reported:
-              the third round (a collector past its warm-up), and every
-              round's CPU (user, system), minor faults and RSS in `rounds`
+              the third round (a collector that has already taken two), and
+              every round's CPU (user, system), minor faults and RSS in
+              `rounds`
   throughput_one_worker
               the same with the collector's runtime.worker_threads at 1 (the
               sidecar overlay's setting): events per CPU-second on one core
