@@ -43,15 +43,15 @@ pub fn encode_request(request: &ExportTraceServiceRequest) -> Vec<u8> {
 
 /// The encoded lengths of one request's nested messages, in pre-order.
 #[derive(Debug)]
-pub(crate) struct Lengths {
+struct Lengths {
     /// Encoded size of the whole request.
-    pub(crate) total: usize,
+    total: usize,
     lens: Vec<usize>,
 }
 
 impl Lengths {
     /// Measures `request` (the first pass).
-    pub(crate) fn of(request: &ExportTraceServiceRequest) -> Self {
+    fn of(request: &ExportTraceServiceRequest) -> Self {
         let mut lens = Vec::new();
         let total = request
             .resource_spans
@@ -63,7 +63,7 @@ impl Lengths {
 
     /// Writes `request`, which must be the request measured (the second
     /// pass).
-    pub(crate) fn write(&self, request: &ExportTraceServiceRequest, buf: &mut impl BufMut) {
+    fn write(&self, request: &ExportTraceServiceRequest, buf: &mut impl BufMut) {
         let mut next = self.lens.iter().copied();
         for rs in &request.resource_spans {
             write_resource_spans(rs, &mut next, buf);

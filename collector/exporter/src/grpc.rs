@@ -18,10 +18,10 @@
 //! meant to be encrypted. Header values are sent as sensitive metadata and
 //! never appear in `Debug` output or logs.
 
-use bytes::BufMut as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BufMut as _;
 use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 use http::uri::PathAndQuery;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;

@@ -156,29 +156,35 @@ impl SpanProcessor {
     /// Processes every span, event, link, scope and resource of a batch in
     /// place.
     pub fn process(&mut self, batch: &mut [ResourceSpans]) {
-        let mut scratch = redact::Scratch::with_statics(std::mem::take(&mut self.statics));
-        for resource_spans in batch {
-            if let Some(resource) = resource_spans.resource.as_mut() {
-                let mut cut = Vec::new();
-                self.attributes(&mut resource.attributes, None, &mut cut, &mut scratch);
-                mark_truncated(&mut resource.attributes, cut);
-            }
-            for scope_spans in &mut resource_spans.scope_spans {
-                if let Some(scope) = scope_spans.scope.as_mut() {
-                    self.attributes(&mut scope.attributes, None, &mut Vec::new(), &mut scratch);
+        self.pass(|this, scratch| {
+            for resource_spans in batch {
+                if let Some(resource) = resource_spans.resource.as_mut() {
+                    let mut cut = Vec::new();
+                    this.attributes(&mut resource.attributes, None, &mut cut, scratch);
+                    mark_truncated(&mut resource.attributes, cut);
                 }
-                for span in &mut scope_spans.spans {
-                    self.span(span, &mut scratch);
+                for scope_spans in &mut resource_spans.scope_spans {
+                    if let Some(scope) = scope_spans.scope.as_mut() {
+                        this.attributes(&mut scope.attributes, None, &mut Vec::new(), scratch);
+                    }
+                    for span in &mut scope_spans.spans {
+                        this.span(span, scratch);
+                    }
                 }
             }
-        }
-        self.statics = scratch.into_statics();
+        });
     }
 
     /// Processes one span (its attributes, events and links) in place.
     pub fn process_span(&mut self, span: &mut Span) {
+        self.pass(|this, scratch| this.span(span, scratch));
+    }
+
+    /// Runs one processing pass with a scratch that starts from the static
+    /// verdicts of earlier passes and hands them back afterwards.
+    fn pass(&mut self, run: impl FnOnce(&Self, &mut redact::Scratch)) {
         let mut scratch = redact::Scratch::with_statics(std::mem::take(&mut self.statics));
-        self.span(span, &mut scratch);
+        run(self, &mut scratch);
         self.statics = scratch.into_statics();
     }
 
