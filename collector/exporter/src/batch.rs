@@ -12,11 +12,13 @@
 //!   `schema_url` are merged into one; span order is preserved;
 //! * scopes and resources without spans are dropped (nothing to export).
 
+use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 use hermes_span::common::v1::InstrumentationScope;
 use hermes_span::resource::v1::Resource;
 use hermes_span::trace::v1::{ResourceSpans, ScopeSpans, Span};
 
-use crate::encode;
+use crate::encode::{self, Lengths, MeasuredSpans};
+use crate::sink::ExportBatch;
 
 /// Accumulates spans into batches of at most `max_spans`.
 #[derive(Debug)]
@@ -24,12 +26,13 @@ pub(crate) struct Batcher {
     max_spans: usize,
     max_bytes: usize,
     current: Vec<ResourceSpans>,
+    /// The measure of every `ScopeSpans` of `current`, in the same shape:
+    /// the encoder of the finished batch reuses it.
+    measured: Vec<Vec<MeasuredSpans>>,
     spans: usize,
     /// Encoded size of the current batch, approximately (spans plus the
     /// resources and scopes they bring).
     bytes: usize,
-    /// Nested lengths of the span being measured ([`encode::span_len`]).
-    scratch: Vec<usize>,
 }
 
 /// Protobuf framing per repeated message (tag and length), upper bound.
@@ -41,9 +44,9 @@ impl Batcher {
             max_spans: max_spans.max(1),
             max_bytes: max_bytes.max(1),
             current: Vec::new(),
+            measured: Vec::new(),
             spans: 0,
             bytes: 0,
-            scratch: Vec::new(),
         }
     }
 
@@ -53,7 +56,7 @@ impl Batcher {
     }
 
     /// Adds spans; returns the batches that became full, oldest first.
-    pub(crate) fn push(&mut self, incoming: Vec<ResourceSpans>) -> Vec<Vec<ResourceSpans>> {
+    pub(crate) fn push(&mut self, incoming: Vec<ResourceSpans>) -> Vec<ExportBatch> {
         let mut full = Vec::new();
         for rs in incoming {
             let ResourceSpans {
@@ -68,19 +71,23 @@ impl Batcher {
                     schema_url: scope_schema_url,
                 } = ss;
                 let mut chunk = Vec::new();
+                let mut measured = MeasuredSpans::default();
                 let mut chunk_bytes = 0;
                 for span in spans.drain(..) {
-                    let size = encode::span_len(&span, &mut self.scratch) + FRAMING;
+                    let mark = measured.mark();
+                    let size = measured.push(&span);
                     let over_count = self.spans + chunk.len() >= self.max_spans;
                     let over_bytes = self.bytes + chunk_bytes + size > self.max_bytes;
                     if (over_count || over_bytes) && self.spans + chunk.len() > 0 {
+                        let this_span = measured.split_last(mark, size);
                         let done = std::mem::take(&mut chunk);
+                        let done_measured = std::mem::replace(&mut measured, this_span);
                         self.add(
                             &resource,
                             &schema_url,
                             &scope,
                             &scope_schema_url,
-                            done,
+                            (done, done_measured),
                             chunk_bytes,
                         );
                         chunk_bytes = 0;
@@ -97,7 +104,7 @@ impl Batcher {
                         &schema_url,
                         &scope,
                         &scope_schema_url,
-                        chunk,
+                        (chunk, measured),
                         chunk_bytes,
                     );
                 }
@@ -112,13 +119,18 @@ impl Batcher {
     }
 
     /// Takes the current batch, if it holds any span.
-    pub(crate) fn take(&mut self) -> Option<Vec<ResourceSpans>> {
+    pub(crate) fn take(&mut self) -> Option<ExportBatch> {
         if self.spans == 0 {
             return None;
         }
         self.spans = 0;
         self.bytes = 0;
-        Some(std::mem::take(&mut self.current))
+        let request = ExportTraceServiceRequest {
+            resource_spans: std::mem::take(&mut self.current),
+        };
+        let measured = std::mem::take(&mut self.measured).into_iter().flatten();
+        let lengths = Lengths::with_spans(&request, measured);
+        Some(ExportBatch::with_lengths(request, Some(lengths)))
     }
 
     fn add(
@@ -127,7 +139,7 @@ impl Batcher {
         schema_url: &str,
         scope: &Option<InstrumentationScope>,
         scope_schema_url: &str,
-        spans: Vec<Span>,
+        (spans, measured): (Vec<Span>, MeasuredSpans),
         bytes: usize,
     ) {
         self.spans += spans.len();
@@ -145,15 +157,20 @@ impl Batcher {
                     scope_spans: Vec::new(),
                     schema_url: schema_url.to_owned(),
                 });
+                self.measured.push(Vec::new());
                 self.current.len() - 1
             }
         };
         let scopes = &mut self.current[rs_index].scope_spans;
+        let scopes_measured = &mut self.measured[rs_index];
         match scopes
-            .iter_mut()
-            .find(|ss| ss.scope == *scope && ss.schema_url == scope_schema_url)
+            .iter()
+            .position(|ss| ss.scope == *scope && ss.schema_url == scope_schema_url)
         {
-            Some(ss) => ss.spans.extend(spans),
+            Some(i) => {
+                scopes[i].spans.extend(spans);
+                scopes_measured[i].append(measured);
+            }
             None => {
                 self.bytes += scope.as_ref().map_or(0, encode::scope_len) + FRAMING;
                 scopes.push(ScopeSpans {
@@ -161,6 +178,7 @@ impl Batcher {
                     spans,
                     schema_url: scope_schema_url.to_owned(),
                 });
+                scopes_measured.push(measured);
             }
         }
     }
@@ -208,8 +226,10 @@ mod tests {
         }
     }
 
-    fn ids(batch: &[ResourceSpans]) -> Vec<Vec<u8>> {
+    fn ids(batch: &ExportBatch) -> Vec<Vec<u8>> {
         batch
+            .request()
+            .resource_spans
             .iter()
             .flat_map(|rs| rs.scope_spans.iter())
             .flat_map(|ss| ss.spans.iter())
@@ -228,7 +248,8 @@ mod tests {
             b.push(vec![rs("a", "s", &[3]), rs("a", "t", &[4])])
                 .is_empty()
         );
-        let batch = b.take().unwrap_or_default();
+        let batch = b.take().expect("a batch");
+        let batch = &batch.request().resource_spans;
         assert_eq!(batch.len(), 2);
         assert_eq!(batch[0].resource, resource("a"));
         assert_eq!(batch[0].scope_spans.len(), 2);
@@ -246,7 +267,7 @@ mod tests {
         assert_eq!(full.len(), 2);
         assert_eq!(ids(&full[0]), vec![vec![1], vec![2], vec![3]]);
         assert_eq!(ids(&full[1]), vec![vec![4], vec![5], vec![6]]);
-        let rest = b.take().unwrap_or_default();
+        let rest = b.take().expect("a batch");
         assert_eq!(ids(&rest), vec![vec![7]]);
     }
 
@@ -285,24 +306,9 @@ mod byte_limit_tests {
             schema_url: String::new(),
         }]);
         full.extend(b.take());
-        let sizes: Vec<usize> = full
-            .iter()
-            .map(|batch| {
-                crate::encode::encode_request(
-                    &hermes_span::collector::trace::v1::ExportTraceServiceRequest {
-                        resource_spans: batch.clone(),
-                    },
-                )
-                .len()
-            })
-            .collect();
+        let sizes: Vec<usize> = full.iter().map(|batch| batch.protobuf().len()).collect();
         assert!(sizes.iter().all(|s| *s <= 10_000), "{sizes:?}");
-        let count: usize = full
-            .iter()
-            .flat_map(|b| b.iter())
-            .flat_map(|rs| rs.scope_spans.iter())
-            .map(|ss| ss.spans.len())
-            .sum();
+        let count: u64 = full.iter().map(ExportBatch::span_count).sum();
         assert_eq!(count, 10, "no span dropped");
         assert_eq!(full.len(), 4, "3 spans of ~3 KB per 10 KB batch: {sizes:?}");
     }
@@ -322,5 +328,49 @@ mod byte_limit_tests {
         }]);
         full.extend(b.take());
         assert_eq!(full.len(), 2);
+    }
+}
+
+#[cfg(test)]
+mod generated {
+    //! Random streams of spans through the batcher: every batch encodes
+    //! with the lengths the batcher measured exactly as prost encodes it.
+    use super::Batcher;
+    use crate::encode::generated::request;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use prost::Message;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        #[test]
+        fn batches_encode_as_prost(
+            messages in vec(request(), 1..5),
+            max_spans in 1usize..8,
+            max_bytes in prop_oneof![Just(usize::MAX), 200usize..5_000],
+        ) {
+            let mut batcher = Batcher::new(max_spans, max_bytes);
+            let mut batches = Vec::new();
+            let mut pushed = 0;
+            for message in &messages {
+                let model = hermes_span::collector::trace::v1::ExportTraceServiceRequest::from(
+                    message.clone(),
+                );
+                pushed += crate::ExportBatch::new(model.clone()).span_count();
+                batches.extend(batcher.push(model.resource_spans));
+            }
+            batches.extend(batcher.take());
+            let mut exported = 0;
+            for batch in &batches {
+                let theirs =
+                    opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::from(
+                        batch.request(),
+                    );
+                prop_assert_eq!(batch.protobuf().to_vec(), theirs.encode_to_vec());
+                prop_assert!(batch.span_count() as usize <= max_spans);
+                exported += batch.span_count();
+            }
+            prop_assert_eq!(exported, pushed);
+        }
     }
 }

@@ -35,15 +35,12 @@ const FIXED32: u32 = 5;
 
 /// Encodes `request` into a new buffer of exactly its encoded size.
 pub fn encode_request(request: &ExportTraceServiceRequest) -> Vec<u8> {
-    let lens = Lengths::of(request);
-    let mut out = Vec::with_capacity(lens.total);
-    lens.write(request, &mut out);
-    out
+    Lengths::of(request).encode(request)
 }
 
 /// The encoded lengths of one request's nested messages, in pre-order.
 #[derive(Debug)]
-struct Lengths {
+pub(crate) struct Lengths {
     /// Encoded size of the whole request.
     total: usize,
     lens: Vec<usize>,
@@ -51,7 +48,7 @@ struct Lengths {
 
 impl Lengths {
     /// Measures `request` (the first pass).
-    fn of(request: &ExportTraceServiceRequest) -> Self {
+    pub(crate) fn of(request: &ExportTraceServiceRequest) -> Self {
         let mut lens = Vec::new();
         let total = request
             .resource_spans
@@ -61,22 +58,95 @@ impl Lengths {
         Self { total, lens }
     }
 
-    /// Writes `request`, which must be the request measured (the second
-    /// pass).
-    fn write(&self, request: &ExportTraceServiceRequest, buf: &mut impl BufMut) {
+    /// The first pass from spans measured beforehand: `measured` holds one
+    /// entry per `ScopeSpans` of `request`, in order, measured from its
+    /// spans. The resources and scopes (one each per batch, usually) are
+    /// measured here.
+    pub(crate) fn with_spans(
+        request: &ExportTraceServiceRequest,
+        measured: impl IntoIterator<Item = MeasuredSpans>,
+    ) -> Self {
+        let mut measured = measured.into_iter();
+        let mut lens = Vec::new();
+        let mut total = 0;
+        for rs in &request.resource_spans {
+            let rs_at = lens.len();
+            lens.push(0);
+            let mut rs_len = rs
+                .resource
+                .as_ref()
+                .map_or(0, |r| nested(1, resource_len(r)))
+                + bytes_len(3, rs.schema_url.as_bytes());
+            for ss in &rs.scope_spans {
+                let spans = measured.next().unwrap_or_default();
+                let ss_len = ss.scope.as_ref().map_or(0, |s| nested(1, scope_len(s)))
+                    + spans.len
+                    + bytes_len(3, ss.schema_url.as_bytes());
+                lens.push(ss_len);
+                lens.extend_from_slice(&spans.lens);
+                rs_len += nested(2, ss_len);
+            }
+            lens[rs_at] = rs_len;
+            total += nested(1, rs_len);
+        }
+        Self { total, lens }
+    }
+
+    /// Encodes `request`, which must be the request measured (the second
+    /// pass), into a new buffer of exactly its encoded size.
+    pub(crate) fn encode(&self, request: &ExportTraceServiceRequest) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.total);
         let mut next = self.lens.iter().copied();
         for rs in &request.resource_spans {
-            write_resource_spans(rs, &mut next, buf);
+            write_resource_spans(rs, &mut next, &mut out);
         }
+        out
     }
 }
 
-/// Encoded length of one span's body (without its field key and length
-/// prefix), as prost's `encoded_len`; `scratch` holds the nested lengths.
-/// The batcher's size accounting.
-pub(crate) fn span_len(span: &Span, scratch: &mut Vec<usize>) -> usize {
-    scratch.clear();
-    measure_span(span, scratch)
+/// The spans of one `ScopeSpans`, measured one by one as they arrive (the
+/// batcher's size accounting): each span's nested lengths in pre-order, for
+/// [`Lengths::with_spans`].
+#[derive(Debug, Default)]
+pub(crate) struct MeasuredSpans {
+    lens: Vec<usize>,
+    /// Encoded size of the spans as the scope's repeated field.
+    len: usize,
+}
+
+impl MeasuredSpans {
+    /// Measures `span`, the next of these spans; returns its encoded size
+    /// in the scope (field key, length and body).
+    pub(crate) fn push(&mut self, span: &Span) -> usize {
+        let size = nested(2, measure_span(span, &mut self.lens));
+        self.len += size;
+        size
+    }
+
+    /// Takes the last span pushed (of encoded size `size`, pushed when
+    /// `self` held `at` lengths) out into a measure of its own.
+    pub(crate) fn split_last(&mut self, at: usize, size: usize) -> MeasuredSpans {
+        self.len -= size;
+        MeasuredSpans {
+            lens: self.lens.split_off(at),
+            len: size,
+        }
+    }
+
+    /// Number of lengths held (see [`MeasuredSpans::split_last`]).
+    pub(crate) fn mark(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Appends `other`'s spans after these.
+    pub(crate) fn append(&mut self, other: MeasuredSpans) {
+        if self.lens.is_empty() {
+            *self = other;
+        } else {
+            self.lens.extend_from_slice(&other.lens);
+            self.len += other.len;
+        }
+    }
 }
 
 type Next<'a> = std::iter::Copied<std::slice::Iter<'a, usize>>;
@@ -678,10 +748,10 @@ mod tests {
 }
 
 #[cfg(test)]
-mod generated {
+pub(crate) mod generated {
     //! Random requests: every field, nesting and length width, against prost
     //! (built in prost's messages, converted to the span model).
-    use super::{Lengths, encode_request, span_len};
+    use super::{Lengths, MeasuredSpans, encode_request};
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::KeyValue;
     use opentelemetry_proto::tonic::common::v1::{
@@ -804,7 +874,7 @@ mod generated {
         )
     }
 
-    fn request() -> impl Strategy<Value = ExportTraceServiceRequest> {
+    pub(crate) fn request() -> impl Strategy<Value = ExportTraceServiceRequest> {
         let scope = option::of(("[a-z]{0,8}", "[0-9.]{0,5}", attributes()).prop_map(
             |(name, version, attributes)| InstrumentationScope {
                 name,
@@ -846,21 +916,22 @@ mod generated {
             let ours = encode_request(&model);
             prop_assert_eq!(ours.len(), Lengths::of(&model).total);
             prop_assert_eq!(ours, request.encode_to_vec());
-            // The batcher's measure of each span.
-            let mut scratch = Vec::new();
-            let theirs = request
-                .resource_spans
-                .iter()
-                .flat_map(|rs| &rs.scope_spans)
-                .flat_map(|ss| &ss.spans);
-            let spans = model
-                .resource_spans
-                .iter()
-                .flat_map(|rs| &rs.scope_spans)
-                .flat_map(|ss| &ss.spans);
-            for (span, theirs) in spans.zip(theirs) {
-                prop_assert_eq!(span_len(span, &mut scratch), theirs.encoded_len());
+            // Spans measured one by one per scope, as the batcher does.
+            let mut per_scope = Vec::new();
+            for (rs, theirs) in model.resource_spans.iter().zip(&request.resource_spans) {
+                for (ss, theirs) in rs.scope_spans.iter().zip(&theirs.scope_spans) {
+                    let mut measured = MeasuredSpans::default();
+                    for (span, theirs) in ss.spans.iter().zip(&theirs.spans) {
+                        prop_assert_eq!(
+                            measured.push(span),
+                            prost::encoding::message::encoded_len(2, theirs)
+                        );
+                    }
+                    per_scope.push(measured);
+                }
             }
+            let lengths = Lengths::with_spans(&model, per_scope);
+            prop_assert_eq!(lengths.encode(&model), request.encode_to_vec());
         }
     }
 }

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 
 use crate::error::ExportError;
-use crate::sink::{ExportFuture, ExportOutcome, SpanExporter};
+use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter};
 
 /// Settings of the file exporter, filled by the binary from its config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,12 +68,12 @@ impl FileExporter {
 }
 
 impl SpanExporter for FileExporter {
-    fn export(&mut self, request: Arc<ExportTraceServiceRequest>) -> ExportFuture<'_> {
+    fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
         Box::pin(async move {
             let path = self.path.clone();
             let file = self.file.take();
             let (file, result) =
-                tokio::task::spawn_blocking(move || write_line(path, file, &request))
+                tokio::task::spawn_blocking(move || write_line(path, file, batch.request()))
                     .await
                     .map_err(ExportError::Task)?;
             self.file = file;

@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BufMut as _;
-use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 use http::uri::PathAndQuery;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use prost::Message as _;
@@ -32,7 +31,7 @@ use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{ExportError, error_chain, truncate};
-use crate::sink::{ExportFuture, ExportOutcome, SpanExporter};
+use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter};
 use crate::tls::{ClientTls, TlsSettings};
 
 /// Compression of export requests.
@@ -203,12 +202,12 @@ impl GrpcExporter {
 }
 
 impl SpanExporter for GrpcExporter {
-    fn export(&mut self, request: Arc<ExportTraceServiceRequest>) -> ExportFuture<'_> {
+    fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
         Box::pin(async move {
             let mut client = self.client();
             // The batch is shared with the other sinks and kept for retries:
-            // it is encoded from the `Arc`, never copied.
-            let mut grpc_request = tonic::Request::new(request);
+            // its encoding is made once, never the request copied.
+            let mut grpc_request = tonic::Request::new(batch);
             *grpc_request.metadata_mut() = self.metadata.clone();
             grpc_request.set_timeout(self.timeout);
             let call = async {
@@ -250,18 +249,17 @@ impl SpanExporter for GrpcExporter {
 const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
 /// Protobuf codec of the `Export` call whose request is an
-/// `Arc<ExportTraceServiceRequest>`: encoded straight from the shared batch
-/// (the generated client takes the request by value, which meant a deep copy
-/// of every batch on every attempt), by [`crate::encode`] into a vector of
-/// its exact size, then copied into tonic's buffer whole: tonic's
-/// `EncodeBuf` takes single bytes through `put_slice`, and writing the
-/// request into it directly cost ≈ 90 instructions per event more than the
-/// copy (`docs/BENCHMARKS.md`, session 10).
+/// `Arc<ExportBatch>`: the shared batch's encoding (made once for every sink
+/// and attempt; the generated client takes the request by value, which meant
+/// a deep copy of every batch on every attempt), copied into tonic's buffer
+/// whole: tonic's `EncodeBuf` takes single bytes through `put_slice`, and
+/// writing the request into it directly cost ≈ 90 instructions per event
+/// more than the copy (`docs/BENCHMARKS.md`, session 10).
 #[derive(Debug, Clone, Copy, Default)]
 struct SharedCodec;
 
 impl Codec for SharedCodec {
-    type Encode = Arc<ExportTraceServiceRequest>;
+    type Encode = Arc<ExportBatch>;
     type Decode = ExportTraceServiceResponse;
     type Encoder = SharedCodec;
     type Decoder = SharedCodec;
@@ -276,11 +274,11 @@ impl Codec for SharedCodec {
 }
 
 impl Encoder for SharedCodec {
-    type Item = Arc<ExportTraceServiceRequest>;
+    type Item = Arc<ExportBatch>;
     type Error = tonic::Status;
 
     fn encode(&mut self, item: Self::Item, buf: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
-        buf.put_slice(&crate::encode::encode_request(&item));
+        buf.put_slice(item.protobuf());
         Ok(())
     }
 }

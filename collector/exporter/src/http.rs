@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER, USER_AGENT};
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
@@ -40,7 +39,7 @@ use prost::Message;
 
 use crate::error::{ExportError, rpc_status, truncate};
 use crate::grpc::redacted_headers;
-use crate::sink::{ExportFuture, ExportOutcome, SpanExporter};
+use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter};
 use crate::tls::{ClientTls, TlsSettings};
 
 /// The most bytes read from a response body.
@@ -183,8 +182,8 @@ impl HttpExporter {
         &self.uri
     }
 
-    async fn send(&self, body: Vec<u8>) -> Result<ExportOutcome, ExportError> {
-        let mut request = Request::new(Full::new(Bytes::from(body)));
+    async fn send(&self, body: Bytes) -> Result<ExportOutcome, ExportError> {
+        let mut request = Request::new(Full::new(body));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.uri.clone();
         *request.headers_mut() = self.headers.clone();
@@ -231,9 +230,9 @@ impl HttpExporter {
 }
 
 impl SpanExporter for HttpExporter {
-    fn export(&mut self, request: Arc<ExportTraceServiceRequest>) -> ExportFuture<'_> {
+    fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
         Box::pin(async move {
-            let body = crate::encode::encode_request(&request);
+            let body = batch.protobuf().clone();
             tokio::time::timeout(self.timeout, self.send(body))
                 .await
                 .map_err(|_| ExportError::Timeout(self.timeout))?

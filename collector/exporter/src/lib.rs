@@ -7,7 +7,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`stage`] | the async exporter stage: batching, fan-out, retry, drain, [`ExporterStats`] |
-//! | [`sink`] | the [`SpanExporter`] trait and the named [`Sink`] |
+//! | [`sink`] | the [`SpanExporter`] trait, the named [`Sink`] and the shared [`ExportBatch`] |
 //! | [`grpc`] | OTLP/gRPC exporter ([`GrpcExporter`]) |
 //! | [`http`] | OTLP/HTTP protobuf exporter ([`HttpExporter`]) |
 //! | [`file`](mod@file) | OTLP JSON lines file exporter ([`FileExporter`]) |
@@ -57,6 +57,6 @@ pub use file::{FileExporter, FileExporterConfig};
 pub use grpc::{Compression, GrpcExporter, GrpcExporterConfig};
 pub use http::{HttpExporter, HttpExporterConfig, https_connector};
 pub use retry::RetrySettings;
-pub use sink::{ExportFuture, ExportOutcome, Sink, SpanExporter, span_count};
+pub use sink::{ExportBatch, ExportFuture, ExportOutcome, Sink, SpanExporter};
 pub use stage::{ExporterSettings, ExporterStage, ExporterStats, SinkStats, run};
 pub use tls::TlsSettings;

@@ -1,8 +1,9 @@
 //! The sink abstraction: one named destination of exported batches.
 //!
 //! This module owns the [`SpanExporter`] trait that every exporter implements
-//! (OTLP gRPC, OTLP HTTP, file, console, and test doubles) and [`Sink`], the
-//! named, boxed exporter the stage ([`crate::stage`]) drives.
+//! (OTLP gRPC, OTLP HTTP, file, console, and test doubles), [`Sink`], the
+//! named, boxed exporter the stage ([`crate::stage`]) drives, and
+//! [`ExportBatch`], the batch every sink of the stage is handed.
 //!
 //! Contract of an exporter: `export` is called with one batch at a time (the
 //! stage never overlaps two calls on the same exporter), it bounds its own
@@ -12,10 +13,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
+use bytes::Bytes;
 use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 
+use crate::encode::Lengths;
 use crate::error::ExportError;
 
 /// The future an exporter returns (boxed so [`SpanExporter`] is object safe).
@@ -32,9 +35,9 @@ pub struct ExportOutcome {
 
 /// A destination for batches of finished spans.
 pub trait SpanExporter: Send + 'static {
-    /// Exports one batch. The request is shared between sinks: clone what
-    /// must be owned.
-    fn export(&mut self, request: Arc<ExportTraceServiceRequest>) -> ExportFuture<'_>;
+    /// Exports one batch. The batch is shared between sinks and kept for
+    /// retries: clone what must be owned.
+    fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_>;
 
     /// Called once, after the last `export`, when the stage shuts down
     /// cleanly. Exporters that buffer (the console tree) flush here.
@@ -75,12 +78,64 @@ impl std::fmt::Debug for Sink {
     }
 }
 
-/// Number of spans in a request.
-pub fn span_count(request: &ExportTraceServiceRequest) -> u64 {
-    request
-        .resource_spans
-        .iter()
-        .flat_map(|rs| rs.scope_spans.iter())
-        .map(|ss| ss.spans.len() as u64)
-        .sum()
+/// One batch of spans, as the stage hands it to every sink: an OTLP request
+/// and, made on first use and kept, its protobuf encoding, so OTLP sinks
+/// share one encoding and retries do not encode again.
+///
+/// A batch from the stage's batcher carries the lengths the batcher measured
+/// while sizing it, and its encoding is the second pass only
+/// ([`crate::encode`]).
+#[derive(Debug)]
+pub struct ExportBatch {
+    request: ExportTraceServiceRequest,
+    spans: u64,
+    /// The batcher's measure of `request`, taken by the first encoding.
+    lengths: Mutex<Option<Lengths>>,
+    protobuf: OnceLock<Bytes>,
+}
+
+impl ExportBatch {
+    /// A batch of `request`, measured when it is first encoded.
+    pub fn new(request: ExportTraceServiceRequest) -> Self {
+        Self::with_lengths(request, None)
+    }
+
+    /// A batch of `request` with its lengths measured beforehand.
+    pub(crate) fn with_lengths(
+        request: ExportTraceServiceRequest,
+        lengths: Option<Lengths>,
+    ) -> Self {
+        let spans = request
+            .resource_spans
+            .iter()
+            .flat_map(|rs| rs.scope_spans.iter())
+            .map(|ss| ss.spans.len() as u64)
+            .sum();
+        Self {
+            request,
+            spans,
+            lengths: Mutex::new(lengths),
+            protobuf: OnceLock::new(),
+        }
+    }
+
+    /// The spans.
+    pub fn request(&self) -> &ExportTraceServiceRequest {
+        &self.request
+    }
+
+    /// Number of spans.
+    pub fn span_count(&self) -> u64 {
+        self.spans
+    }
+
+    /// The request's protobuf bytes (OTLP `ExportTraceServiceRequest`),
+    /// encoded by the first caller.
+    pub fn protobuf(&self) -> &Bytes {
+        self.protobuf.get_or_init(|| {
+            let measured = self.lengths.lock().ok().and_then(|mut l| l.take());
+            let lengths = measured.unwrap_or_else(|| Lengths::of(&self.request));
+            Bytes::from(lengths.encode(&self.request))
+        })
+    }
 }

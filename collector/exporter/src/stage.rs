@@ -44,7 +44,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 use hermes_span::trace::v1::ResourceSpans;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -54,7 +53,7 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::Batcher;
 use crate::error::{ExportError, RetryClass};
 use crate::retry::{Backoff, RetrySettings};
-use crate::sink::{ExportOutcome, Sink, span_count};
+use crate::sink::{ExportBatch, ExportOutcome, Sink};
 
 /// Settings of the exporter stage, filled by the binary from its config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -397,7 +396,7 @@ async fn join_all(workers: &mut JoinSet<()>) {
 
 /// A batch on its way to one sink, with the input messages it finishes.
 struct Queued {
-    request: Arc<ExportTraceServiceRequest>,
+    batch: Arc<ExportBatch>,
     through: u64,
 }
 
@@ -418,15 +417,13 @@ impl Dispatcher {
             .get_or_insert_with(|| Instant::now() + self.drain_timeout)
     }
 
-    async fn dispatch(&mut self, batch: Vec<ResourceSpans>, through: u64) {
-        let request = Arc::new(ExportTraceServiceRequest {
-            resource_spans: batch,
-        });
-        let spans = span_count(&request);
+    async fn dispatch(&mut self, batch: ExportBatch, through: u64) {
+        let batch = Arc::new(batch);
+        let spans = batch.span_count();
         for index in 0..self.queues.len() {
             if let Some(permit) = self.reserve(index).await {
                 permit.send(Queued {
-                    request: Arc::clone(&request),
+                    batch: Arc::clone(&batch),
                     through,
                 });
                 continue;
@@ -509,8 +506,8 @@ impl SinkWorker {
         self.queue.close();
         let mut spans = 0;
         let mut batches = 0;
-        while let Ok(batch) = self.queue.try_recv() {
-            spans += span_count(&batch.request);
+        while let Ok(queued) = self.queue.try_recv() {
+            spans += queued.batch.span_count();
             batches += 1;
         }
         if let Some(stats) = self.stats()
@@ -527,9 +524,9 @@ impl SinkWorker {
         }
     }
 
-    async fn export(&mut self, Queued { request, through }: Queued) {
-        let spans = span_count(&request);
-        let result = self.export_with_retry(request).await;
+    async fn export(&mut self, Queued { batch, through }: Queued) {
+        let spans = batch.span_count();
+        let result = self.export_with_retry(batch).await;
         let Some(stats) = self.stats() else { return };
         if !matches!(result, Err(Failure::Aborted)) {
             stats.done_through.fetch_max(through, Ordering::Release);
@@ -575,7 +572,7 @@ impl SinkWorker {
 
     async fn export_with_retry(
         &mut self,
-        batch: Arc<ExportTraceServiceRequest>,
+        batch: Arc<ExportBatch>,
     ) -> Result<ExportOutcome, Failure> {
         let give_up_at = Instant::now() + self.retry.max_elapsed;
         let mut backoff = Backoff::new(&self.retry);

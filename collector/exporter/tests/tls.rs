@@ -280,12 +280,12 @@ fn spans(n: u8) -> Vec<hermes_span::trace::v1::ResourceSpans> {
     }])
 }
 
-fn request(n: u8) -> Arc<hermes_span::collector::trace::v1::ExportTraceServiceRequest> {
-    Arc::new(
+fn request(n: u8) -> Arc<hermes_exporter::ExportBatch> {
+    Arc::new(hermes_exporter::ExportBatch::new(
         hermes_span::collector::trace::v1::ExportTraceServiceRequest {
             resource_spans: spans(n),
         },
-    )
+    ))
 }
 
 const API_KEY: &str = "k3y-from-a-secret-file";

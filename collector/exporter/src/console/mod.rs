@@ -17,10 +17,8 @@ mod render;
 use std::io::Write;
 use std::sync::Arc;
 
-use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
-
 use crate::error::ExportError;
-use crate::sink::{ExportFuture, ExportOutcome, SpanExporter};
+use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter};
 use buffer::TurnBuffer;
 
 /// Settings of the console exporter, filled by the binary from its config.
@@ -103,9 +101,9 @@ impl ConsoleExporter {
 }
 
 impl SpanExporter for ConsoleExporter {
-    fn export(&mut self, request: Arc<ExportTraceServiceRequest>) -> ExportFuture<'_> {
+    fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
         Box::pin(async move {
-            let text = self.buffer.ingest(&request);
+            let text = self.buffer.ingest(batch.request());
             self.write(text).await
         })
     }

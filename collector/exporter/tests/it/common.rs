@@ -128,14 +128,12 @@ pub fn ours(spans: Vec<Span>) -> Vec<hermes_span::trace::v1::ResourceSpans> {
     hermes_span::convert::from_otlp(resource_spans(spans))
 }
 
-pub fn request(
-    spans: Vec<Span>,
-) -> Arc<hermes_span::collector::trace::v1::ExportTraceServiceRequest> {
-    Arc::new(
+pub fn request(spans: Vec<Span>) -> Arc<hermes_exporter::ExportBatch> {
+    Arc::new(hermes_exporter::ExportBatch::new(
         hermes_span::collector::trace::v1::ExportTraceServiceRequest {
             resource_spans: ours(spans),
         },
-    )
+    ))
 }
 
 /// `n` leaf spans of trace `TRACE`, ids `first..first+n`.
@@ -395,10 +393,7 @@ pub enum Step {
 }
 
 /// One export call: when (paused clock) and what.
-pub type Call = (
-    tokio::time::Instant,
-    Arc<hermes_span::collector::trace::v1::ExportTraceServiceRequest>,
-);
+pub type Call = (tokio::time::Instant, Arc<hermes_exporter::ExportBatch>);
 
 /// A sink that records calls (with the paused-clock instant) and answers
 /// from a script, then `Ok`.
@@ -422,16 +417,13 @@ impl ScriptedSink {
             .lock()
             .unwrap()
             .iter()
-            .map(|(_, r)| ExportTraceServiceRequest::from(&**r))
+            .map(|(_, r)| ExportTraceServiceRequest::from(r.request()))
             .collect()
     }
 }
 
 impl SpanExporter for ScriptedSink {
-    fn export(
-        &mut self,
-        request: Arc<hermes_span::collector::trace::v1::ExportTraceServiceRequest>,
-    ) -> ExportFuture<'_> {
+    fn export(&mut self, request: Arc<hermes_exporter::ExportBatch>) -> ExportFuture<'_> {
         self.calls
             .lock()
             .unwrap()

@@ -1,7 +1,5 @@
 //! Console exporter: exact tree rendering and buffering until the root.
 
-use std::sync::Arc;
-
 use hermes_exporter::{ConsoleExporter, ConsoleExporterConfig, SpanExporter};
 use opentelemetry_proto::tonic::trace::v1::Span;
 
@@ -155,9 +153,6 @@ async fn color_only_when_asked() {
     exporter.export(request(turn().to_vec())).await.unwrap();
     assert!(out.text().contains("\x1b[31mERROR\x1b[0m"));
     let (mut plain, plain_out) = console();
-    plain
-        .export(Arc::new((*request(turn().to_vec())).clone()))
-        .await
-        .unwrap();
+    plain.export(request(turn().to_vec())).await.unwrap();
     assert!(!plain_out.text().contains('\x1b'));
 }

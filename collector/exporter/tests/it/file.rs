@@ -80,9 +80,9 @@ async fn appends_one_otlp_json_line_per_export() {
 
     // Round trip.
     let back: ExportTraceServiceRequest = serde_json::from_str(lines[0]).unwrap();
-    assert_eq!(back, ExportTraceServiceRequest::from(&*first));
+    assert_eq!(back, ExportTraceServiceRequest::from(first.request()));
     let back: ExportTraceServiceRequest = serde_json::from_str(lines[1]).unwrap();
-    assert_eq!(back, ExportTraceServiceRequest::from(&*second));
+    assert_eq!(back, ExportTraceServiceRequest::from(second.request()));
 }
 
 #[tokio::test]

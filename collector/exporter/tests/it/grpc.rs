@@ -35,7 +35,7 @@ async fn spans_arrive_uncompressed_with_metadata() {
     assert_eq!(
         calls[0].request,
         opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::from(
-            &*request
+            request.request()
         )
     );
     assert_eq!(calls[0].encoding, None);
@@ -59,7 +59,7 @@ async fn spans_arrive_gzip_compressed() {
     assert_eq!(
         calls[0].request,
         opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::from(
-            &*request
+            request.request()
         )
     );
     assert_eq!(calls[0].encoding.as_deref(), Some("gzip"));

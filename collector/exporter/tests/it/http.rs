@@ -81,7 +81,7 @@ async fn posts_protobuf_to_v1_traces() {
         calls[0].request.as_ref(),
         Some(
             &opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::from(
-                &*request
+                request.request()
             )
         )
     );
