@@ -71,7 +71,7 @@ echo "per stage (instructions per event, including callees):"
 for stage in \
   "SliceDecoder<U> as tonic::codec::Decoder>::decode" \
   "hermes_receiver::validate::check_batch" \
-  "hermes_correlator::sequencer::Sequencer::push_at" \
+  "hermes_correlator::sequencer::Sequencer::push_batch" \
   "hermes_correlator::Correlator::ingest" \
   "hermes_collector::derived::DerivedMetrics::record" \
   "hermes_processor::SpanProcessor::process" \

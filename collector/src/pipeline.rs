@@ -286,9 +286,7 @@ pub async fn run(
                     None => batch.floor_seq,
                 };
                 let now = now_unix_nanos();
-                for event in batch.events {
-                    sequencer.push_at(&shim, floor, event, lsn, now, &mut ready);
-                }
+                sequencer.push_batch(&shim, floor, batch.events, lsn, now, &mut ready);
             }
             _ = timer.tick() => {
                 let now = now_unix_nanos();

@@ -335,10 +335,14 @@ impl Pipeline {
             return;
         }
         let Some(shim) = batch.shim else { return };
-        for event in batch.events {
-            self.sequencer
-                .push(&shim, batch.floor_seq, event, self.now, &mut self.ready);
-        }
+        self.sequencer.push_batch(
+            &shim,
+            batch.floor_seq,
+            batch.events,
+            0,
+            self.now,
+            &mut self.ready,
+        );
         self.correlate();
     }
 

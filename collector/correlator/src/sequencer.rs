@@ -19,7 +19,7 @@
 //! past `max_instances` (its held events are released first).
 //!
 //! Positions: with the persistent queue each event comes with the `lsn` of
-//! the record it arrived in ([`Sequencer::push_at`]). The sequencer tells
+//! the record it arrived in ([`Sequencer::push_batch`]). The sequencer tells
 //! the lowest lsn among the events it still holds ([`Sequencer::min_held_lsn`])
 //! and among the events it released since the last ask
 //! ([`Sequencer::take_released_lsn`]): what the queue must keep for them.
@@ -163,20 +163,26 @@ impl Sequencer {
         now: u64,
         ready: &mut Vec<Ready>,
     ) {
-        self.push_at(shim, floor_seq, event, 0, now, ready);
+        self.push_batch(shim, floor_seq, [event], 0, now, ready);
     }
 
-    /// As [`Sequencer::push`], for an event stored at `lsn` in the
-    /// persistent queue.
-    pub fn push_at(
+    /// As [`Sequencer::push`], for the events of one batch (in the batch's
+    /// order), stored at `lsn` in the persistent queue (0 without one). The
+    /// shim's instance is looked up once per batch. A batch without events
+    /// changes nothing, its floor included.
+    pub fn push_batch(
         &mut self,
         shim: &ShimInfo,
         floor_seq: u64,
-        event: Event,
+        events: impl IntoIterator<Item = Event>,
         lsn: u64,
         now: u64,
         ready: &mut Vec<Ready>,
     ) {
+        let mut events = events.into_iter();
+        let Some(first) = events.next() else {
+            return;
+        };
         if !self.instances.contains_key(&shim.instance_id) {
             if self.instances.len() >= self.config.max_instances {
                 self.forget_least_active(ready);
@@ -204,38 +210,10 @@ impl Sequencer {
             // Everything below the floor is settled at the shim: stop waiting.
             skip_to(instance, floor_seq, &mut out);
         }
-        if event.seq < instance.next || instance.held.contains_key(&event.seq) {
-            out.stats.duplicates += 1;
-            return;
-        }
-        if event.seq == instance.next && instance.held.is_empty() {
-            // In order with nothing held (the common case): released at
-            // once, without a round trip through the hold.
-            instance.next += 1;
-            out.release(
-                &instance.shim,
-                Held {
-                    event,
-                    arrived: now,
-                    lsn,
-                },
-            );
-            return;
-        }
-        let seq = event.seq;
-        instance.held.insert(
-            seq,
-            Held {
-                event,
-                arrived: now,
-                lsn,
-            },
-        );
-        release(instance, &mut out);
-        if instance.held.len() > self.config.max_held
-            && let Some(first) = instance.held.keys().next().copied()
-        {
-            skip_to(instance, first, &mut out);
+        let max_held = self.config.max_held;
+        take(instance, first, now, lsn, max_held, &mut out);
+        for event in events {
+            take(instance, event, now, lsn, max_held, &mut out);
         }
     }
 
@@ -302,6 +280,52 @@ fn skip_to(instance: &mut Instance, seq: u64, out: &mut Out<'_>) {
 }
 
 /// Releases the contiguous run starting at `next`.
+/// Takes one event of `instance`'s stream: dropped as a redelivery,
+/// released, or held until the seqs before it arrive.
+#[inline]
+fn take(
+    instance: &mut Instance,
+    event: Event,
+    now: u64,
+    lsn: u64,
+    max_held: usize,
+    out: &mut Out<'_>,
+) {
+    if event.seq < instance.next || instance.held.contains_key(&event.seq) {
+        out.stats.duplicates += 1;
+        return;
+    }
+    if event.seq == instance.next && instance.held.is_empty() {
+        // In order with nothing held (the common case): released at once,
+        // without a round trip through the hold.
+        instance.next += 1;
+        out.release(
+            &instance.shim,
+            Held {
+                event,
+                arrived: now,
+                lsn,
+            },
+        );
+        return;
+    }
+    let seq = event.seq;
+    instance.held.insert(
+        seq,
+        Held {
+            event,
+            arrived: now,
+            lsn,
+        },
+    );
+    release(instance, out);
+    if instance.held.len() > max_held
+        && let Some(first) = instance.held.keys().next().copied()
+    {
+        skip_to(instance, first, out);
+    }
+}
+
 fn release(instance: &mut Instance, out: &mut Out<'_>) {
     while let Some(held) = instance.held.remove(&instance.next) {
         instance.next += 1;
@@ -403,6 +427,33 @@ mod tests {
         assert_eq!(s.stats().skipped, 1);
     }
 
+    proptest::proptest! {
+        /// A batch pushed at once gives what its events pushed one by one
+        /// give: the same releases, in the same order, and the same counts.
+        #[test]
+        fn a_batch_is_its_events_one_by_one(
+            batches in proptest::collection::vec(
+                (0u64..12, proptest::collection::vec(1u64..16, 0..8)),
+                1..6,
+            ),
+            max_held in 1usize..6,
+        ) {
+            let config = SequencerConfig { max_held, ..Default::default() };
+            let mut whole = Sequencer::new(config.clone());
+            let mut single = Sequencer::new(config);
+            let (mut whole_out, mut single_out) = (Vec::new(), Vec::new());
+            for (floor, batch) in batches {
+                whole.push_batch(&shim("a"), floor, batch.iter().map(|&seq| ev(seq)), 0, 0, &mut whole_out);
+                for seq in batch {
+                    single.push(&shim("a"), floor, ev(seq), 0, &mut single_out);
+                }
+            }
+            proptest::prop_assert_eq!(seqs(&whole_out), seqs(&single_out));
+            proptest::prop_assert_eq!(whole.stats(), single.stats());
+            proptest::prop_assert_eq!(whole.held(), single.held());
+        }
+    }
+
     #[test]
     fn instances_are_bounded() {
         let mut s = Sequencer::new(SequencerConfig {
@@ -425,13 +476,13 @@ mod tests {
     fn lsns_of_held_and_released_events() {
         let mut s = Sequencer::new(SequencerConfig::default());
         let mut out = Vec::new();
-        s.push_at(&shim("a"), 0, ev(2), 7, 0, &mut out);
-        s.push_at(&shim("b"), 0, ev(1), 8, 0, &mut out);
+        s.push_batch(&shim("a"), 0, [ev(2)], 7, 0, &mut out);
+        s.push_batch(&shim("b"), 0, [ev(1)], 8, 0, &mut out);
         assert_eq!(s.min_held_lsn(), Some(7));
         assert_eq!(s.take_released_lsn(), Some(8));
         assert_eq!(s.take_released_lsn(), None);
         // seq 1 of a arrives later (lsn 9) and releases seq 2 (lsn 7).
-        s.push_at(&shim("a"), 0, ev(1), 9, 0, &mut out);
+        s.push_batch(&shim("a"), 0, [ev(1)], 9, 0, &mut out);
         assert_eq!(seqs(&out), vec![1, 1, 2]);
         assert_eq!(s.take_released_lsn(), Some(7));
         assert_eq!(s.min_held_lsn(), None);
