@@ -1,15 +1,38 @@
 //! Generates the `hermes.collector.v1` types with the vendored `protoc`, so no
 //! system protoc is needed.
+//!
+//! Two passes over the one `.proto`: the messages and the client (the
+//! shim's side, `hermes.collector.v1.rs`), then the server alone
+//! (`server/hermes.collector.v1.rs`), whose messages are the first pass'
+//! except the request, [`ReceivedBatch`](crate::received::ReceivedBatch):
+//! an `EventBatch` that also reads each event's length off the wire.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
-    let mut config = tonic_prost_build::Config::new();
-    config.protoc_executable(protoc);
+    let proto = "hermes/collector/v1/ingest.proto";
+    let config = || {
+        let mut config = tonic_prost_build::Config::new();
+        config.protoc_executable(&protoc);
+        config
+    };
     tonic_prost_build::configure()
         .codec_path("crate::codec::SliceCodec")
         .build_client(true)
+        .build_server(false)
+        .compile_with_config(config(), &[proto], &["."])?;
+    let server_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("server");
+    std::fs::create_dir_all(&server_dir)?;
+    tonic_prost_build::configure()
+        .codec_path("crate::codec::SliceCodec")
+        .build_client(false)
         .build_server(true)
-        .compile_with_config(config, &["hermes/collector/v1/ingest.proto"], &["."])?;
-    println!("cargo:rerun-if-changed=hermes/collector/v1/ingest.proto");
+        .out_dir(&server_dir)
+        .extern_path(
+            ".hermes.collector.v1.EventBatch",
+            "crate::received::ReceivedBatch",
+        )
+        .extern_path(".hermes.collector.v1", "crate::v1")
+        .compile_with_config(config(), &[proto], &["."])?;
+    println!("cargo:rerun-if-changed={proto}");
     Ok(())
 }

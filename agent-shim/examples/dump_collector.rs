@@ -8,8 +8,9 @@
 
 use std::pin::Pin;
 
-use hermes_proto::v1::event_ingest_server::{EventIngest, EventIngestServer};
-use hermes_proto::v1::{Ack, EventBatch};
+use hermes_proto::received::ReceivedBatch;
+use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
+use hermes_proto::v1::Ack;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
@@ -23,12 +24,12 @@ impl EventIngest for Dump {
 
     async fn stream(
         &self,
-        request: Request<Streaming<EventBatch>>,
+        request: Request<Streaming<ReceivedBatch>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
-            while let Ok(Some(batch)) = inbound.message().await {
+            while let Ok(Some(ReceivedBatch { batch, .. })) = inbound.message().await {
                 let shim = batch.shim.clone().unwrap_or_default();
                 println!(
                     "batch instance={} pid={} capture={} events={} dropped={}",

@@ -18,7 +18,8 @@
 //!   `ExportTraceServiceRequest` of that batch; `otlp_encode_prost/*` is
 //!   prost's `encode_to_vec` of the same request, for comparison.
 //! * `ingest_decode/metadata`: decoding one wire `EventBatch` of 512 events
-//!   with the receiver's codec (one slice of the receive buffer);
+//!   with the receiver's codec (one slice of the receive buffer) into the
+//!   receiver's message (`ReceivedBatch`, which reads each event's length);
 //!   `ingest_decode/metadata_through_buf` reads the same bytes through the
 //!   length-limited `Buf` as tonic's prost codec does.
 //! * `stages_per_event/metadata`: decode + sequencer + correlator +
@@ -40,6 +41,7 @@ use hermes_correlator::{Config, Correlator, to_resource_spans};
 use hermes_exporter::encode::encode_request;
 use hermes_processor::{AttributeSet, ProcessorConfig, SpanProcessor};
 use hermes_proto::codec::decode;
+use hermes_proto::received::ReceivedBatch;
 use hermes_proto::v1::{Event, EventBatch};
 use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1 as otlp;
@@ -243,7 +245,7 @@ fn ingest_decode(c: &mut Criterion) {
             received,
             |buf| {
                 let len = buf.len();
-                decode::<EventBatch>(&mut buf.take(len)).unwrap()
+                decode::<ReceivedBatch>(&mut buf.take(len)).unwrap()
             },
             BatchSize::SmallInput,
         )
@@ -279,11 +281,9 @@ fn stages_per_event(c: &mut Criterion) {
             let mut out = Vec::with_capacity(512);
             let mut bytes = 0;
             for wire in &batches {
-                let batch = EventBatch::decode(wire.as_slice()).unwrap();
+                let batch = ReceivedBatch::decode(wire.as_slice()).unwrap().batch;
                 let shim = batch.shim.unwrap_or_default();
-                for event in batch.events {
-                    sequencer.push(&shim, batch.floor_seq, event, 1, &mut ready);
-                }
+                sequencer.push_batch(&shim, batch.floor_seq, batch.events, 0, 1, &mut ready);
                 for (shim, event) in ready.drain(..) {
                     correlator.ingest(&shim, &event, &mut out);
                 }

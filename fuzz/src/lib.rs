@@ -15,6 +15,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use hermes_correlator::sequencer::{Ready, Sequencer, SequencerConfig};
 use hermes_correlator::{Config as CorrelatorConfig, Correlator, FinishedSpan};
 use hermes_proto::hooks;
+use hermes_proto::received::ReceivedBatch;
 use hermes_proto::v1::{self, EventBatch, event::Body};
 use hermes_receiver::{Limits, check_batch};
 use prost::Message;
@@ -41,14 +42,16 @@ const GAP_TIMEOUT_MS: u64 = 1_000;
 
 // ------------------------------------------------------------------- wire
 
-/// Decodes `data` as an `EventBatch` and checks it as the receiver does.
+/// Decodes `data` as the receiver does (an `EventBatch`, with its events'
+/// lengths on the wire) and checks it.
 pub fn wire(data: &[u8]) {
-    let Ok(batch) = EventBatch::decode(data) else {
+    let Ok(received) = ReceivedBatch::decode(data) else {
         return;
     };
     let limits = limits();
-    match check_batch(&batch, &limits) {
+    match check_batch(&received, &limits) {
         Ok(()) => {
+            let batch = &received.batch;
             assert!(batch.events.len() <= limits.max_events_per_batch);
             assert!(
                 batch
@@ -65,7 +68,7 @@ pub fn wire(data: &[u8]) {
             );
             // What is accepted re-encodes to what the pipeline would store.
             let again = EventBatch::decode(batch.encode_to_vec().as_slice()).unwrap();
-            assert_eq!(again, batch);
+            assert_eq!(&again, batch);
         }
         Err(refusal) => {
             let status = refusal.status();
@@ -330,10 +333,11 @@ impl Pipeline {
     }
 
     /// What the receiver and the pipeline do with one batch.
-    fn batch(&mut self, batch: EventBatch) {
-        if check_batch(&batch, &self.limits).is_err() {
+    fn batch(&mut self, received: ReceivedBatch) {
+        if check_batch(&received, &self.limits).is_err() {
             return;
         }
+        let batch = received.batch;
         let Some(shim) = batch.shim else { return };
         self.sequencer.push_batch(
             &shim,
@@ -377,18 +381,18 @@ impl Pipeline {
                         event(seq, e, self.now)
                     })
                     .collect();
-                self.batch(EventBatch {
+                self.batch(ReceivedBatch::new(EventBatch {
                     shim: Some(shim(*instance)),
                     events,
                     dropped_events: 0,
                     floor_seq: u64::from(*floor_seq),
-                });
+                }));
             }
             Op::Wire { instance, bytes } => {
-                if let Ok(mut batch) = EventBatch::decode(bytes.as_slice()) {
+                if let Ok(mut received) = ReceivedBatch::decode(bytes.as_slice()) {
                     // One of the few agents, so that instances collide.
-                    batch.shim = Some(shim(*instance));
-                    self.batch(batch);
+                    received.batch.shim = Some(shim(*instance));
+                    self.batch(received);
                 }
             }
             Op::Tick { ms } => self.tick(u64::from(*ms) * MS),

@@ -1,14 +1,23 @@
 //! The `hermes.collector.v1` wire contract: the shim streams [`v1::EventBatch`]es
-//! to the collector's [`v1::event_ingest_server::EventIngest`] service and
+//! to the collector's [`server::event_ingest_server::EventIngest`] service and
 //! receives [`v1::Ack`]s. See `docs/PROTOCOL.md`.
 
 pub mod codec;
+pub mod received;
 
-/// Generated from `proto/hermes/collector/v1/ingest.proto`; the service's
-/// client and server use [`codec::SliceCodec`].
+/// Generated from `proto/hermes/collector/v1/ingest.proto`: the messages
+/// and the client, which uses [`codec::SliceCodec`].
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("hermes.collector.v1");
+}
+
+/// Generated from the same file: the server, which uses
+/// [`codec::SliceCodec`] and receives each `EventBatch` as a
+/// [`received::ReceivedBatch`].
+#[allow(clippy::all, missing_docs)]
+pub mod server {
+    include!(concat!(env!("OUT_DIR"), "/server/hermes.collector.v1.rs"));
 }
 
 /// The hook names of hermes-agent 0.19.0's observer contract.

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use hermes_proto::v1::event_ingest_server::{EventIngest, EventIngestServer};
+use hermes_proto::received::ReceivedBatch;
+use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
 use hermes_proto::v1::{Ack, Event, EventBatch, ShimInfo, event::Body};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -30,13 +31,13 @@ impl EventIngest for Collector {
 
     async fn stream(
         &self,
-        request: Request<Streaming<EventBatch>>,
+        request: Request<Streaming<ReceivedBatch>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(64);
         let batches = Arc::clone(&self.batches);
         tokio::spawn(async move {
-            while let Ok(Some(batch)) = inbound.message().await {
+            while let Ok(Some(ReceivedBatch { batch, .. })) = inbound.message().await {
                 let ack = Ack {
                     first_seq: batch.events.first().map_or(0, |e| e.seq),
                     last_seq: batch.events.last().map_or(0, |e| e.seq),

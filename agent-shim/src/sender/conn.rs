@@ -201,7 +201,8 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use hermes_proto::v1::event_ingest_server::{EventIngest, EventIngestServer};
+    use hermes_proto::received::ReceivedBatch;
+    use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
     use hermes_proto::v1::{Event, ShimInfo};
     use tokio_stream::Stream;
     use tonic::{Request, Response, Status, Streaming};
@@ -223,7 +224,7 @@ mod tests {
 
         async fn stream(
             &self,
-            request: Request<Streaming<EventBatch>>,
+            request: Request<Streaming<ReceivedBatch>>,
         ) -> Result<Response<Self::StreamStream>, Status> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let authorization = request.metadata().get("authorization");
@@ -233,7 +234,7 @@ mod tests {
             let mut inbound = request.into_inner();
             let (tx, rx) = mpsc::channel(8);
             tokio::spawn(async move {
-                while let Ok(Some(batch)) = inbound.message().await {
+                while let Ok(Some(ReceivedBatch { batch, .. })) = inbound.message().await {
                     let seq = batch.events.first().map_or(0, |e| e.seq);
                     let ack = Ack {
                         first_seq: seq,

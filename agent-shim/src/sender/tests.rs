@@ -5,7 +5,8 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU16, AtomicUsize};
 use std::time::Instant as StdInstant;
 
-use hermes_proto::v1::event_ingest_server::{EventIngest, EventIngestServer};
+use hermes_proto::received::ReceivedBatch;
+use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
 use hermes_proto::v1::{Ack, ApiCall, Ids, event::Body};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -94,7 +95,7 @@ impl EventIngest for TestIngest {
 
     async fn stream(
         &self,
-        request: Request<Streaming<EventBatch>>,
+        request: Request<Streaming<ReceivedBatch>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         let stream_no = self.received.streams.fetch_add(1, Ordering::SeqCst);
         let fail_after = self.fail_first_stream_after.filter(|_| stream_no == 0);
@@ -104,7 +105,7 @@ impl EventIngest for TestIngest {
         let faults = self.faults.clone();
         tokio::spawn(async move {
             let mut n = 0;
-            while let Ok(Some(batch)) = inbound.message().await {
+            while let Ok(Some(ReceivedBatch { batch, .. })) = inbound.message().await {
                 let first = batch.events.first().map_or(0, |e| e.seq);
                 let last = batch.events.last().map_or(0, |e| e.seq);
                 let fault = faults.as_ref().and_then(|f| f.check(&batch));

@@ -42,7 +42,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hermes_proto::v1::event_ingest_server::{EventIngest, EventIngestServer};
+use hermes_proto::received::ReceivedBatch;
+use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
 use hermes_proto::v1::{Ack, EventBatch};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
@@ -255,7 +256,7 @@ impl EventIngest for Ingest {
 
     async fn stream(
         &self,
-        request: Request<Streaming<EventBatch>>,
+        request: Request<Streaming<ReceivedBatch>>,
     ) -> Result<Response<AckStream>, Status> {
         if let Some(token) = &self.token
             && let Err(failure) = token.check(request.metadata())
@@ -290,8 +291,8 @@ impl EventIngest for Ingest {
                         break;
                     }
                 };
-                let batch = match next {
-                    Ok(Some(batch)) => batch,
+                let received = match next {
+                    Ok(Some(received)) => received,
                     Ok(None) => break,
                     Err(status) => {
                         let status = match status.code() {
@@ -312,10 +313,11 @@ impl EventIngest for Ingest {
                         break;
                     }
                 };
-                if let Err(status) = this.validate(&batch) {
+                if let Err(status) = this.validate(&received) {
                     this.refuse(status, &ack_tx).await;
                     break;
                 }
+                let batch = received.batch;
                 if !this.pace(&mut rate, batch.events.len(), &ack_tx).await {
                     break;
                 }
@@ -426,8 +428,8 @@ impl Ingest {
     }
 
     /// [`check_batch`], counting an oversized event.
-    fn validate(&self, batch: &EventBatch) -> Result<(), Status> {
-        check_batch(batch, &self.limits).map_err(|refusal| {
+    fn validate(&self, received: &ReceivedBatch) -> Result<(), Status> {
+        check_batch(received, &self.limits).map_err(|refusal| {
             if matches!(refusal, Refusal::EventTooLarge { .. }) {
                 self.stats.oversized_events.fetch_add(1, Ordering::Relaxed);
             }

@@ -9,13 +9,13 @@
 //! Checks, in order (the first failure is reported):
 //! 1. the batch names its shim (`ShimInfo` with a non-empty `instance_id`);
 //! 2. at most [`Limits::max_events_per_batch`] events;
-//! 3. no event encodes to more than [`Limits::max_event_bytes`];
+//! 3. no event is longer than [`Limits::max_event_bytes`] on the wire
+//!    (read while decoding: [`ReceivedBatch::largest_event`]);
 //! 4. seqs strictly increase within the batch, and none is `u64::MAX` (a
 //!    shim counts from 1 and never gets there; the sequencer's "next seq"
 //!    after it would not exist).
 
-use hermes_proto::v1::EventBatch;
-use prost::Message;
+use hermes_proto::received::ReceivedBatch;
 use tonic::Status;
 
 use crate::Limits;
@@ -28,7 +28,7 @@ pub enum Refusal {
     NoShim,
     /// More events than `max_events_per_batch`: `RESOURCE_EXHAUSTED`.
     TooManyEvents { events: usize, limit: usize },
-    /// An event encodes to more than `max_event_bytes`: `RESOURCE_EXHAUSTED`.
+    /// An event longer than `max_event_bytes`: `RESOURCE_EXHAUSTED`.
     EventTooLarge {
         seq: u64,
         bytes: usize,
@@ -64,7 +64,8 @@ impl Refusal {
 }
 
 /// Checks `batch` against `limits` (see the module docs).
-pub fn check_batch(batch: &EventBatch, limits: &Limits) -> Result<(), Refusal> {
+pub fn check_batch(received: &ReceivedBatch, limits: &Limits) -> Result<(), Refusal> {
+    let batch = &received.batch;
     match &batch.shim {
         Some(shim) if !shim.instance_id.is_empty() => {}
         _ => return Err(Refusal::NoShim),
@@ -75,14 +76,12 @@ pub fn check_batch(batch: &EventBatch, limits: &Limits) -> Result<(), Refusal> {
             limit: limits.max_events_per_batch,
         });
     }
-    if let Some(event) = batch
-        .events
-        .iter()
-        .find(|e| e.encoded_len() > limits.max_event_bytes)
+    if let Some(largest) = received.largest_event()
+        && largest.len > limits.max_event_bytes
     {
         return Err(Refusal::EventTooLarge {
-            seq: event.seq,
-            bytes: event.encoded_len(),
+            seq: batch.events.get(largest.index).map_or(0, |e| e.seq),
+            bytes: largest.len,
             limit: limits.max_event_bytes,
         });
     }
@@ -99,10 +98,11 @@ pub fn check_batch(batch: &EventBatch, limits: &Limits) -> Result<(), Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hermes_proto::v1::{Event, ShimInfo};
+    use hermes_proto::v1::{Event, EventBatch, ShimInfo};
+    use prost::Message;
 
-    fn batch(hooks: &[(u64, usize)]) -> EventBatch {
-        EventBatch {
+    fn batch(hooks: &[(u64, usize)]) -> ReceivedBatch {
+        ReceivedBatch::new(EventBatch {
             shim: Some(ShimInfo {
                 instance_id: "i".into(),
                 ..Default::default()
@@ -116,7 +116,7 @@ mod tests {
                 })
                 .collect(),
             ..Default::default()
-        }
+        })
     }
 
     #[test]
@@ -153,7 +153,36 @@ mod tests {
             Err(Refusal::SeqOutOfRange)
         );
         let mut anonymous = batch(&[(1, 1)]);
-        anonymous.shim = None;
+        anonymous.batch.shim = None;
         assert_eq!(check_batch(&anonymous, &limits), Err(Refusal::NoShim));
+    }
+
+    #[test]
+    fn an_event_is_as_long_as_it_was_on_the_wire() {
+        let limits = Limits {
+            max_event_bytes: 100,
+            ..Limits::default()
+        };
+        // An event of 12 bytes, padded with an unknown field of 200 that
+        // prost skips when decoding.
+        let small = batch(&[(1, 10)]).batch;
+        let mut event = small.events[0].encode_to_vec();
+        prost::encoding::bytes::encode(99, &vec![0u8; 200], &mut event);
+        let mut wire = EventBatch {
+            events: Vec::new(),
+            ..small.clone()
+        }
+        .encode_to_vec();
+        prost::encoding::bytes::encode(2, &event, &mut wire);
+        let received = ReceivedBatch::decode(wire.as_slice()).unwrap();
+        assert_eq!(received.batch, small, "the padding is not kept");
+        assert_eq!(
+            check_batch(&received, &limits),
+            Err(Refusal::EventTooLarge {
+                seq: 1,
+                bytes: event.len(),
+                limit: 100,
+            })
+        );
     }
 }
