@@ -230,14 +230,21 @@ impl Default for DerivedMetrics {
 /// `Family::get_or_create` wants the owned label set (an allocation per
 /// label) and hashes it with SipHash; here the borrowed values are hashed
 /// with foldhash and compared in place, so a label set seen before costs no
-/// allocation. The histograms are clones of the family's (shared state), and
-/// the family never removes one, so an entry stays the registered series.
-/// Bounded as the family is, by the agents' models, providers, tools.
+/// allocation. The two label sets each kind found last are compared first,
+/// without hashing: a chat span records input and output tokens under the
+/// same model, and one model and provider serve most spans. The histograms
+/// are clones of the family's (shared state), and the family never removes
+/// one, so an entry stays the registered series. Bounded as the family is,
+/// by the agents' models, providers, tools.
 #[derive(Clone, Debug, Default)]
 struct Found {
-    /// Keyed by the seeded hash of (kind, values); entries whose hashes
-    /// collide share the vector.
-    by_hash: HashMap<u64, Vec<FoundEntry>, foldhash::fast::FixedState>,
+    entries: Vec<FoundEntry>,
+    /// Indices into `entries` by the seeded hash of (kind, values); entries
+    /// whose hashes collide share the vector.
+    by_hash: HashMap<u64, Vec<usize>, foldhash::fast::FixedState>,
+    /// Per kind, the indices of the entries found last, the latest first
+    /// (an index of another kind's entry, as at the start, just misses).
+    recent: [[usize; 2]; 4],
     // Seeded per process: the label values come from the agents.
     hasher: foldhash::fast::RandomState,
 }
@@ -249,6 +256,12 @@ struct FoundEntry {
     histogram: Histogram,
 }
 
+impl FoundEntry {
+    fn is<const N: usize>(&self, kind: Kind, values: [&str; N]) -> bool {
+        self.kind == kind && self.values.iter().map(String::as_str).eq(values)
+    }
+}
+
 impl Found {
     fn get_or_insert<const N: usize>(
         &mut self,
@@ -256,31 +269,56 @@ impl Found {
         values: [&str; N],
         family: &PrometheusHistograms,
     ) -> &Histogram {
-        let hash = self.hasher.hash_one((kind, values));
-        let entries = self.by_hash.entry(hash).or_default();
-        let at = match entries
+        let k = kind as usize;
+        let entries = &self.entries;
+        let hit = self.recent[k]
             .iter()
-            .position(|e| e.kind == kind && e.values.iter().map(String::as_str).eq(values))
-        {
-            Some(at) => at,
+            .position(|&at| entries.get(at).is_some_and(|e| e.is(kind, values)));
+        let at = match hit {
+            Some(slot) => {
+                self.recent[k].swap(0, slot);
+                self.recent[k][0]
+            }
             None => {
-                let labels: Labels = kind
-                    .def()
-                    .labels
-                    .iter()
-                    .map(|(_, label)| *label)
-                    .zip(values.map(str::to_owned))
-                    .collect();
-                let histogram = family.get_or_create(&labels).clone();
-                entries.push(FoundEntry {
-                    kind,
-                    values: values.map(str::to_owned).into(),
-                    histogram,
-                });
-                entries.len() - 1
+                let at = self.find_or_insert(kind, values, family);
+                self.recent[k] = [at, self.recent[k][0]];
+                at
             }
         };
-        &entries[at].histogram
+        &self.entries[at].histogram
+    }
+
+    /// The entry of (kind, values) by hash, made if new; its index.
+    fn find_or_insert<const N: usize>(
+        &mut self,
+        kind: Kind,
+        values: [&str; N],
+        family: &PrometheusHistograms,
+    ) -> usize {
+        let hash = self.hasher.hash_one((kind, values));
+        let indices = self.by_hash.entry(hash).or_default();
+        if let Some(&at) = indices
+            .iter()
+            .find(|&&at| self.entries.get(at).is_some_and(|e| e.is(kind, values)))
+        {
+            return at;
+        }
+        let labels: Labels = kind
+            .def()
+            .labels
+            .iter()
+            .map(|(_, label)| *label)
+            .zip(values.map(str::to_owned))
+            .collect();
+        let histogram = family.get_or_create(&labels).clone();
+        self.entries.push(FoundEntry {
+            kind,
+            values: values.map(str::to_owned).into(),
+            histogram,
+        });
+        let at = self.entries.len() - 1;
+        indices.push(at);
+        at
     }
 }
 
@@ -751,8 +789,56 @@ mod tests {
         }
         // One cached histogram per label set: 2 token types, 1 chat
         // duration, 2 tools, 1 turn outcome.
-        let cached: usize = m.found.by_hash.values().map(Vec::len).sum();
-        assert_eq!(cached, 6);
+        assert_eq!(m.found.entries.len(), 6);
+        let indexed: usize = m.found.by_hash.values().map(Vec::len).sum();
+        assert_eq!(indexed, 6);
+    }
+
+    #[test]
+    fn every_label_set_finds_its_own_histogram() {
+        // Label sets of two kinds with the same labels, in an order that
+        // hits, misses and reorders the recently found ones.
+        let families = DerivedMetrics::default().prometheus;
+        let mut found = Found::default();
+        let mut expected: HashMap<(usize, [String; 4]), u64> = HashMap::new();
+        let mut record = |kind: Kind, values: [&str; 4]| {
+            found
+                .get_or_insert(kind, values, &families[kind as usize])
+                .observe(1.0);
+            *expected
+                .entry((kind as usize, values.map(str::to_owned)))
+                .or_default() += 1;
+        };
+        // The first entry of one kind is not another kind's recent one.
+        record(Kind::TokenUsage, ["chat", "p", "m1", ""]);
+        record(Kind::OperationDuration, ["chat", "p", "m1", ""]);
+        let mut state = 7u64;
+        for _ in 0..500 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            let pick = |shift: u32, n: u64| ((state >> shift) % n) as usize;
+            let kind = [Kind::TokenUsage, Kind::OperationDuration][pick(33, 2)];
+            let values = [
+                "chat",
+                ["p", "q"][pick(40, 2)],
+                ["m1", "m2", "m3"][pick(45, 3)],
+                ["input", "output", ""][pick(50, 3)],
+            ];
+            record(kind, values);
+        }
+        assert_eq!(found.entries.len(), expected.len());
+        for ((kind, values), count) in expected {
+            let labels: Labels = Kind::ALL[kind]
+                .def()
+                .labels
+                .iter()
+                .map(|(_, label)| *label)
+                .zip(values)
+                .collect();
+            let histogram = families[kind].get_or_create(&labels);
+            assert_eq!(histogram.count(), count);
+        }
     }
 
     /// One exported histogram point, flattened.
