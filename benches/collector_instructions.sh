@@ -68,18 +68,36 @@ for turns in "$TURNS" "$((2 * TURNS))"; do
   callgrind_annotate --tree=calling --inclusive=yes "$OUT/$turns/callgrind.out" > "$OUT/$turns/tree.txt" 2> /dev/null
 done
 echo "per stage (instructions per event, including callees):"
-for stage in \
-  "SliceDecoder<U> as tonic::codec::Decoder>::decode" \
-  "hermes_receiver::validate::check_batch" \
-  "hermes_correlator::sequencer::Sequencer::push_batch" \
-  "hermes_correlator::Correlator::ingest" \
-  "hermes_collector::derived::DerivedMetrics::record" \
-  "hermes_processor::SpanProcessor::process" \
-  "hermes_exporter::batch::Batcher::push" \
-  "SharedCodec as tonic::codec::Encoder>::encode" \
-  "drop_in_place<hermes_span::trace::v1::ResourceSpans>"; do
-  a=$(grep -F "$stage " "$OUT/$TURNS/tree.txt" | grep -E '^ *[0-9,]+ \([^)]*\)  >' | awk '{gsub(",", "", $1); s += $1} END {print s + 0}')
-  b=$(grep -F "$stage " "$OUT/$((2 * TURNS))/tree.txt" | grep -E '^ *[0-9,]+ \([^)]*\)  >' | awk '{gsub(",", "", $1); s += $1} END {print s + 0}')
-  python3 -c "import sys; a,b,c,d=map(int,sys.argv[1:5]); print(f'  {(b-a)/(d-c):7.0f}  {sys.argv[5]}')" "$a" "$b" "$ev1" "$ev2" "$stage"
-done
+python3 - "$OUT/$TURNS/tree.txt" "$OUT/$((2 * TURNS))/tree.txt" "$ev1" "$ev2" <<'PY'
+import re, sys
+# Each stage's function; later names are what earlier builds called it, so
+# two builds compare stage by stage.
+STAGES = [
+    ["SliceDecoder<U> as tonic::codec::Decoder>::decode"],
+    ["hermes_receiver::validate::check_batch"],
+    ["hermes_correlator::sequencer::Sequencer::push_batch",
+     "hermes_correlator::sequencer::Sequencer::push_at"],
+    ["hermes_correlator::Correlator::ingest"],
+    ["hermes_collector::derived::DerivedMetrics::record"],
+    ["hermes_processor::SpanProcessor::process"],
+    ["hermes_exporter::batch::Batcher::push"],
+    ["SharedCodec as tonic::codec::Encoder>::encode"],
+    ["drop_in_place<hermes_span::trace::v1::ResourceSpans>"],
+]
+CALL = re.compile(r"^ *([0-9,]+) \([^)]*\)  >")
+
+def total(path, names):
+    sum_ = 0
+    with open(path) as tree:
+        for line in tree:
+            m = CALL.match(line)
+            if m and any(name + " " in line for name in names):
+                sum_ += int(m.group(1).replace(",", ""))
+    return sum_
+
+small, large, ev1, ev2 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+for names in STAGES:
+    per_event = (total(large, names) - total(small, names)) / (ev2 - ev1)
+    print(f"  {per_event:7.0f}  {names[0]}")
+PY
 echo "callgrind files: $OUT/*/callgrind.out (callgrind_annotate --inclusive=yes FILE; calling trees in $OUT/*/tree.txt)"
