@@ -100,6 +100,7 @@ impl Lengths {
         for rs in &request.resource_spans {
             write_resource_spans(rs, &mut next, &mut out);
         }
+        debug_assert_eq!(out.len(), self.total, "lengths of another request");
         out
     }
 }
