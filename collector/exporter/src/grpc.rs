@@ -206,7 +206,7 @@ impl SpanExporter for GrpcExporter {
         Box::pin(async move {
             let mut client = self.client();
             // The batch is shared with the other sinks and kept for retries:
-            // its encoding is made once, never the request copied.
+            // it is encoded once, and the request is never copied.
             let mut grpc_request = tonic::Request::new(batch);
             *grpc_request.metadata_mut() = self.metadata.clone();
             grpc_request.set_timeout(self.timeout);
