@@ -80,7 +80,7 @@ pub fn event_queue<T>(capacity: usize) -> (QueueTx<T>, QueueRx<T>) {
         QueueTx {
             tx,
             counters,
-            wake: Arc::clone(&wake),
+            wake: WakeOnDrop(Arc::clone(&wake)),
         },
         QueueRx { rx, wake },
     )
@@ -91,7 +91,19 @@ pub fn event_queue<T>(capacity: usize) -> (QueueTx<T>, QueueRx<T>) {
 pub struct QueueTx<T> {
     tx: mpsc::Sender<T>,
     counters: Arc<QueueCounters>,
-    wake: Arc<Notify>,
+    /// Declared after `tx`: fields are dropped in order, so the channel is
+    /// closed by the time the consumer is woken.
+    wake: WakeOnDrop,
+}
+
+/// Wakes the consumer when dropped (the producer is gone).
+#[derive(Debug)]
+struct WakeOnDrop(Arc<Notify>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        self.0.notify_one();
+    }
 }
 
 impl<T> QueueTx<T> {
@@ -119,20 +131,13 @@ impl<T> QueueTx<T> {
     /// consumer's timer.
     pub fn push_and_wake(&self, item: T) -> Result<(), T> {
         let pushed = self.push(item);
-        self.wake.notify_one();
+        self.wake.0.notify_one();
         pushed
     }
 
     /// The counters of this queue.
     pub fn counters(&self) -> &Arc<QueueCounters> {
         &self.counters
-    }
-}
-
-impl<T> Drop for QueueTx<T> {
-    fn drop(&mut self) {
-        // The channel closes with `tx`: let the consumer see it now.
-        self.wake.notify_one();
     }
 }
 
@@ -296,5 +301,22 @@ mod tests {
         assert!(!rx.is_finished(), "an item is still queued");
         assert_eq!(rx.drain_into(&mut buf, 16), 1);
         assert!(rx.is_finished());
+    }
+
+    #[test]
+    fn a_consumer_woken_by_the_producer_s_drop_finds_the_queue_closed() {
+        // The wake used to come before the channel closed: a consumer quick
+        // enough saw an open, empty queue and slept until its next timer.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for _ in 0..200 {
+            let (tx, rx) = event_queue::<u8>(4);
+            let dropper = std::thread::spawn(move || drop(tx));
+            rt.block_on(rx.woken());
+            assert!(rx.is_finished());
+            dropper.join().unwrap();
+        }
     }
 }
