@@ -143,6 +143,16 @@ impl Kind {
     fn def(self) -> &'static Instrument {
         &INSTRUMENTS[self as usize]
     }
+
+    /// The Prometheus label set of `values`, in the instrument's order.
+    fn labels(self, values: impl IntoIterator<Item = String>) -> Labels {
+        self.def()
+            .labels
+            .iter()
+            .map(|(_, label)| *label)
+            .zip(values)
+            .collect()
+    }
 }
 
 const GEN_AI_LABELS: [(&str, &str); 3] = [
@@ -303,14 +313,9 @@ impl Found {
         {
             return at;
         }
-        let labels: Labels = kind
-            .def()
-            .labels
-            .iter()
-            .map(|(_, label)| *label)
-            .zip(values.map(str::to_owned))
-            .collect();
-        let histogram = family.get_or_create(&labels).clone();
+        let histogram = family
+            .get_or_create(&kind.labels(values.map(str::to_owned)))
+            .clone();
         self.entries.push(FoundEntry {
             kind,
             values: values.map(str::to_owned).into(),
@@ -829,14 +834,7 @@ mod tests {
         }
         assert_eq!(found.entries.len(), expected.len());
         for ((kind, values), count) in expected {
-            let labels: Labels = Kind::ALL[kind]
-                .def()
-                .labels
-                .iter()
-                .map(|(_, label)| *label)
-                .zip(values)
-                .collect();
-            let histogram = families[kind].get_or_create(&labels);
+            let histogram = families[kind].get_or_create(&Kind::ALL[kind].labels(values));
             assert_eq!(histogram.count(), count);
         }
     }

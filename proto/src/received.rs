@@ -72,12 +72,6 @@ impl ReceivedBatch {
     }
 }
 
-impl From<EventBatch> for ReceivedBatch {
-    fn from(batch: EventBatch) -> Self {
-        Self::new(batch)
-    }
-}
-
 /// `largest`, or the event at `index` of length `len` if it is larger.
 fn largest_of(largest: Option<LargestEvent>, index: usize, len: usize) -> Option<LargestEvent> {
     match largest {

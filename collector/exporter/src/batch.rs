@@ -356,7 +356,7 @@ mod generated {
                 let model = hermes_span::collector::trace::v1::ExportTraceServiceRequest::from(
                     message.clone(),
                 );
-                pushed += crate::ExportBatch::new(model.clone()).span_count();
+                pushed += crate::sink::span_count(&model.resource_spans);
                 batches.extend(batcher.push(model.resource_spans));
             }
             batches.extend(batcher.take());

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
+use hermes_span::trace::v1::ResourceSpans;
 
 use crate::encode::Lengths;
 use crate::error::ExportError;
@@ -105,12 +106,7 @@ impl ExportBatch {
         request: ExportTraceServiceRequest,
         lengths: Option<Lengths>,
     ) -> Self {
-        let spans = request
-            .resource_spans
-            .iter()
-            .flat_map(|rs| rs.scope_spans.iter())
-            .map(|ss| ss.spans.len() as u64)
-            .sum();
+        let spans = span_count(&request.resource_spans);
         Self {
             request,
             spans,
@@ -138,4 +134,13 @@ impl ExportBatch {
             Bytes::from(lengths.encode(&self.request))
         })
     }
+}
+
+/// Number of spans in `resource_spans`.
+pub(crate) fn span_count(resource_spans: &[ResourceSpans]) -> u64 {
+    resource_spans
+        .iter()
+        .flat_map(|rs| rs.scope_spans.iter())
+        .map(|ss| ss.spans.len() as u64)
+        .sum()
 }

@@ -53,7 +53,7 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::Batcher;
 use crate::error::{ExportError, RetryClass};
 use crate::retry::{Backoff, RetrySettings};
-use crate::sink::{ExportBatch, ExportOutcome, Sink};
+use crate::sink::{ExportBatch, ExportOutcome, Sink, span_count};
 
 /// Settings of the exporter stage, filled by the binary from its config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -305,11 +305,7 @@ impl ExporterStage {
         }
         let mut left = 0u64;
         while let Ok(message) = rx.try_recv() {
-            left += message
-                .iter()
-                .flat_map(|rs| rs.scope_spans.iter())
-                .map(|ss| ss.spans.len() as u64)
-                .sum::<u64>();
+            left += span_count(&message);
         }
         if left > 0 {
             stats.spans_received.fetch_add(left, Ordering::Relaxed);
@@ -353,11 +349,7 @@ async fn receive(
     dispatcher: &mut Dispatcher,
     message: Vec<ResourceSpans>,
 ) -> bool {
-    let count: u64 = message
-        .iter()
-        .flat_map(|rs| rs.scope_spans.iter())
-        .map(|ss| ss.spans.len() as u64)
-        .sum();
+    let count = span_count(&message);
     stats.spans_received.fetch_add(count, Ordering::Relaxed);
     let n = stats.messages_received.fetch_add(1, Ordering::Relaxed) + 1;
     let full = batcher.push(message);
