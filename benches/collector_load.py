@@ -30,9 +30,18 @@ Scenarios (each repeated --repeats times; medians reported):
   floor_seqs  the same, decoding only the events' seqs (what any receiver
               must decode to acknowledge)
   delay       `hermes-bench-driver paced`: agents replaying the recorded turns
-              in real time (--speed 1), 5x and 20x faster, capture time = send
-              time, batched like the shim (<= 512 events or 50 ms); sink
-              delays (arrival - span end) p50/p99/max
+              in real time (speed 1), 5x and 20x faster (--delay-runs), each
+              event stamped when it is "captured" and handed to the agent's
+              own instance of the shim's sender (its thread, timers and
+              wakes; --idle-poll-max-ms overrides its idle look interval),
+              or at 20x batched on the driver's runtime (<= 512 events or
+              50 ms: 200 sender threads at that rate take more of this
+              2-vCPU machine than the collector); sink delays (arrival -
+              span end) p50/p99/max
+  idle_sender `hermes-bench-driver idle-sender`: four shim senders connected
+              to the collector and given nothing to send for 20 s; CPU time
+              and wake-ups per sender thread per second (what an idle agent
+              process pays for the sender's timer; --idle-poll-max-ms)
 
 Prints a JSON object with every run and the medians, and a table.
 """
@@ -392,17 +401,21 @@ def scenario_open_turns(bins: str, logdir: str, turns: int, capture: str, settle
     }
 
 
-def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: float) -> Dict[str, Any]:
+def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: float,
+                   sender: str, idle_poll_max_ms: Optional[int]) -> Dict[str, Any]:
     rig = Rig(bins, logdir, f"delay{speed:g}")
     time.sleep(0.5)
     pid = rig.collector.pid
     cpu0 = cpu_seconds(pid)
+    extra = ["--sender", sender]
+    if idle_poll_max_ms is not None and sender == "shim":
+        extra += ["--idle-poll-max-ms", str(idle_poll_max_ms)]
     summary = run_json(
         [
             os.path.join(bins, "hermes-bench-driver"),
             "--endpoint", rig.endpoint,
             "--instances", str(instances),
-            "paced", "--turns", str(turns), "--speed", str(speed),
+            "paced", "--turns", str(turns), "--speed", str(speed), *extra,
         ],
         timeout=900,
     )
@@ -412,6 +425,7 @@ def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: fl
     return {
         "instances": instances,
         "speed": speed,
+        "sender": sender,
         "events": summary["events"],
         "events_per_second": summary["events_per_second"],
         "spans": sink.get("spans"),
@@ -420,6 +434,24 @@ def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: fl
         "root_delay": sink.get("root_delay"),
         "load": load(),
     }
+
+
+def scenario_idle_sender(bins: str, logdir: str, idle_poll_max_ms: Optional[int]) -> Dict[str, Any]:
+    rig = Rig(bins, logdir, "idle-sender")
+    extra = [] if idle_poll_max_ms is None else ["--idle-poll-max-ms", str(idle_poll_max_ms)]
+    try:
+        summary = run_json(
+            [
+                os.path.join(bins, "hermes-bench-driver"),
+                "--endpoint", rig.endpoint,
+                "--instances", "4",
+                "idle-sender", "--secs", "20", *extra,
+            ],
+            timeout=120,
+        )
+    finally:
+        rig.stop()
+    return {**summary, "load": load()}
 
 
 def med(values: List[Optional[float]]) -> Optional[float]:
@@ -435,7 +467,12 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=20000, help="loadgen turns per agent")
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--delay-instances", type=int, default=200)
-    ap.add_argument("--delay-turns", type=int, default=8)
+    ap.add_argument("--delay-turns", type=int, default=8,
+                    help="turns per agent in real time (3x at 5x speed, 10x at 20x)")
+    ap.add_argument("--delay-runs", default="1:shim,5:shim,20:batched",
+                    help="speed:sender pairs of the delay scenario (sender: shim or batched)")
+    ap.add_argument("--idle-poll-max-ms", type=int, default=None,
+                    help="the shim sender's idle_poll_max in the delay and idle_sender scenarios (default: the shim's)")
     ap.add_argument("--scenarios", default="idle,throughput,open_turns,delay")
     ap.add_argument("--logdir", default="")
     ap.add_argument("--worker-threads", type=int, default=0,
@@ -468,21 +505,23 @@ def main() -> None:
         for decode in ("full", "views", "seqs"):
             if f"floor_{decode}" in scenarios:
                 record(f"floor_{decode}", scenario_floor(args.bins, logdir, decode, args.instances, args.turns, args.batch))
+        if "idle_sender" in scenarios:
+            record("idle_sender", scenario_idle_sender(args.bins, logdir, args.idle_poll_max_ms))
         if "open_turns" in scenarios:
             for n in (1000, 10000):
                 record(f"open_turns_{n}", scenario_open_turns(args.bins, logdir, n, "metadata", settle=1.0))
             record("open_turns_10000_content", scenario_open_turns(args.bins, logdir, 10000, "content", settle=1.0))
         if "delay" in scenarios:
-            # Real time (--delay-turns turns per agent), then 5x and 20x
-            # faster with 3x and 10x the turns (a few seconds each).
-            for speed, turns in (
-                (1.0, args.delay_turns),
-                (5.0, args.delay_turns * 3),
-                (20.0, args.delay_turns * 10),
-            ):
+            # Real time (--delay-turns turns per agent); faster runs take
+            # more turns (5x: 3x the turns, 20x: 10x), a few seconds each.
+            for run in args.delay_runs.split(","):
+                speed_text, _, sender = run.partition(":")
+                speed = float(speed_text)
+                turns = args.delay_turns * {1.0: 1, 5.0: 3, 20.0: 10}.get(speed, max(1, round(speed / 2)))
                 record(
                     f"delay_x{speed:g}",
-                    scenario_delay(args.bins, logdir, args.delay_instances, turns, speed),
+                    scenario_delay(args.bins, logdir, args.delay_instances, turns, speed,
+                                   sender or "shim", args.idle_poll_max_ms),
                 )
 
     medians: Dict[str, Any] = {}

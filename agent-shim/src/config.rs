@@ -88,6 +88,22 @@ pub const LEAN_HOOKS: [&str; 14] = [
     hooks::POST_APPROVAL_RESPONSE,
 ];
 
+/// Hooks that end a turn or a session: the process may exit right after them
+/// (e.g. through `os._exit`, which skips the exit flush), so their events go
+/// out at once instead of on the sender's next look at the queue. Waking the
+/// sender costs the hook a system call when the sender is parked.
+///
+/// `post_llm_call` ends a turn too, but does not wake: Hermes 0.19.0
+/// (`agent/turn_finalizer.py`) fires `on_session_end` unconditionally at the
+/// end of the same `run_conversation` call, a few statements later, and that
+/// wake carries both events out.
+pub fn wakes_sender(hook: &str) -> bool {
+    matches!(
+        hook,
+        hooks::ON_SESSION_END | hooks::ON_SESSION_FINALIZE | hooks::SUBAGENT_STOP
+    )
+}
+
 /// How much the shim captures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum CaptureLevel {

@@ -12,7 +12,7 @@
 //!   the wall and monotonic clocks, takes a sequence number and `try_send`s a
 //!   reference to the kwargs dict onto the bounded queue; a full queue drops
 //!   the event and counts it. It makes no system call, except for the hooks
-//!   that end a turn or session, which wake the sender (see [`is_urgent`]).
+//!   that end a turn or session, which wake the sender (see [`wakes_sender`]).
 //! - Reads Python state only on the calling thread and only at hook time:
 //!   the thread name (fetched once per OS thread, then cached in a
 //!   `thread_local!`), and at capture level `content` a deep JSON copy of
@@ -29,12 +29,12 @@ use std::ffi::{CStr, CString};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
-use hermes_proto::hooks;
 use pyo3::prelude::*;
 use pyo3::types::{PyCFunction, PyDict, PyList, PyTuple};
 
 use super::core::{CORE, HookItem};
 use super::pyjson::to_json;
+use crate::config::wakes_sender;
 
 thread_local! {
     static THREAD_NAME: OnceCell<Arc<str>> = const { OnceCell::new() };
@@ -60,22 +60,6 @@ fn thread_name(py: Python<'_>) -> Arc<str> {
     }
 }
 
-/// Hooks that end a turn or a session: the process may exit right after them
-/// (e.g. through `os._exit`, which skips the exit flush), so their events go
-/// out at once instead of on the sender's next look at the queue. Waking the
-/// sender costs the hook a system call when the sender is parked.
-///
-/// `post_llm_call` ends a turn too, but does not wake: Hermes 0.19.0
-/// (`agent/turn_finalizer.py`) fires `on_session_end` unconditionally at the
-/// end of the same `run_conversation` call, a few statements later, and that
-/// wake carries both events out.
-fn is_urgent(hook: &str) -> bool {
-    matches!(
-        hook,
-        hooks::ON_SESSION_END | hooks::ON_SESSION_FINALIZE | hooks::SUBAGENT_STOP
-    )
-}
-
 /// `hermes_collector._core.hook_callback(hook)`: the callable registered for
 /// one hook, `callback(**kwargs) -> None`.
 ///
@@ -87,7 +71,7 @@ fn is_urgent(hook: &str) -> bool {
 #[pyfunction]
 pub(super) fn hook_callback<'py>(py: Python<'py>, hook: &str) -> PyResult<Bound<'py, PyCFunction>> {
     let name: Arc<str> = Arc::from(hook);
-    let urgent = is_urgent(hook);
+    let urgent = wakes_sender(hook);
     PyCFunction::new_closure(
         py,
         Some(callable_name(hook)),

@@ -105,7 +105,11 @@ pub struct SenderConfig {
     /// event waits before its batch is cut.
     pub linger: Duration,
     /// The longest interval between looks at an idle queue (the interval
-    /// doubles from `linger` while the queue stays empty).
+    /// doubles from `linger` while the queue stays empty). The first event
+    /// after a pause (the end of an LLM call) waits up to this long, on top
+    /// of the collector's batch timeout; 50 ms keeps capture → export within
+    /// batch timeout + 100 ms, at ≈ 35 wake-ups and ≈ 1.2 ms of CPU per
+    /// second of an idle agent (`docs/BENCHMARKS.md`, "Delay").
     pub idle_poll_max: Duration,
     /// Most unacknowledged batches kept.
     pub max_unacked_batches: usize,
@@ -133,7 +137,7 @@ impl SenderConfig {
             shim,
             max_batch_events: 512,
             linger: Duration::from_millis(10),
-            idle_poll_max: Duration::from_millis(100),
+            idle_poll_max: Duration::from_millis(50),
             max_unacked_batches: 1_024,
             max_unacked_bytes: 32 << 20,
             backoff_min: Duration::from_millis(100),

@@ -476,6 +476,16 @@ fn a_push_waits_for_the_senders_timer_and_a_wake_sends_at_once() {
 }
 
 #[test]
+fn an_idle_sender_looks_at_least_every_50_ms_by_default() {
+    // The delay target is capture -> export within the collector's batch
+    // timeout + 100 ms; the first event after a pause waits up to
+    // `idle_poll_max` in the shim (docs/BENCHMARKS.md, "Delay").
+    let config = SenderConfig::new("http://127.0.0.1:1", shim());
+    assert!(config.idle_poll_max <= Duration::from_millis(50));
+    assert!(config.linger <= config.idle_poll_max);
+}
+
+#[test]
 fn an_idle_sender_still_finds_pushed_events() {
     let collector = TestCollector::start(0, None);
     let mut config = config(collector.endpoint());

@@ -10,9 +10,18 @@
 //!   open turns.
 //! * `paced`: each simulated agent replays the fixtures in rotation in real
 //!   time (event gaps of the recording divided by `--speed`), stamps each
-//!   event with the time it is "captured" (now), and batches like the shim's
-//!   sender (at most `--batch` events or `--flush-ms`). For the delay from
+//!   event with the time it is "captured" (now) and hands it to its own
+//!   instance of the shim's sender (`hermes_collector_shim::sender`: its
+//!   thread, queue, timers and wakes, as in an agent process), or with
+//!   `--sender batched` batches it on the driver's runtime (≤ 512 events or
+//!   `--flush-ms`; a fraction of the CPU of a sender thread per agent, for
+//!   rates where those threads would take the machine). For the delay from
 //!   capture to export, measured by `hermes-bench-sink`.
+//! * `idle-sender`: starts one shim sender per instance, connected to the
+//!   collector and given no events, and reports the CPU time and the
+//!   wake-ups of their threads over `--secs` (from
+//!   `/proc/self/task/*/schedstat`): what an idle agent process pays for the
+//!   sender's looks at its empty queue.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +30,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use hermes_benches::{FIXTURES, Template, now_unix_nanos, restamp, shim_info};
-use hermes_collector_shim::config::CaptureLevel;
+use hermes_collector_shim::config::{CaptureLevel, DEFAULT_QUEUE_EVENTS, wakes_sender};
+use hermes_collector_shim::queue::{QueueTx, event_queue};
+use hermes_collector_shim::sender::{self, PassThrough, SenderConfig, SenderShared};
 use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch, ShimInfo};
 use rand::Rng as _;
@@ -63,12 +74,25 @@ enum Mode {
         /// Time compression of the recorded gaps between events.
         #[arg(long, default_value_t = 1.0)]
         speed: f64,
-        /// Longest wait before a partial batch is sent (the shim: ~50 ms).
+        /// How each agent sends its events.
+        #[arg(long, value_enum, default_value_t = SenderKind::Shim)]
+        sender: SenderKind,
+        /// `--sender shim`: the sender's `idle_poll_max`, ms (default: the
+        /// shim's).
+        #[arg(long)]
+        idle_poll_max_ms: Option<u64>,
+        /// `--sender batched`: the longest a partial batch waits, ms.
         #[arg(long, default_value_t = 50)]
         flush_ms: u64,
-        /// Most events per batch (the shim: 512).
-        #[arg(long, default_value_t = 512)]
-        batch: usize,
+    },
+    /// Idle senders: their threads' CPU time and wake-ups.
+    IdleSender {
+        /// How long to measure.
+        #[arg(long, default_value_t = 30)]
+        secs: u64,
+        /// The sender's `idle_poll_max`, ms (default: the shim's).
+        #[arg(long)]
+        idle_poll_max_ms: Option<u64>,
     },
 }
 
@@ -221,6 +245,160 @@ struct Counters {
     turns: AtomicU64,
 }
 
+/// How a simulated agent's events leave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SenderKind {
+    /// Its own instance of the shim's sender (thread, queue, timers, wakes).
+    Shim,
+    /// Batched on the driver's runtime: at most 512 events or `--flush-ms`
+    /// (much cheaper to generate than a sender thread per agent).
+    Batched,
+}
+
+/// Where one simulated agent hands its events.
+enum Outlet {
+    Shim {
+        tx: QueueTx<Event>,
+        shared: Arc<SenderShared>,
+        thread: std::thread::JoinHandle<()>,
+    },
+    Batched {
+        stream: Stream,
+        pending: Vec<Event>,
+        first_pending: Option<Instant>,
+        flush: Duration,
+    },
+}
+
+impl Outlet {
+    async fn open(
+        endpoint: &str,
+        shim: ShimInfo,
+        kind: SenderKind,
+        idle_poll_max: Option<Duration>,
+        flush: Duration,
+    ) -> anyhow::Result<Outlet> {
+        Ok(match kind {
+            SenderKind::Shim => {
+                let (tx, rx) = event_queue::<Event>(DEFAULT_QUEUE_EVENTS);
+                let shared = Arc::new(SenderShared::default());
+                let mut config = SenderConfig::new(endpoint, shim);
+                if let Some(max) = idle_poll_max {
+                    config.idle_poll_max = max;
+                }
+                let thread = sender::spawn(
+                    rx,
+                    PassThrough,
+                    config,
+                    Arc::clone(&shared),
+                    Arc::clone(tx.counters()),
+                )
+                .context("start the sender thread")?;
+                Outlet::Shim { tx, shared, thread }
+            }
+            SenderKind::Batched => Outlet::Batched {
+                stream: Stream::open(endpoint, shim).await?,
+                pending: Vec::with_capacity(BATCH),
+                first_pending: None,
+                flush,
+            },
+        })
+    }
+
+    /// Waits until `due`; a batching outlet sends what it holds meanwhile.
+    async fn wait_until(&mut self, due: Instant) -> anyhow::Result<()> {
+        if let Outlet::Batched {
+            stream,
+            pending,
+            first_pending,
+            flush,
+        } = self
+        {
+            while let Some(at) = first_pending.map(|t| t + *flush)
+                && at <= due
+            {
+                tokio::time::sleep_until(at.into()).await;
+                stream.send(std::mem::take(pending)).await?;
+                *first_pending = None;
+            }
+        }
+        tokio::time::sleep_until(due.into()).await;
+        Ok(())
+    }
+
+    async fn push(&mut self, event: Event) -> anyhow::Result<()> {
+        match self {
+            Outlet::Shim { tx, .. } => {
+                let pushed = if wakes_sender(&event.hook) {
+                    tx.push_and_wake(event)
+                } else {
+                    tx.push(event)
+                };
+                if pushed.is_err() {
+                    bail!("the sender's queue refused an event");
+                }
+            }
+            Outlet::Batched {
+                stream,
+                pending,
+                first_pending,
+                ..
+            } => {
+                pending.push(event);
+                first_pending.get_or_insert_with(Instant::now);
+                if pending.len() >= BATCH {
+                    stream.send(std::mem::take(pending)).await?;
+                    *first_pending = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what is held and waits until events 1..=`last` are acknowledged.
+    async fn finish(self, last: u64) -> anyhow::Result<()> {
+        let timeout = Duration::from_secs(60);
+        match self {
+            Outlet::Shim { tx, shared, thread } => {
+                let deadline = Instant::now() + timeout;
+                while shared.settled_events() < last {
+                    if Instant::now() > deadline {
+                        bail!(
+                            "events not settled within {timeout:?} ({})",
+                            shared.stats().last_error
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let acked = shared.stats().acked_events;
+                // The queue closes: the sender thread ends.
+                drop(tx);
+                drop(thread);
+                if acked < last {
+                    bail!("{} of {last} events not acknowledged", last - acked);
+                }
+            }
+            Outlet::Batched {
+                stream,
+                pending,
+                first_pending,
+                flush,
+            } => {
+                if let Some(at) = first_pending {
+                    tokio::time::sleep_until((at + flush).into()).await;
+                    stream.send(pending).await?;
+                }
+                stream.wait_acked(last, timeout).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Most events per batch of a batching outlet (the shim's default).
+const BATCH: usize = 512;
+
+/// One simulated agent.
 #[allow(clippy::too_many_arguments)]
 async fn paced_instance(
     endpoint: String,
@@ -229,58 +407,46 @@ async fn paced_instance(
     templates: Arc<Vec<Arc<Template>>>,
     turns: usize,
     speed: f64,
-    flush: Duration,
-    batch: usize,
+    sender: (SenderKind, Option<Duration>, Duration),
     stagger: Duration,
     counters: Arc<Counters>,
 ) -> anyhow::Result<()> {
-    let stream = Stream::open(&endpoint, shim_info(index as u64, level)).await?;
+    let (kind, idle_poll_max, flush) = sender;
+    let mut outlet = Outlet::open(
+        &endpoint,
+        shim_info(index as u64, level),
+        kind,
+        idle_poll_max,
+        flush,
+    )
+    .await?;
     tokio::time::sleep(stagger).await;
     let mut seq = 0u64;
-    let mut pending: Vec<Event> = Vec::with_capacity(batch);
-    let mut first_pending: Option<Instant> = None;
     for turn in 0..turns {
         let template = &templates[(index + turn) % templates.len()];
         let base = template.base();
         let turn_start = Instant::now();
         for e in &template.events {
             let offset = Duration::from_nanos(e.time_unix_nano.saturating_sub(base));
-            let due = turn_start + offset.div_f64(speed);
-            // Flush partial batches while waiting for the next capture.
-            loop {
-                let flush_at = first_pending.map(|t| t + flush);
-                match flush_at {
-                    Some(at) if at <= due => {
-                        tokio::time::sleep_until(at.into()).await;
-                        stream.send(std::mem::take(&mut pending)).await?;
-                        first_pending = None;
-                    }
-                    _ => {
-                        tokio::time::sleep_until(due.into()).await;
-                        break;
-                    }
-                }
-            }
+            outlet
+                .wait_until(turn_start + offset.div_f64(speed))
+                .await?;
             let mut e = template.fresh(e, &format!("{index}p{turn}"));
             restamp(&mut e, now_unix_nanos());
             seq += 1;
             e.seq = seq;
-            pending.push(e);
-            first_pending.get_or_insert_with(Instant::now);
+            outlet
+                .push(e)
+                .await
+                .with_context(|| format!("instance {index}"))?;
             counters.events.fetch_add(1, Ordering::Relaxed);
-            if pending.len() >= batch {
-                stream.send(std::mem::take(&mut pending)).await?;
-                first_pending = None;
-            }
         }
         counters.turns.fetch_add(1, Ordering::Relaxed);
     }
-    if let Some(at) = first_pending {
-        tokio::time::sleep_until((at + flush).into()).await;
-        stream.send(std::mem::take(&mut pending)).await?;
-    }
-    stream.wait_acked(seq, Duration::from_secs(60)).await?;
-    Ok(())
+    outlet
+        .finish(seq)
+        .await
+        .with_context(|| format!("instance {index}"))
 }
 
 async fn paced(
@@ -288,8 +454,7 @@ async fn paced(
     level: CaptureLevel,
     turns: usize,
     speed: f64,
-    flush_ms: u64,
-    batch: usize,
+    sender: (SenderKind, Option<Duration>, Duration),
 ) -> anyhow::Result<()> {
     if speed <= 0.0 || !speed.is_finite() {
         bail!("--speed must be positive");
@@ -313,8 +478,7 @@ async fn paced(
             templates.clone(),
             turns,
             speed,
-            Duration::from_millis(flush_ms),
-            batch.max(1),
+            sender,
             stagger,
             counters.clone(),
         ));
@@ -337,6 +501,7 @@ async fn paced(
         "{}",
         serde_json::json!({
             "mode": "paced",
+            "sender": format!("{:?}", sender.0).to_lowercase(),
             "instances": args.instances,
             "speed": speed,
             "turns": counters.turns.load(Ordering::Relaxed),
@@ -349,6 +514,94 @@ async fn paced(
     if let Some(e) = failure {
         bail!("paced run failed: {e}");
     }
+    Ok(())
+}
+
+/// CPU time (ns) and times scheduled of this process's sender threads, from
+/// `/proc/self/task/*/schedstat` (their `comm` is the thread name cut to 15
+/// bytes).
+fn sender_threads_schedstat() -> anyhow::Result<(u64, u64, usize)> {
+    let comm = &sender::THREAD_NAME.as_bytes()[..15];
+    let (mut cpu_ns, mut slices, mut threads) = (0u64, 0u64, 0usize);
+    for task in std::fs::read_dir("/proc/self/task").context("read /proc/self/task")? {
+        let path = task?.path();
+        let Ok(name) = std::fs::read(path.join("comm")) else {
+            continue;
+        };
+        if name.trim_ascii_end() != comm {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("schedstat"))?;
+        let fields: Vec<u64> = stat
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .context("parse schedstat")?;
+        let [run_ns, _wait_ns, timeslices] = fields[..] else {
+            bail!("unexpected schedstat {stat:?}");
+        };
+        cpu_ns += run_ns;
+        slices += timeslices;
+        threads += 1;
+    }
+    Ok((cpu_ns, slices, threads))
+}
+
+async fn idle_sender(
+    args: &Args,
+    level: CaptureLevel,
+    secs: u64,
+    idle_poll_max: Option<Duration>,
+) -> anyhow::Result<()> {
+    let mut senders = Vec::new();
+    for index in 0..args.instances {
+        let (tx, rx) = event_queue::<Event>(DEFAULT_QUEUE_EVENTS);
+        let shared = Arc::new(SenderShared::default());
+        let mut config = SenderConfig::new(args.endpoint.as_str(), shim_info(index as u64, level));
+        if let Some(max) = idle_poll_max {
+            config.idle_poll_max = max;
+        }
+        let interval = config.idle_poll_max;
+        let thread = sender::spawn(
+            rx,
+            PassThrough,
+            config,
+            Arc::clone(&shared),
+            Arc::clone(tx.counters()),
+        )
+        .context("start the sender thread")?;
+        senders.push((tx, shared, thread, interval));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !senders
+        .iter()
+        .all(|(_, shared, _, _)| shared.is_connected())
+    {
+        if Instant::now() > deadline {
+            bail!("the senders did not connect within 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Past the back-off from `linger` to `idle_poll_max`.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (cpu0, slices0, threads) = sender_threads_schedstat()?;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let (cpu1, slices1, _) = sender_threads_schedstat()?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let per_thread_second = |v: u64| v as f64 / threads.max(1) as f64 / elapsed;
+    println!(
+        "{}",
+        serde_json::json!({
+            "mode": "idle-sender",
+            "threads": threads,
+            "seconds": elapsed,
+            "idle_poll_max_ms": senders.first().map(|s| s.3.as_millis() as u64),
+            "cpu_us_per_thread_second": per_thread_second(cpu1.saturating_sub(cpu0)) / 1e3,
+            "wakeups_per_thread_second": per_thread_second(slices1.saturating_sub(slices0)),
+        })
+    );
+    drop(senders);
     Ok(())
 }
 
@@ -367,8 +620,28 @@ async fn main() -> anyhow::Result<()> {
         Mode::Paced {
             turns,
             speed,
+            sender,
+            idle_poll_max_ms,
             flush_ms,
-            batch,
-        } => paced(&args, level, turns, speed, flush_ms, batch).await,
+        } => {
+            let sender = (
+                sender,
+                idle_poll_max_ms.map(Duration::from_millis),
+                Duration::from_millis(flush_ms),
+            );
+            paced(&args, level, turns, speed, sender).await
+        }
+        Mode::IdleSender {
+            secs,
+            idle_poll_max_ms,
+        } => {
+            idle_sender(
+                &args,
+                level,
+                secs,
+                idle_poll_max_ms.map(Duration::from_millis),
+            )
+            .await
+        }
     }
 }
