@@ -421,6 +421,7 @@ def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: fl
     )
     rig.wait_quiet()
     cpu = cpu_seconds(pid) - cpu0
+    batches = metric(rig.metrics(), "hermes_collector_receiver_accepted_batches_total")
     sink = rig.stop()
     return {
         "instances": instances,
@@ -428,8 +429,11 @@ def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: fl
         "sender": sender,
         "events": summary["events"],
         "events_per_second": summary["events_per_second"],
+        "batches": batches,
         "spans": sink.get("spans"),
         "collector_cpu_seconds": cpu,
+        # Collector CPU per second of the run: its share of one core.
+        "collector_cpu_share": cpu / max(summary["seconds"], 1e-9),
         "delay": sink.get("delay"),
         "root_delay": sink.get("root_delay"),
         "load": load(),

@@ -396,20 +396,41 @@ def collector_tables(load: Dict[str, Any]) -> List[str]:
     lines.append("")
     limit = BATCH_TIMEOUT_MS + DELAY_SLACK_MS
     lines += [
-        "| delay capture → arrival at the OTLP sink | events/s | spans | p50 | p99 | p99.9 | max | roots p99 | target p99 | result | loads |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| delay capture → arrival at the OTLP sink | sender | events/s | events per batch | collector CPU (share of a core; per event) | spans | p50 | p99 | p99.9 | max | roots p99 | target p99 | result | loads |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
+    runs = load.get("runs", {})
     for key in sorted((k for k in m if k.startswith("delay_")), key=lambda k: float(k[len("delay_x"):])):
         d = m[key]
         delay = d.get("delay") or {}
         root = d.get("root_delay") or {}
         p99 = delay.get("p99_ms")
+        sender = (runs.get(key) or [{}])[0].get("sender", "batched")
+        per_batch = d["events"] / d["batches"] if d.get("batches") else None
+        cpu = d.get("collector_cpu_seconds")
+        share = d.get("collector_cpu_share")
+        cpu_text = (
+            f"{share * 100:.0f} %; {cpu / d['events'] * 1e6:.0f} µs"
+            if share is not None and cpu is not None and d.get("events") else "–"
+        )
         lines.append(
-            f"| {d.get('instances'):.0f} agents, recorded gaps ÷ {d.get('speed'):g} | {fmt_rate(d.get('events_per_second'))} | {d.get('spans'):.0f} | "
+            f"| {d.get('instances'):.0f} agents, recorded gaps ÷ {d.get('speed'):g} | {sender} | {fmt_rate(d.get('events_per_second'))} | "
+            f"{f'{per_batch:.1f}' if per_batch else '–'} | "
+            f"{cpu_text} | "
+            f"{d.get('spans'):.0f} | "
             f"{delay.get('p50_ms'):.0f} ms | {p99:.0f} ms | {delay.get('p999_ms'):.0f} ms | {delay.get('max_ms'):.0f} ms | "
             f"{root.get('p99_ms'):.0f} ms | ≤ {limit} ms | {ok(p99 <= limit)} | {'; '.join(map(str, d.get('loads', [])))} |"
         )
     lines.append("")
+    idle = m.get("idle_sender")
+    if idle:
+        lines += [
+            f"An idle shim sender (four connected senders, no events, {idle.get('seconds', 0):.0f} s; "
+            f"`idle_poll_max` {idle.get('idle_poll_max_ms', 0):.0f} ms): "
+            f"{idle.get('cpu_us_per_thread_second', 0):.0f} µs of CPU and "
+            f"{idle.get('wakeups_per_thread_second', 0):.1f} wake-ups per sender thread per second.",
+            "",
+        ]
     return lines
 
 
