@@ -94,6 +94,21 @@ def cpu_seconds(pid: int) -> float:
     return s["user"] + s["system"]
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary context switches of all of the process's threads (each one a
+    thread that parked and was woken)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return total
+
+
 def memory(pid: int) -> Dict[str, float]:
     out = {}
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
@@ -407,6 +422,7 @@ def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: fl
     time.sleep(0.5)
     pid = rig.collector.pid
     cpu0 = cpu_seconds(pid)
+    switches0 = context_switches(pid)
     extra = ["--sender", sender]
     if idle_poll_max_ms is not None and sender == "shim":
         extra += ["--idle-poll-max-ms", str(idle_poll_max_ms)]
@@ -421,6 +437,7 @@ def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: fl
     )
     rig.wait_quiet()
     cpu = cpu_seconds(pid) - cpu0
+    switches = context_switches(pid) - switches0
     batches = metric(rig.metrics(), "hermes_collector_receiver_accepted_batches_total")
     sink = rig.stop()
     return {
@@ -434,6 +451,7 @@ def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: fl
         "collector_cpu_seconds": cpu,
         # Collector CPU per second of the run: its share of one core.
         "collector_cpu_share": cpu / max(summary["seconds"], 1e-9),
+        "collector_context_switches": switches,
         "delay": sink.get("delay"),
         "root_delay": sink.get("root_delay"),
         "load": load(),
