@@ -53,7 +53,7 @@ use tokio::time::Instant;
 
 use crate::attempts::AttemptTracker;
 use crate::config::CollectorEndpoint;
-use crate::queue::{QueueCounters, QueueRx};
+use crate::queue::{QueueCounters, QueueRx, QueueTx, event_queue};
 use backoff::Backoff;
 use conn::{Conn, ConnError, ConnEvent, ConnOptions};
 use spool::SpoolConfig;
@@ -92,6 +92,13 @@ impl Convert for PassThrough {
     }
 }
 
+/// Default [`SenderConfig::idle_poll_max`]. The first event after a pause
+/// (the end of an LLM call) waits up to this long in the agent, on top of
+/// the collector's batch timeout; 50 ms keeps capture → export within batch
+/// timeout + 100 ms, at ≈ 35 wake-ups and ≈ 1.2 ms of CPU per second of an
+/// idle agent (`docs/BENCHMARKS.md`, "Delay").
+pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(50);
+
 /// Sender settings.
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
@@ -105,11 +112,8 @@ pub struct SenderConfig {
     /// event waits before its batch is cut.
     pub linger: Duration,
     /// The longest interval between looks at an idle queue (the interval
-    /// doubles from `linger` while the queue stays empty). The first event
-    /// after a pause (the end of an LLM call) waits up to this long, on top
-    /// of the collector's batch timeout; 50 ms keeps capture → export within
-    /// batch timeout + 100 ms, at ≈ 35 wake-ups and ≈ 1.2 ms of CPU per
-    /// second of an idle agent (`docs/BENCHMARKS.md`, "Delay").
+    /// doubles from `linger` while the queue stays empty); default
+    /// [`DEFAULT_IDLE_POLL_MAX`].
     pub idle_poll_max: Duration,
     /// Most unacknowledged batches kept.
     pub max_unacked_batches: usize,
@@ -137,7 +141,7 @@ impl SenderConfig {
             shim,
             max_batch_events: 512,
             linger: Duration::from_millis(10),
-            idle_poll_max: Duration::from_millis(50),
+            idle_poll_max: DEFAULT_IDLE_POLL_MAX,
             max_unacked_batches: 1_024,
             max_unacked_bytes: 32 << 20,
             backoff_min: Duration::from_millis(100),
@@ -336,6 +340,42 @@ where
         shared.replay_busy.store(false, Ordering::Release);
     }
     spawned
+}
+
+/// A started sender with a queue of its own: the queue's producer side, the
+/// counters shared with the sender, and its thread (which ends once `tx` is
+/// dropped and what it holds is delivered or `close_grace` has passed).
+#[derive(Debug)]
+pub struct Started<T> {
+    /// Where items are queued.
+    pub tx: QueueTx<T>,
+    /// The sender's counters, flush and spool handshakes.
+    pub shared: Arc<SenderShared>,
+    /// The sender thread.
+    pub thread: std::thread::JoinHandle<()>,
+}
+
+/// Starts a sender thread fed by a fresh queue of `capacity` items (the load
+/// generator, the benchmarks and the tests; the Python extension makes its
+/// queue and shared state apart and calls [`spawn`]).
+pub fn start<C>(
+    converter: C,
+    config: SenderConfig,
+    capacity: usize,
+) -> std::io::Result<Started<C::Item>>
+where
+    C: Convert + Send + 'static,
+{
+    let (tx, rx) = event_queue(capacity);
+    let shared = Arc::new(SenderShared::default());
+    let thread = spawn(
+        rx,
+        converter,
+        config,
+        Arc::clone(&shared),
+        Arc::clone(tx.counters()),
+    )?;
+    Ok(Started { tx, shared, thread })
 }
 
 /// Aborts a task when dropped.

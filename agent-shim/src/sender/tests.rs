@@ -13,7 +13,7 @@ use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::*;
-use crate::queue::{QueueTx, SeqSource, event_queue};
+use crate::queue::SeqSource;
 
 /// Test converter: items are already events.
 struct Passthrough;
@@ -251,16 +251,7 @@ impl Harness {
         config: SenderConfig,
         converter: C,
     ) -> Self {
-        let (tx, rx) = event_queue::<Event>(100_000);
-        let shared = Arc::new(SenderShared::default());
-        let thread = spawn(
-            rx,
-            converter,
-            config,
-            Arc::clone(&shared),
-            Arc::clone(tx.counters()),
-        )
-        .unwrap();
+        let Started { tx, shared, thread } = start(converter, config, 100_000).unwrap();
         Harness {
             tx,
             seqs: SeqSource::new(),
@@ -481,7 +472,8 @@ fn an_idle_sender_looks_at_least_every_50_ms_by_default() {
     // timeout + 100 ms; the first event after a pause waits up to
     // `idle_poll_max` in the shim (docs/BENCHMARKS.md, "Delay").
     let config = SenderConfig::new("http://127.0.0.1:1", shim());
-    assert!(config.idle_poll_max <= Duration::from_millis(50));
+    assert_eq!(config.idle_poll_max, DEFAULT_IDLE_POLL_MAX);
+    assert!(DEFAULT_IDLE_POLL_MAX <= Duration::from_millis(50));
     assert!(config.linger <= config.idle_poll_max);
 }
 

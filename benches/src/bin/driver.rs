@@ -31,8 +31,9 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use hermes_benches::{FIXTURES, Template, now_unix_nanos, restamp, shim_info};
 use hermes_collector_shim::config::{CaptureLevel, DEFAULT_QUEUE_EVENTS, wakes_sender};
-use hermes_collector_shim::queue::{QueueTx, event_queue};
-use hermes_collector_shim::sender::{self, PassThrough, SenderConfig, SenderShared};
+use hermes_collector_shim::sender::{
+    self, DEFAULT_IDLE_POLL_MAX, PassThrough, SenderConfig, Started,
+};
 use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch, ShimInfo};
 use rand::Rng as _;
@@ -257,11 +258,7 @@ enum SenderKind {
 
 /// Where one simulated agent hands its events.
 enum Outlet {
-    Shim {
-        tx: QueueTx<Event>,
-        shared: Arc<SenderShared>,
-        thread: std::thread::JoinHandle<()>,
-    },
+    Shim(Started<Event>),
     Batched {
         stream: Stream,
         pending: Vec<Event>,
@@ -279,23 +276,7 @@ impl Outlet {
         flush: Duration,
     ) -> anyhow::Result<Outlet> {
         Ok(match kind {
-            SenderKind::Shim => {
-                let (tx, rx) = event_queue::<Event>(DEFAULT_QUEUE_EVENTS);
-                let shared = Arc::new(SenderShared::default());
-                let mut config = SenderConfig::new(endpoint, shim);
-                if let Some(max) = idle_poll_max {
-                    config.idle_poll_max = max;
-                }
-                let thread = sender::spawn(
-                    rx,
-                    PassThrough,
-                    config,
-                    Arc::clone(&shared),
-                    Arc::clone(tx.counters()),
-                )
-                .context("start the sender thread")?;
-                Outlet::Shim { tx, shared, thread }
-            }
+            SenderKind::Shim => Outlet::Shim(start_sender(endpoint, shim, idle_poll_max)?),
             SenderKind::Batched => Outlet::Batched {
                 stream: Stream::open(endpoint, shim).await?,
                 pending: Vec::with_capacity(BATCH),
@@ -328,7 +309,7 @@ impl Outlet {
 
     async fn push(&mut self, event: Event) -> anyhow::Result<()> {
         match self {
-            Outlet::Shim { tx, .. } => {
+            Outlet::Shim(Started { tx, .. }) => {
                 let pushed = if wakes_sender(&event.hook) {
                     tx.push_and_wake(event)
                 } else {
@@ -359,7 +340,7 @@ impl Outlet {
     async fn finish(self, last: u64) -> anyhow::Result<()> {
         let timeout = Duration::from_secs(60);
         match self {
-            Outlet::Shim { tx, shared, thread } => {
+            Outlet::Shim(Started { tx, shared, thread }) => {
                 let deadline = Instant::now() + timeout;
                 while shared.settled_events() < last {
                     if Instant::now() > deadline {
@@ -393,6 +374,20 @@ impl Outlet {
         }
         Ok(())
     }
+}
+
+/// A shim sender of ready events with the shim's defaults (and
+/// `idle_poll_max` if given).
+fn start_sender(
+    endpoint: &str,
+    shim: ShimInfo,
+    idle_poll_max: Option<Duration>,
+) -> anyhow::Result<Started<Event>> {
+    let mut config = SenderConfig::new(endpoint, shim);
+    if let Some(max) = idle_poll_max {
+        config.idle_poll_max = max;
+    }
+    sender::start(PassThrough, config, DEFAULT_QUEUE_EVENTS).context("start the sender thread")
 }
 
 /// Most events per batch of a batching outlet (the shim's default).
@@ -553,30 +548,17 @@ async fn idle_sender(
     secs: u64,
     idle_poll_max: Option<Duration>,
 ) -> anyhow::Result<()> {
-    let mut senders = Vec::new();
-    for index in 0..args.instances {
-        let (tx, rx) = event_queue::<Event>(DEFAULT_QUEUE_EVENTS);
-        let shared = Arc::new(SenderShared::default());
-        let mut config = SenderConfig::new(args.endpoint.as_str(), shim_info(index as u64, level));
-        if let Some(max) = idle_poll_max {
-            config.idle_poll_max = max;
-        }
-        let interval = config.idle_poll_max;
-        let thread = sender::spawn(
-            rx,
-            PassThrough,
-            config,
-            Arc::clone(&shared),
-            Arc::clone(tx.counters()),
-        )
-        .context("start the sender thread")?;
-        senders.push((tx, shared, thread, interval));
-    }
+    let senders = (0..args.instances)
+        .map(|index| {
+            start_sender(
+                &args.endpoint,
+                shim_info(index as u64, level),
+                idle_poll_max,
+            )
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !senders
-        .iter()
-        .all(|(_, shared, _, _)| shared.is_connected())
-    {
+    while !senders.iter().all(|s| s.shared.is_connected()) {
         if Instant::now() > deadline {
             bail!("the senders did not connect within 10 s");
         }
@@ -596,7 +578,7 @@ async fn idle_sender(
             "mode": "idle-sender",
             "threads": threads,
             "seconds": elapsed,
-            "idle_poll_max_ms": senders.first().map(|s| s.3.as_millis() as u64),
+            "idle_poll_max_ms": idle_poll_max.unwrap_or(DEFAULT_IDLE_POLL_MAX).as_millis() as u64,
             "cpu_us_per_thread_second": per_thread_second(cpu1.saturating_sub(cpu0)) / 1e3,
             "wakeups_per_thread_second": per_thread_second(slices1.saturating_sub(slices0)),
         })

@@ -41,8 +41,7 @@ use clap::Parser;
 use hermes_collector_shim::attempts::AttemptTracker;
 use hermes_collector_shim::config::CaptureLevel;
 use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
-use hermes_collector_shim::queue::event_queue;
-use hermes_collector_shim::sender::{self, PassThrough, SenderConfig, SenderShared};
+use hermes_collector_shim::sender::{self, PassThrough, SenderConfig, SenderShared, Started};
 use hermes_correlator::sequencer::{Ready, Sequencer, SequencerConfig};
 use hermes_correlator::{Correlator, FinishedSpan};
 use hermes_proto::v1::event_ingest_client::EventIngestClient;
@@ -433,27 +432,19 @@ async fn run_instance_resend(index: usize, run: Arc<Run>) -> anyhow::Result<()> 
     let shim = run.shim(index);
     let window = window(args.batch);
     let capacity = usize::try_from(window).unwrap_or(usize::MAX) + args.batch;
-    let (tx, rx) = event_queue::<Event>(capacity);
-    let shared = Arc::new(SenderShared::default());
     let mut config = SenderConfig::new(args.endpoint.as_str(), shim.clone());
     config.max_batch_events = args.batch.max(1);
     // Room for the whole window, so nothing is evicted while the collector
     // is away or pushes back.
     config.max_unacked_batches = 1 << 20;
     config.max_unacked_bytes = 1 << 30;
+    let Started { tx, shared, thread } =
+        sender::start(PassThrough, config, capacity).context("start the sender thread")?;
     counters
         .senders
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(Arc::clone(&shared));
-    let thread = sender::spawn(
-        rx,
-        PassThrough,
-        config,
-        Arc::clone(&shared),
-        Arc::clone(tx.counters()),
-    )
-    .context("start the sender thread")?;
     let mut seq = 0u64;
     let mut attempts = AttemptTracker::default();
     let mut pushed = 0u64;
