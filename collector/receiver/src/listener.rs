@@ -22,13 +22,21 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use rustix::fs::Mode;
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::{TcpListener, TcpSocket, UnixListener};
 
 /// Prefix of a Unix domain socket address: `unix:/run/hermes/ingest.sock`.
 pub const UNIX_PREFIX: &str = "unix:";
 
 /// Mode of the socket file: read and write for the owner only.
 pub const SOCKET_MODE: u32 = 0o600;
+
+/// Backlog of the ingest listener: connections the kernel completes before
+/// the collector accepts them (capped by `net.core.somaxconn`, 4096 by
+/// default since Linux 5.4). std and tokio listen with 128; a fleet of shims
+/// reconnecting at once (a collector restart, a rollout) overflows that, and
+/// every connection attempt the kernel drops costs its shim a SYN
+/// retransmission, one second later.
+pub const LISTEN_BACKLOG: u32 = 4096;
 
 /// Longest socket path the kernel accepts (`sun_path` is 108 bytes, one of
 /// them the terminating NUL).
@@ -101,7 +109,7 @@ impl Listener {
     /// Binds `addr`. Must run inside a tokio runtime.
     pub async fn bind(addr: &ListenAddr) -> io::Result<Listener> {
         match addr {
-            ListenAddr::Tcp(addr) => Ok(Listener::Tcp(TcpListener::bind(addr).await?)),
+            ListenAddr::Tcp(addr) => Ok(Listener::Tcp(bind_tcp(*addr)?)),
             ListenAddr::Unix(path) => {
                 let (listener, file) = bind_unix(path)?;
                 Ok(Listener::Unix(listener, file))
@@ -177,6 +185,19 @@ fn clear_stale_socket(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Binds a TCP listener as `TcpListener::bind` does (with `SO_REUSEADDR`),
+/// with a backlog of [`LISTEN_BACKLOG`].
+fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 fn bind_unix(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
     clear_stale_socket(path)?;
     // The umask is process-wide: it is narrowed only around the bind, which
@@ -185,6 +206,8 @@ fn bind_unix(path: &Path) -> io::Result<(UnixListener, SocketFile)> {
     let bound = UnixListener::bind(path);
     rustix::process::umask(previous);
     let listener = bound?;
+    // Listening again on a listening socket sets its backlog (Linux).
+    rustix::net::listen(&listener, i32::try_from(LISTEN_BACKLOG).unwrap_or(i32::MAX))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))?;
     let metadata = std::fs::symlink_metadata(path)?;
     Ok((
@@ -260,5 +283,75 @@ mod tests {
         let err = Listener::bind(&addr).await.unwrap_err();
         assert!(err.to_string().contains("not a socket"), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), b"data");
+    }
+
+    /// More connections than std's and tokio's backlog of 128, as a fleet of
+    /// shims reconnecting after a collector restart makes.
+    const FLEET: usize = 300;
+
+    /// `net.core.somaxconn`, which caps every listener's backlog.
+    fn somaxconn() -> usize {
+        std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fleet_connecting_at_once_fits_the_tcp_accept_queue() {
+        if somaxconn() <= FLEET {
+            eprintln!(
+                "skipped: net.core.somaxconn is {}, not above {FLEET}",
+                somaxconn()
+            );
+            return;
+        }
+        let listener = Listener::bind(&"127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let Ok(ListenAddr::Tcp(addr)) = listener.local_addr() else {
+            panic!("not a TCP listener");
+        };
+        // Nobody accepts: a connection completes only while the accept queue
+        // has room; past it the kernel drops the attempt, and the client's
+        // retransmission would come after a second.
+        let mut connects = tokio::task::JoinSet::new();
+        for _ in 0..FLEET {
+            connects.spawn(tokio::time::timeout(
+                std::time::Duration::from_millis(900),
+                tokio::net::TcpStream::connect(addr),
+            ));
+        }
+        let mut connected = Vec::new();
+        while let Some(done) = connects.join_next().await {
+            if let Ok(Ok(stream)) = done.unwrap() {
+                connected.push(stream);
+            }
+        }
+        assert_eq!(connected.len(), FLEET);
+    }
+
+    #[tokio::test]
+    async fn a_fleet_connecting_at_once_fits_the_unix_accept_queue() {
+        if somaxconn() <= FLEET {
+            eprintln!(
+                "skipped: net.core.somaxconn is {}, not above {FLEET}",
+                somaxconn()
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ingest.sock");
+        let _listener = Listener::bind(&ListenAddr::Unix(path.clone()))
+            .await
+            .unwrap();
+        // Nobody accepts: past the backlog a connect fails at once.
+        let mut connected = Vec::new();
+        for i in 0..FLEET {
+            match tokio::net::UnixStream::connect(&path).await {
+                Ok(stream) => connected.push(stream),
+                Err(e) => panic!("connection {i} of {FLEET}: {e}"),
+            }
+        }
     }
 }
