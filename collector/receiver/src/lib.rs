@@ -224,7 +224,7 @@ impl Ingest {
         }
         match listener {
             Listener::Tcp(listener) => {
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                let incoming = listener::tcp_incoming(listener);
                 server
                     .serve_with_incoming_shutdown(service, incoming, shutdown.cancelled_owned())
                     .await
