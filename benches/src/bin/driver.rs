@@ -256,6 +256,16 @@ enum SenderKind {
     Batched,
 }
 
+/// How the simulated agents send (`paced`'s options).
+#[derive(Debug, Clone, Copy)]
+struct SenderChoice {
+    kind: SenderKind,
+    /// `SenderKind::Shim`: the sender's `idle_poll_max` (default: the shim's).
+    idle_poll_max: Option<Duration>,
+    /// `SenderKind::Batched`: the longest a partial batch waits.
+    flush: Duration,
+}
+
 /// Where one simulated agent hands its events.
 enum Outlet {
     Shim(Started<Event>),
@@ -268,20 +278,14 @@ enum Outlet {
 }
 
 impl Outlet {
-    async fn open(
-        endpoint: &str,
-        shim: ShimInfo,
-        kind: SenderKind,
-        idle_poll_max: Option<Duration>,
-        flush: Duration,
-    ) -> anyhow::Result<Outlet> {
-        Ok(match kind {
-            SenderKind::Shim => Outlet::Shim(start_sender(endpoint, shim, idle_poll_max)?),
+    async fn open(endpoint: &str, shim: ShimInfo, sender: SenderChoice) -> anyhow::Result<Outlet> {
+        Ok(match sender.kind {
+            SenderKind::Shim => Outlet::Shim(start_sender(endpoint, shim, sender.idle_poll_max)?),
             SenderKind::Batched => Outlet::Batched {
                 stream: Stream::open(endpoint, shim).await?,
                 pending: Vec::with_capacity(BATCH),
                 first_pending: None,
-                flush,
+                flush: sender.flush,
             },
         })
     }
@@ -402,19 +406,11 @@ async fn paced_instance(
     templates: Arc<Vec<Arc<Template>>>,
     turns: usize,
     speed: f64,
-    sender: (SenderKind, Option<Duration>, Duration),
+    sender: SenderChoice,
     stagger: Duration,
     counters: Arc<Counters>,
 ) -> anyhow::Result<()> {
-    let (kind, idle_poll_max, flush) = sender;
-    let mut outlet = Outlet::open(
-        &endpoint,
-        shim_info(index as u64, level),
-        kind,
-        idle_poll_max,
-        flush,
-    )
-    .await?;
+    let mut outlet = Outlet::open(&endpoint, shim_info(index as u64, level), sender).await?;
     tokio::time::sleep(stagger).await;
     let mut seq = 0u64;
     for turn in 0..turns {
@@ -449,7 +445,7 @@ async fn paced(
     level: CaptureLevel,
     turns: usize,
     speed: f64,
-    sender: (SenderKind, Option<Duration>, Duration),
+    sender: SenderChoice,
 ) -> anyhow::Result<()> {
     if speed <= 0.0 || !speed.is_finite() {
         bail!("--speed must be positive");
@@ -496,7 +492,7 @@ async fn paced(
         "{}",
         serde_json::json!({
             "mode": "paced",
-            "sender": format!("{:?}", sender.0).to_lowercase(),
+            "sender": format!("{:?}", sender.kind).to_lowercase(),
             "instances": args.instances,
             "speed": speed,
             "turns": counters.turns.load(Ordering::Relaxed),
@@ -606,11 +602,11 @@ async fn main() -> anyhow::Result<()> {
             idle_poll_max_ms,
             flush_ms,
         } => {
-            let sender = (
-                sender,
-                idle_poll_max_ms.map(Duration::from_millis),
-                Duration::from_millis(flush_ms),
-            );
+            let sender = SenderChoice {
+                kind: sender,
+                idle_poll_max: idle_poll_max_ms.map(Duration::from_millis),
+                flush: Duration::from_millis(flush_ms),
+            };
             paced(&args, level, turns, speed, sender).await
         }
         Mode::IdleSender {
