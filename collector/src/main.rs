@@ -493,6 +493,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         stream_events_per_sec: config.receiver.stream_events_per_sec,
         stream_burst_events: config.receiver.stream_burst_events,
         max_streams_per_connection: config.receiver.max_streams_per_connection,
+        ..Limits::default()
     };
     if let ListenAddr::Tcp(addr) = &listen
         && !addr.ip().is_loopback()

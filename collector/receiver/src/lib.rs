@@ -41,6 +41,7 @@ pub mod validate;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use hermes_proto::received::ReceivedBatch;
 use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
@@ -108,6 +109,12 @@ pub struct Limits {
     /// its rate limit by opening streams. A shim uses one, plus one per
     /// spool file it replays.
     pub max_streams_per_connection: u32,
+    /// How often the collector pings each connection (HTTP/2 PING).
+    pub keepalive_interval: Duration,
+    /// How long a ping may go unanswered before the connection is closed: a
+    /// shim whose host vanished, or a connection a NAT or load balancer
+    /// dropped without a word, would otherwise hold its streams forever.
+    pub keepalive_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -119,6 +126,8 @@ impl Default for Limits {
             stream_events_per_sec: 20_000,
             stream_burst_events: 40_000,
             max_streams_per_connection: 8,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -216,9 +225,15 @@ impl Ingest {
         shutdown: CancellationToken,
     ) -> Result<(), tonic::transport::Error> {
         let max_streams = self.limits.max_streams_per_connection;
+        let keepalive = (
+            self.limits.keepalive_interval,
+            self.limits.keepalive_timeout,
+        );
         let service = self.into_server();
-        let mut server =
-            tonic::transport::Server::builder().max_concurrent_streams(Some(max_streams));
+        let mut server = tonic::transport::Server::builder()
+            .max_concurrent_streams(Some(max_streams))
+            .http2_keepalive_interval(Some(keepalive.0))
+            .http2_keepalive_timeout(Some(keepalive.1));
         if let Some(tls) = tls {
             server = server.tls_config(tls)?;
         }

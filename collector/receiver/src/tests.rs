@@ -418,3 +418,35 @@ async fn one_connection_gets_at_most_its_stream_limit() {
     assert_eq!(acks, [1]);
     server.stop.cancel();
 }
+
+#[tokio::test]
+async fn a_connection_that_answers_no_ping_is_closed() {
+    let limits = Limits {
+        keepalive_interval: Duration::from_millis(100),
+        keepalive_timeout: Duration::from_millis(100),
+        ..Limits::default()
+    };
+    let server = start(ListenAddr::Tcp(([127, 0, 0, 1], 0).into()), limits, None).await;
+    let addr = server.endpoint.trim_start_matches("http://").to_owned();
+    // A client that says hello in HTTP/2 and then falls silent, as one whose
+    // host vanished: it reads, but answers nothing (not even the ping).
+    let mut peer = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // empty SETTINGS
+    tokio::io::AsyncWriteExt::write_all(&mut peer, &hello)
+        .await
+        .unwrap();
+    let closed = async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match tokio::io::AsyncReadExt::read(&mut peer, &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, closed)
+        .await
+        .expect("the silent connection was not closed");
+    server.stop.cancel();
+}
