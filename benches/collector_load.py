@@ -7,7 +7,8 @@ receiver that records, per span, the delay from the span's end time to its
 arrival), all on 127.0.0.1 with OS-chosen ports, and stops both afterwards.
 
 Scenarios (each repeated --repeats times; medians reported):
-  idle        RSS of a started collector with no traffic
+  idle        RSS of a started collector with no traffic, and its CPU time
+              and wake-ups per second over 10 s (its timers)
   throughput  `hermes-loadgen` (release; recorded turns, metadata capture, i.e.
               content off) as fast as it goes; events/s from loadgen's start
               to the last span arriving at the sink, collector CPU seconds
@@ -59,7 +60,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, ".."))
@@ -249,12 +250,38 @@ def run_json(argv: List[str], timeout: float) -> Dict[str, Any]:
     return summary
 
 
-def scenario_idle(bins: str, logdir: str, settle: float) -> Dict[str, Any]:
+def schedstat(pid: int) -> Tuple[int, int]:
+    """CPU time (ns) and times scheduled of all of the process's threads
+    (`/proc/PID/task/*/schedstat`: finer than the 10 ms ticks of `stat`)."""
+    cpu_ns = slices = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+                run_ns, _wait_ns, timeslices = (int(v) for v in f.read().split())
+        except FileNotFoundError:
+            continue
+        cpu_ns += run_ns
+        slices += timeslices
+    return cpu_ns, slices
+
+
+def scenario_idle(bins: str, logdir: str, settle: float, window: float = 10.0) -> Dict[str, Any]:
+    """RSS of a started collector, and what it costs while nothing comes
+    (its timers) over `window` seconds."""
     rig = Rig(bins, logdir, "idle")
     time.sleep(settle)
     mem = memory(rig.collector.pid)
+    cpu0, slices0 = schedstat(rig.collector.pid)
+    time.sleep(window)
+    cpu1, slices1 = schedstat(rig.collector.pid)
     rig.stop()
-    return {"rss_mib": mem["VmRSS"], "hwm_mib": mem["VmHWM"], "load": load()}
+    return {
+        "rss_mib": mem["VmRSS"],
+        "hwm_mib": mem["VmHWM"],
+        "cpu_us_per_second": (cpu1 - cpu0) / 1e3 / window,
+        "wakeups_per_second": (slices1 - slices0) / window,
+        "load": load(),
+    }
 
 
 def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batch: int,

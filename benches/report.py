@@ -393,6 +393,12 @@ def collector_tables(load: Dict[str, Any]) -> List[str]:
             f"{o['bytes_per_turn'] / 1024:.1f} KiB | {'≤ ' + str(target) if target else ''} | "
             f"{ok(o['rss_mib'] <= target) if target else ''} | {'; '.join(map(str, o.get('loads', [])))} |"
         )
+    if idle and idle.get("cpu_us_per_second") is not None:
+        lines += [
+            "",
+            f"An idle collector (no connection, 10 s): {idle['cpu_us_per_second']:.0f} µs of CPU and "
+            f"{idle['wakeups_per_second']:.0f} wake-ups per second, all threads.",
+        ]
     lines.append("")
     limit = BATCH_TIMEOUT_MS + DELAY_SLACK_MS
     lines += [
