@@ -224,16 +224,11 @@ impl Ingest {
         tls: Option<tonic::transport::ServerTlsConfig>,
         shutdown: CancellationToken,
     ) -> Result<(), tonic::transport::Error> {
-        let max_streams = self.limits.max_streams_per_connection;
-        let keepalive = (
-            self.limits.keepalive_interval,
-            self.limits.keepalive_timeout,
-        );
-        let service = self.into_server();
         let mut server = tonic::transport::Server::builder()
-            .max_concurrent_streams(Some(max_streams))
-            .http2_keepalive_interval(Some(keepalive.0))
-            .http2_keepalive_timeout(Some(keepalive.1));
+            .max_concurrent_streams(Some(self.limits.max_streams_per_connection))
+            .http2_keepalive_interval(Some(self.limits.keepalive_interval))
+            .http2_keepalive_timeout(Some(self.limits.keepalive_timeout));
+        let service = self.into_server();
         if let Some(tls) = tls {
             server = server.tls_config(tls)?;
         }
