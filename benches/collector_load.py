@@ -448,7 +448,7 @@ def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: fl
     rig = Rig(bins, logdir, f"delay{speed:g}")
     time.sleep(0.5)
     pid = rig.collector.pid
-    cpu0 = cpu_seconds(pid)
+    s0 = stat(pid)
     switches0 = context_switches(pid)
     extra = ["--sender", sender]
     if idle_poll_max_ms is not None and sender == "shim":
@@ -463,7 +463,8 @@ def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: fl
         timeout=900,
     )
     rig.wait_quiet()
-    cpu = cpu_seconds(pid) - cpu0
+    s1 = stat(pid)
+    cpu = s1["user"] + s1["system"] - s0["user"] - s0["system"]
     switches = context_switches(pid) - switches0
     batches = metric(rig.metrics(), "hermes_collector_receiver_accepted_batches_total")
     sink = rig.stop()
@@ -478,6 +479,8 @@ def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: fl
         "collector_cpu_seconds": cpu,
         # Collector CPU per second of the run: its share of one core.
         "collector_cpu_share": cpu / max(summary["seconds"], 1e-9),
+        "collector_system_cpu_seconds": s1["system"] - s0["system"],
+        "collector_minor_faults": s1["minflt"] - s0["minflt"],
         "collector_context_switches": switches,
         "delay": sink.get("delay"),
         "root_delay": sink.get("root_delay"),

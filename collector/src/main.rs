@@ -42,6 +42,26 @@ use tokio_util::sync::CancellationToken;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for this process (`prctl(
+/// PR_SET_THP_DISABLE)`, which also covers the kernel's `always` mode),
+/// unless `MIMALLOC_ALLOW_THP` is set, which then decides as mimalloc reads
+/// it. mimalloc asks for huge pages on its heap, and every first touch of
+/// one makes the kernel zero 2 MiB: at agents' pace, where a few events
+/// arrive at a time, that was a fifth of the collector's CPU and the tail
+/// of the export delay; without it the collector used less CPU per event
+/// and less resident memory (docs/BENCHMARKS.md, session 13). Returns why
+/// it could not, for the log.
+fn small_pages_only() -> Option<String> {
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
+        return None;
+    }
+    #[cfg(target_os = "linux")]
+    if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
+        return Some(e.to_string());
+    }
+    None
+}
+
 /// Out-of-process telemetry collector for the Hermes AI agent.
 #[derive(Debug, Parser)]
 #[command(name = "hermes-collector", version, about)]
@@ -103,6 +123,8 @@ struct RunArgs {
 }
 
 fn main() -> ExitCode {
+    // Before anything else allocates: a huge page the heap has touched stays.
+    let small_pages = small_pages_only();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -143,8 +165,8 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Some(Command::Run(args)) => run(&args),
-        None => run(&cli.run),
+        Some(Command::Run(args)) => run(&args, small_pages),
+        None => run(&cli.run, small_pages),
     }
 }
 
@@ -208,12 +230,17 @@ fn load(args: &RunArgs) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
-fn run(args: &RunArgs) -> ExitCode {
+/// Runs the collector; `small_pages` is why transparent huge pages could not
+/// be turned off, if they could not.
+fn run(args: &RunArgs, small_pages: Option<String>) -> ExitCode {
     let config = match load(args) {
         Ok(config) => config,
         Err(e) => return config_failure(&e),
     };
     init_logging(&config.log);
+    if let Some(error) = small_pages {
+        tracing::warn!(%error, "cannot turn transparent huge pages off; running with them");
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all().thread_name("hermes-collector");
     if config.runtime.worker_threads > 0 {

@@ -884,3 +884,44 @@ fn bad_metrics_export_config_exits_64_naming_the_key() {
         assert!(out.stderr().contains(key), "{yaml}: {}", out.stderr());
     }
 }
+
+/// `THP_enabled` of a running collector started with `env` (from
+/// `/proc/PID/status`), or `None` on a kernel that does not report it.
+fn collector_thp_enabled(env: &[(&str, &str)]) -> Option<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+    cmd.current_dir(dir.path())
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut collector = ChildGuard::spawn_named("hermes-collector", &mut cmd).unwrap();
+    assert!(
+        collector.wait_for_stderr(WAIT, |e| e.contains("receiving Hermes events")),
+        "collector did not start:\n{}",
+        collector.stderr_text()
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", collector.pid())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(|v| v.trim().to_string())
+}
+
+#[test]
+fn the_collector_runs_without_transparent_huge_pages_unless_told_otherwise() {
+    let Some(default) = collector_thp_enabled(&[]) else {
+        eprintln!("skipped: this kernel does not report THP_enabled");
+        return;
+    };
+    assert_eq!(default, "0", "transparent huge pages are on by default");
+    let allowed = collector_thp_enabled(&[("MIMALLOC_ALLOW_THP", "1")]);
+    assert_eq!(
+        allowed.as_deref(),
+        Some("1"),
+        "MIMALLOC_ALLOW_THP=1 is not honoured"
+    );
+}
