@@ -918,6 +918,16 @@ fn the_collector_runs_without_transparent_huge_pages_unless_told_otherwise() {
         return;
     };
     assert_eq!(default, "0", "transparent huge pages are on by default");
+    // A parent that turned them off passes that on to its children: then
+    // there is nothing for the collector to keep.
+    let ours = std::fs::read_to_string("/proc/self/status").unwrap();
+    if ours
+        .lines()
+        .any(|l| l.starts_with("THP_enabled:") && l.ends_with('0'))
+    {
+        eprintln!("skipped the override: this test runs with transparent huge pages off");
+        return;
+    }
     let allowed = collector_thp_enabled(&[("MIMALLOC_ALLOW_THP", "1")]);
     assert_eq!(
         allowed.as_deref(),
