@@ -534,11 +534,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let authenticated = token.is_some();
     let memory_limit = (config.receiver.memory_limit_mib > 0).then(|| {
-        let limit = hermes_receiver::MemoryLimit::new(
+        hermes_receiver::MemoryLimit::new(
             config.receiver.memory_limit_mib.saturating_mul(1024 * 1024),
-        );
-        limit.spawn_watch(Duration::from_millis(100), shutdown.clone());
-        limit
+            Duration::from_millis(100),
+        )
     });
     let delivery = match config.queue.kind {
         config::QueueKind::Memory => hermes_receiver::Delivery::Memory,

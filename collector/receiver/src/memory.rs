@@ -4,28 +4,42 @@
 //! collector stops taking work instead of growing; the shims' bounded
 //! buffers absorb the pause.
 //!
-//! The resident set size is read from `/proc/self/statm` by a watcher task
-//! every `interval` (a cheap read; nothing on the per-batch path but an
-//! atomic load). Where `/proc` does not exist the limit never triggers.
+//! The resident set size is read from `/proc/self/statm` when a batch
+//! arrives and the last reading is older than the interval (a cheap read,
+//! at most once per interval; otherwise an atomic load and a clock read per
+//! batch). Memory grows only while batches arrive, so nothing reads it
+//! while the ingest is idle, and an idle collector has no timer for it.
+//! Where `/proc` does not exist the limit never triggers.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
+/// `read_at` before the first reading.
+const NEVER: u64 = u64::MAX;
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct MemoryLimit {
     limit_bytes: u64,
+    interval_nanos: u64,
+    /// The origin of `read_at`.
+    created: Instant,
+    /// When the last reading was taken, ns after `created`; [`NEVER`].
+    read_at: AtomicU64,
     over: AtomicBool,
     resident: AtomicU64,
 }
 
 impl MemoryLimit {
-    pub fn new(limit_bytes: u64) -> Arc<Self> {
+    /// A limit of `limit_bytes`, read again when the last reading is older
+    /// than `interval`.
+    pub fn new(limit_bytes: u64, interval: Duration) -> Arc<Self> {
         Arc::new(Self {
             limit_bytes,
+            interval_nanos: u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX),
+            created: Instant::now(),
+            read_at: AtomicU64::new(NEVER),
             over: AtomicBool::new(false),
             resident: AtomicU64::new(0),
         })
@@ -36,8 +50,20 @@ impl MemoryLimit {
         self.limit_bytes
     }
 
-    /// True while the last reading was above the limit.
+    /// Whether the process is above the limit, from a reading at most one
+    /// interval old: a caller that finds the last one older reads again
+    /// first (one caller at a time; the others meanwhile use the last one).
     pub fn is_over(&self) -> bool {
+        let now = u64::try_from(self.created.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        let last = self.read_at.load(Ordering::Relaxed);
+        if (last == NEVER || now.saturating_sub(last) >= self.interval_nanos)
+            && self
+                .read_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.check();
+        }
         self.over.load(Ordering::Relaxed)
     }
 
@@ -46,8 +72,8 @@ impl MemoryLimit {
         self.resident.load(Ordering::Relaxed)
     }
 
-    /// Reads the resident set size now and updates [`MemoryLimit::is_over`].
-    pub fn check(&self) {
+    /// Reads the resident set size now and updates the verdict.
+    fn check(&self) {
         if let Some(resident) = resident_bytes() {
             self.resident.store(resident, Ordering::Relaxed);
             let over = resident > self.limit_bytes;
@@ -64,21 +90,6 @@ impl MemoryLimit {
             }
         }
     }
-
-    /// Checks every `interval` until `stop` is cancelled.
-    pub fn spawn_watch(self: &Arc<Self>, interval: Duration, stop: CancellationToken) {
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut timer = tokio::time::interval(interval);
-            timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => break,
-                    _ = timer.tick() => this.check(),
-                }
-            }
-        });
-    }
 }
 
 /// Resident set size of this process, from `/proc/self/statm`.
@@ -94,15 +105,31 @@ mod tests {
 
     #[test]
     fn reads_the_resident_set_and_compares_with_the_limit() {
-        let tiny = MemoryLimit::new(1);
-        tiny.check();
+        let tiny = MemoryLimit::new(1, Duration::from_secs(3600));
+        assert!(tiny.is_over(), "the first look reads");
         assert!(
             tiny.resident_bytes() > 1024 * 1024,
             "a process uses more than 1 MiB"
         );
-        assert!(tiny.is_over());
-        let huge = MemoryLimit::new(u64::MAX);
-        huge.check();
+        let huge = MemoryLimit::new(u64::MAX, Duration::from_secs(3600));
         assert!(!huge.is_over());
+    }
+
+    #[test]
+    fn reads_again_only_when_the_last_reading_is_older_than_the_interval() {
+        let limit = MemoryLimit::new(u64::MAX, Duration::from_secs(3600));
+        assert!(!limit.is_over());
+        limit.resident.store(0, Ordering::Relaxed);
+        assert!(!limit.is_over());
+        assert_eq!(limit.resident_bytes(), 0, "read again within the interval");
+
+        let limit = MemoryLimit::new(u64::MAX, Duration::ZERO);
+        assert!(!limit.is_over());
+        limit.resident.store(0, Ordering::Relaxed);
+        assert!(!limit.is_over());
+        assert!(
+            limit.resident_bytes() > 0,
+            "not read again after the interval"
+        );
     }
 }

@@ -265,8 +265,7 @@ async fn durable_delivery_acks_in_order_once_written_and_never_a_lost_write() {
 
 #[tokio::test]
 async fn above_the_memory_limit_batches_are_refused_with_unavailable() {
-    let limit = MemoryLimit::new(1);
-    limit.check();
+    let limit = MemoryLimit::new(1, Duration::from_secs(3600));
     let (server, mut pipeline) = start_with(Delivery::Memory, Some(limit)).await;
     let mut client = client(&server.endpoint).await;
     let refused = exchange(&mut client, None, vec![batch(1, 1)])
