@@ -86,6 +86,21 @@ def subprocess_checks() -> None:
     assert elapsed < 10, f"exit took {elapsed:.1f}s"
 
 
+def sender_policies() -> list:
+    """The scheduling policy of each of this process's sender threads (comm
+    "hermes-collecto", the thread name cut to 15 bytes)."""
+    policies = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name == "hermes-collecto":
+            policies.append(os.sched_getscheduler(int(tid)))
+    return policies
+
+
 def main() -> None:
     fixture = sys.argv[1]
     ctx = FakeCtx()
@@ -120,6 +135,9 @@ def main() -> None:
     replayed.append("post_api_request")
 
     assert hermes_collector.flush(10_000), hermes_collector.stats()
+    # Waking the sender must never preempt the agent's thread.
+    if sys.platform.startswith("linux"):
+        assert sender_policies() == [os.SCHED_BATCH], sender_policies()
     emit("parent", hooks=replayed)
 
     read_fd, write_fd = os.pipe()
@@ -128,6 +146,8 @@ def main() -> None:
         os.close(read_fd)
         ctx.hooks["on_session_start"](session_id="child-session", model="m", platform="cli")
         ok = hermes_collector.flush(10_000)
+        if sys.platform.startswith("linux"):
+            ok = ok and sender_policies() == [os.SCHED_BATCH]
         os.write(write_fd, json.dumps({"ok": ok, "stats": hermes_collector.stats()}).encode())
         os._exit(0 if ok else 1)
     os.close(write_fd)

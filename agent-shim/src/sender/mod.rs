@@ -325,6 +325,7 @@ where
         .name(THREAD_NAME.to_owned())
         .spawn(move || {
             let shared = thread_shared;
+            background_policy();
             match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -340,6 +341,22 @@ where
         shared.replay_busy.store(false, Ordering::Release);
     }
     spawned
+}
+
+/// Puts the calling thread (the sender's) under `SCHED_BATCH`, with its nice
+/// value and CPU share as they were. The kernel then never lets a wake-up
+/// of this thread preempt the thread that woke it: a hook that wakes the
+/// sender (the end of a turn, [`crate::config::wakes_sender`]) returns to
+/// the agent's code at once, and the sender runs on an idle CPU or at the
+/// next scheduler tick (docs/BENCHMARKS.md, session 13). Best effort: where
+/// the policy cannot be set (not Linux, a seccomp filter) the thread runs
+/// as before.
+fn background_policy() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = uapi::c::sched_param { sched_priority: 0 };
+        let _ = uapi::sched_setscheduler(0, uapi::c::SCHED_BATCH, &param);
+    }
 }
 
 /// A started sender with a queue of its own: the queue's producer side, the

@@ -477,6 +477,19 @@ fn an_idle_sender_looks_at_least_every_50_ms_by_default() {
     assert!(config.linger <= config.idle_poll_max);
 }
 
+#[cfg(target_os = "linux")]
+#[test]
+fn the_sender_thread_runs_under_sched_batch() {
+    // What `spawn` runs first on the sender thread.
+    let policy = std::thread::spawn(|| {
+        background_policy();
+        uapi::sched_getscheduler(0).ok()
+    })
+    .join()
+    .expect("policy thread");
+    assert_eq!(policy, Some(uapi::c::SCHED_BATCH));
+}
+
 #[test]
 fn an_idle_sender_still_finds_pushed_events() {
     let collector = TestCollector::start(0, None);
