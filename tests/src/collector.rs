@@ -30,10 +30,22 @@ impl Collector {
     /// Starts `hermes-collector --listen LISTEN --admin-listen 127.0.0.1:0
     /// ARGS…` in `cwd`.
     pub fn start_on(cwd: &Path, listen: &str, args: &[&str]) -> Collector {
+        Self::start_with_env(cwd, listen, args, &[])
+    }
+
+    /// As [`Collector::start_on`], with `env` added to the process'
+    /// environment.
+    pub fn start_with_env(
+        cwd: &Path,
+        listen: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Collector {
         let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
         cmd.current_dir(cwd)
             .args(["--listen", listen, "--admin-listen", "127.0.0.1:0"])
-            .args(args);
+            .args(args)
+            .envs(env.iter().copied());
         Self::spawn(cmd, format!("http://{listen}"))
     }
 

@@ -889,22 +889,10 @@ fn bad_metrics_export_config_exits_64_naming_the_key() {
 /// `/proc/PID/status`), or `None` on a kernel that does not report it.
 fn collector_thp_enabled(env: &[(&str, &str)]) -> Option<String> {
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
-    cmd.current_dir(dir.path())
-        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-        .args(["--admin-listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut collector = ChildGuard::spawn_named("hermes-collector", &mut cmd).unwrap();
-    assert!(
-        collector.wait_for_stderr(WAIT, |e| e.contains("receiving Hermes events")),
-        "collector did not start:\n{}",
-        collector.stderr_text()
-    );
-    let status = std::fs::read_to_string(format!("/proc/{}/status", collector.pid())).unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let collector = Collector::start_with_env(dir.path(), &listen, &[], env);
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", collector.guard.pid())).unwrap();
     status
         .lines()
         .find_map(|l| l.strip_prefix("THP_enabled:"))
