@@ -189,7 +189,7 @@ impl Ingest {
     }
 
     /// Refuses batches with `UNAVAILABLE` while `limit` says the process is
-    /// above its memory limit (the watcher is the caller's to start).
+    /// above its memory limit (read as batches arrive, see [`MemoryLimit`]).
     pub fn with_memory_limit(mut self, limit: Option<Arc<MemoryLimit>>) -> Self {
         self.memory = limit;
         self
