@@ -34,7 +34,8 @@ Scenarios (each repeated --repeats times; medians reported):
               in real time (speed 1), 5x and 20x faster (--delay-runs), each
               event stamped when it is "captured" and handed to the agent's
               own instance of the shim's sender (its thread, timers and
-              wakes; --idle-poll-max-ms overrides its idle look interval),
+              wakes; --idle-poll-max-ms and --idle-sleep-after-ms override
+              its idle look interval and when it stops it),
               or at 20x batched on the driver's runtime (<= 512 events or
               50 ms: 200 sender threads at that rate take more of this
               2-vCPU machine than the collector); sink delays (arrival -
@@ -42,7 +43,9 @@ Scenarios (each repeated --repeats times; medians reported):
   idle_sender `hermes-bench-driver idle-sender`: four shim senders connected
               to the collector and given nothing to send for 20 s; CPU time
               and wake-ups per sender thread per second (what an idle agent
-              process pays for the sender's timer; --idle-poll-max-ms)
+              process pays for the sender's timer), measured once the
+              senders are past --idle-sleep-after-ms (unless it is longer
+              than the 20 s: then while they poll; --idle-poll-max-ms)
 
 Prints a JSON object with every run and the medians, and a table.
 """
@@ -444,15 +447,13 @@ def scenario_open_turns(bins: str, logdir: str, turns: int, capture: str, settle
 
 
 def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: float,
-                   sender: str, idle_poll_max_ms: Optional[int]) -> Dict[str, Any]:
+                   sender: str, timer_args: List[str]) -> Dict[str, Any]:
     rig = Rig(bins, logdir, f"delay{speed:g}")
     time.sleep(0.5)
     pid = rig.collector.pid
     s0 = stat(pid)
     switches0 = context_switches(pid)
-    extra = ["--sender", sender]
-    if idle_poll_max_ms is not None and sender == "shim":
-        extra += ["--idle-poll-max-ms", str(idle_poll_max_ms)]
+    extra = ["--sender", sender, *(timer_args if sender == "shim" else [])]
     summary = run_json(
         [
             os.path.join(bins, "hermes-bench-driver"),
@@ -488,16 +489,15 @@ def scenario_delay(bins: str, logdir: str, instances: int, turns: int, speed: fl
     }
 
 
-def scenario_idle_sender(bins: str, logdir: str, idle_poll_max_ms: Optional[int]) -> Dict[str, Any]:
+def scenario_idle_sender(bins: str, logdir: str, timer_args: List[str]) -> Dict[str, Any]:
     rig = Rig(bins, logdir, "idle-sender")
-    extra = [] if idle_poll_max_ms is None else ["--idle-poll-max-ms", str(idle_poll_max_ms)]
     try:
         summary = run_json(
             [
                 os.path.join(bins, "hermes-bench-driver"),
                 "--endpoint", rig.endpoint,
                 "--instances", "4",
-                "idle-sender", "--secs", "20", *extra,
+                "idle-sender", "--secs", "20", *timer_args,
             ],
             timeout=120,
         )
@@ -525,6 +525,9 @@ def main() -> None:
                     help="speed:sender pairs of the delay scenario (sender: shim or batched)")
     ap.add_argument("--idle-poll-max-ms", type=int, default=None,
                     help="the shim sender's idle_poll_max in the delay and idle_sender scenarios (default: the shim's)")
+    ap.add_argument("--idle-sleep-after-ms", type=int, default=None,
+                    help="the shim sender's idle_sleep_after in the delay and idle_sender scenarios "
+                         "(default: the shim's; a large value: it never stops its timer)")
     ap.add_argument("--scenarios", default="idle,throughput,open_turns,delay")
     ap.add_argument("--logdir", default="")
     ap.add_argument("--worker-threads", type=int, default=0,
@@ -535,6 +538,11 @@ def main() -> None:
     logdir = args.logdir or tempfile.mkdtemp(prefix="hermes-bench-")
     os.makedirs(logdir, exist_ok=True)
     scenarios = args.scenarios.split(",")
+    timer_args: List[str] = []
+    if args.idle_poll_max_ms is not None:
+        timer_args += ["--idle-poll-max-ms", str(args.idle_poll_max_ms)]
+    if args.idle_sleep_after_ms is not None:
+        timer_args += ["--idle-sleep-after-ms", str(args.idle_sleep_after_ms)]
     runs: Dict[str, List[Dict[str, Any]]] = {}
 
     def record(key: str, value: Dict[str, Any]) -> None:
@@ -558,7 +566,7 @@ def main() -> None:
             if f"floor_{decode}" in scenarios:
                 record(f"floor_{decode}", scenario_floor(args.bins, logdir, decode, args.instances, args.turns, args.batch))
         if "idle_sender" in scenarios:
-            record("idle_sender", scenario_idle_sender(args.bins, logdir, args.idle_poll_max_ms))
+            record("idle_sender", scenario_idle_sender(args.bins, logdir, timer_args))
         if "open_turns" in scenarios:
             for n in (1000, 10000):
                 record(f"open_turns_{n}", scenario_open_turns(args.bins, logdir, n, "metadata", settle=1.0))
@@ -573,7 +581,7 @@ def main() -> None:
                 record(
                     f"delay_x{speed:g}",
                     scenario_delay(args.bins, logdir, args.delay_instances, turns, speed,
-                                   sender or "shim", args.idle_poll_max_ms),
+                                   sender or "shim", timer_args),
                 )
 
     medians: Dict[str, Any] = {}

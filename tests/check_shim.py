@@ -86,6 +86,13 @@ def subprocess_checks() -> None:
     assert elapsed < 10, f"exit took {elapsed:.1f}s"
 
 
+def wait_until(done, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"{what}: {hermes_collector.stats()}"
+        time.sleep(0.01)
+
+
 def sender_policies() -> list:
     """The scheduling policy of each of this process's sender threads (comm
     "hermes-collecto", the thread name cut to 15 bytes)."""
@@ -138,6 +145,14 @@ def main() -> None:
     # Waking the sender must never preempt the agent's thread.
     if sys.platform.startswith("linux"):
         assert sender_policies() == [os.SCHED_BATCH], sender_policies()
+    # Idle, the sender stops its timer; a hook that does not wake it
+    # otherwise (no flush) then gets its event out.
+    wait_until(lambda: hermes_collector.stats()["asleep"], "the sender never fell asleep")
+    acked = hermes_collector.stats()["acked_events"]
+    ctx.hooks["post_tool_call"](tool_name="after-sleep", args={}, status="ok", duration_ms=1)
+    wait_until(lambda: hermes_collector.stats()["acked_events"] > acked,
+               "a hook did not wake the asleep sender")
+    replayed.append("post_tool_call")
     emit("parent", hooks=replayed)
 
     read_fd, write_fd = os.pipe()

@@ -8,13 +8,19 @@
 //!   lock the consumer holds: it is a `try_send` on a bounded tokio mpsc
 //!   channel (lock-free on the sending side; its block list grows lazily, so a
 //!   large capacity costs no memory up front).
-//! - [`QueueTx::push`] never wakes the consumer, so it makes no system call:
-//!   the consumer only ever takes items with [`QueueRx::drain_into`] (which
-//!   registers no waker) on its own timer. A producer that needs the item
-//!   out at once uses [`QueueTx::push_and_wake`], which also wakes the
+//! - [`QueueTx::push`] does not wake a consumer that is awake, so it makes
+//!   no system call: that consumer takes items with [`QueueRx::drain_into`]
+//!   (which registers no waker) on its own timer. A producer that needs the
+//!   item out at once uses [`QueueTx::push_and_wake`], which also wakes the
 //!   consumer waiting in [`QueueRx::woken`] (an eventfd write when it is
 //!   parked). Dropping the producer wakes the consumer too, so it sees the
 //!   close at once.
+//! - A consumer with nothing to do for a while can stop its timer: after
+//!   [`QueueRx::fall_asleep`] returned true, the next push wakes it (only
+//!   that one: it clears the flag), so no item is left behind. The flag and
+//!   the `enqueued` counter are written and read `SeqCst`: either the
+//!   consumer's look at `enqueued` sees a producer's item, or that producer
+//!   sees the flag (the consumer sets it before it looks).
 //! - When the queue is full (or the consumer is gone) the pushed item is
 //!   handed back to the caller (so it can be dropped where that is safe, e.g.
 //!   with the GIL held) and `dropped` is incremented: after any set of pushes,
@@ -25,7 +31,7 @@
 //!   for Python callers; the sender still sorts each batch by seq.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::{Notify, mpsc};
 
@@ -75,15 +81,38 @@ impl QueueCounters {
 pub fn event_queue<T>(capacity: usize) -> (QueueTx<T>, QueueRx<T>) {
     let (tx, rx) = mpsc::channel(capacity.max(1));
     let counters = Arc::new(QueueCounters::default());
-    let wake = Arc::new(Notify::new());
+    let wake = Arc::new(Wake::default());
     (
         QueueTx {
             tx,
-            counters,
+            counters: Arc::clone(&counters),
             wake: WakeOnDrop(Arc::clone(&wake)),
         },
-        QueueRx { rx, wake },
+        QueueRx {
+            rx,
+            wake,
+            counters,
+            taken: 0,
+        },
     )
+}
+
+/// How producers wake the consumer.
+#[derive(Debug, Default)]
+struct Wake {
+    notify: Notify,
+    /// The consumer stopped its timer: the next push must wake it.
+    asleep: AtomicBool,
+    /// A producer asked for its item to go out at once (or is gone).
+    urgent: AtomicBool,
+}
+
+impl Wake {
+    fn wake_urgently(&self) {
+        self.urgent.store(true, Ordering::SeqCst);
+        self.asleep.store(false, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
 }
 
 /// The producing side, used on hook threads.
@@ -98,23 +127,46 @@ pub struct QueueTx<T> {
 
 /// Wakes the consumer when dropped (the producer is gone).
 #[derive(Debug)]
-struct WakeOnDrop(Arc<Notify>);
+struct WakeOnDrop(Arc<Wake>);
 
 impl Drop for WakeOnDrop {
     fn drop(&mut self) {
-        self.0.notify_one();
+        self.0.wake_urgently();
     }
 }
 
 impl<T> QueueTx<T> {
-    /// Enqueues `item` without blocking and without waking the consumer (it
-    /// finds the item on its next look). On a full or closed queue the item
-    /// comes back as `Err` and the drop is counted.
+    /// Enqueues `item` without blocking. An awake consumer is not woken (it
+    /// finds the item on its next look); an asleep one is
+    /// ([`QueueRx::fall_asleep`]). On a full or closed queue the item comes
+    /// back as `Err` and the drop is counted.
     #[inline]
     pub fn push(&self, item: T) -> Result<(), T> {
+        let pushed = self.enqueue(item);
+        let wake = &self.wake.0;
+        if pushed.is_ok()
+            && wake.asleep.load(Ordering::SeqCst)
+            && wake.asleep.swap(false, Ordering::SeqCst)
+        {
+            wake.notify.notify_one();
+        }
+        pushed
+    }
+
+    /// Like [`QueueTx::push`], then wakes the consumer (or leaves it a
+    /// permit if it is busy), so the item goes out without waiting for the
+    /// consumer's timer.
+    pub fn push_and_wake(&self, item: T) -> Result<(), T> {
+        let pushed = self.enqueue(item);
+        self.wake.0.wake_urgently();
+        pushed
+    }
+
+    #[inline]
+    fn enqueue(&self, item: T) -> Result<(), T> {
         match self.tx.try_send(item) {
             Ok(()) => {
-                self.counters.enqueued.fetch_add(1, Ordering::AcqRel);
+                self.counters.enqueued.fetch_add(1, Ordering::SeqCst);
                 Ok(())
             }
             Err(
@@ -124,15 +176,6 @@ impl<T> QueueTx<T> {
                 Err(item)
             }
         }
-    }
-
-    /// Like [`QueueTx::push`], then wakes the consumer (or leaves it a
-    /// permit if it is busy), so the item goes out without waiting for the
-    /// consumer's timer.
-    pub fn push_and_wake(&self, item: T) -> Result<(), T> {
-        let pushed = self.push(item);
-        self.wake.0.notify_one();
-        pushed
     }
 
     /// The counters of this queue.
@@ -145,14 +188,46 @@ impl<T> QueueTx<T> {
 #[derive(Debug)]
 pub struct QueueRx<T> {
     rx: mpsc::Receiver<T>,
-    wake: Arc<Notify>,
+    wake: Arc<Wake>,
+    counters: Arc<QueueCounters>,
+    /// Items taken so far.
+    taken: u64,
 }
 
 impl<T> QueueRx<T> {
-    /// Resolves when a producer called [`QueueTx::push_and_wake`] or was
-    /// dropped since the last time this resolved. Cancel safe.
+    /// Resolves when a producer called [`QueueTx::push_and_wake`], pushed
+    /// while the consumer was asleep, or was dropped, since the last time
+    /// this resolved. Cancel safe.
     pub async fn woken(&self) {
-        self.wake.notified().await;
+        self.wake.notify.notified().await;
+    }
+
+    /// Declares the consumer asleep, so the next push wakes it through
+    /// [`QueueRx::woken`]. Returns false (staying awake) when an item is
+    /// queued that it has not taken: it should look at once instead.
+    pub fn fall_asleep(&self) -> bool {
+        self.wake.asleep.store(true, Ordering::SeqCst);
+        // Pushes counted before this load are seen here; any later one
+        // sees the flag. Taken items whose count is not in yet make this
+        // look lower, and their producers, later than the load, wake us.
+        if self.counters.enqueued.load(Ordering::SeqCst) > self.taken {
+            self.wake.asleep.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Ends a sleep the producers did not end ([`QueueRx::fall_asleep`]):
+    /// pushes no longer wake the consumer.
+    pub fn wake_up(&self) {
+        self.wake.asleep.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether a producer called [`QueueTx::push_and_wake`] or was dropped
+    /// since the last call; a wake without it came from a plain push to an
+    /// asleep consumer.
+    pub fn take_urgent(&self) -> bool {
+        self.wake.urgent.swap(false, Ordering::SeqCst)
     }
 
     /// Appends up to `limit` already queued items to `buf` without waiting;
@@ -168,6 +243,7 @@ impl<T> QueueRx<T> {
                 Err(_) => break,
             }
         }
+        self.taken += n as u64;
         n
     }
 
@@ -193,6 +269,21 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
     use std::time::{Duration, Instant};
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn woken_within<T>(rt: &tokio::runtime::Runtime, rx: &QueueRx<T>, ms: u64) -> bool {
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_millis(ms), rx.woken())
+                .await
+                .is_ok()
+        })
+    }
 
     #[test]
     fn full_queue_returns_at_once_and_counts_drops() {
@@ -270,22 +361,15 @@ mod tests {
 
     #[test]
     fn push_wakes_nobody_and_push_and_wake_does() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let (tx, mut rx) = event_queue::<u32>(16);
-        let woken_within = |rx: &QueueRx<u32>, ms: u64| {
-            rt.block_on(async {
-                tokio::time::timeout(Duration::from_millis(ms), rx.woken())
-                    .await
-                    .is_ok()
-            })
-        };
+        let woken_within = |rx: &QueueRx<u32>, ms: u64| woken_within(&rt, rx, ms);
         assert!(tx.push(1).is_ok());
         assert!(!woken_within(&rx, 50), "a plain push must not wake");
         assert!(tx.push_and_wake(2).is_ok());
         assert!(woken_within(&rx, 5_000), "push_and_wake must wake");
+        assert!(rx.take_urgent());
+        assert!(!rx.take_urgent(), "taken");
         let mut buf = Vec::new();
         assert_eq!(rx.drain_into(&mut buf, 16), 2);
         assert_eq!(buf, [1, 2]);
@@ -304,13 +388,94 @@ mod tests {
     }
 
     #[test]
+    fn a_push_wakes_a_sleeping_consumer_once() {
+        let rt = runtime();
+        let (tx, mut rx) = event_queue::<u32>(16);
+        let woken_within = |rx: &QueueRx<u32>, ms: u64| woken_within(&rt, rx, ms);
+        assert!(rx.fall_asleep());
+        assert!(tx.push(1).is_ok());
+        assert!(woken_within(&rx, 5_000), "a push must wake a sleeper");
+        assert!(!rx.take_urgent(), "a plain push is not urgent");
+        assert!(tx.push(2).is_ok());
+        assert!(!woken_within(&rx, 50), "only the first push wakes");
+        let mut buf = Vec::new();
+        assert_eq!(rx.drain_into(&mut buf, 16), 2);
+        // A consumer that woke on its own (a flush) is not woken by pushes.
+        assert!(rx.fall_asleep());
+        rx.wake_up();
+        assert!(tx.push(3).is_ok());
+        assert!(!woken_within(&rx, 50), "an awake consumer is not woken");
+    }
+
+    #[test]
+    fn a_consumer_cannot_fall_asleep_over_a_queued_item() {
+        let (tx, mut rx) = event_queue::<u32>(16);
+        assert!(tx.push(1).is_ok());
+        assert!(!rx.fall_asleep(), "an item is queued");
+        let mut buf = Vec::new();
+        assert_eq!(rx.drain_into(&mut buf, 16), 1);
+        assert!(rx.fall_asleep());
+        // A full queue's refused item wakes nobody and counts nothing.
+        let (tx, rx) = event_queue::<u32>(1);
+        assert!(tx.push(1).is_ok());
+        assert_eq!(tx.push(2), Err(2));
+        assert!(!rx.fall_asleep());
+    }
+
+    #[test]
+    fn no_push_is_left_behind_by_a_sleeping_consumer() {
+        // Producers push with pauses while the consumer falls asleep
+        // whenever it finds the queue empty: a lost wake-up leaves an item
+        // queued while the consumer waits out its timeout.
+        const THREADS: usize = 4;
+        const PER_THREAD: usize = 2_000;
+        let rt = runtime();
+        let (tx, mut rx) = event_queue::<u64>(THREADS * PER_THREAD);
+        let tx = Arc::new(tx);
+        let producers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let tx = Arc::clone(&tx);
+                std::thread::spawn(move || {
+                    for i in 0..PER_THREAD {
+                        assert!(tx.push((t * PER_THREAD + i) as u64).is_ok());
+                        if i % (3 + t) == 0 {
+                            std::thread::yield_now();
+                        }
+                        if i % 100 == 0 {
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut buf = Vec::new();
+        let (mut sleeps, mut lost) = (0, 0);
+        while buf.len() < THREADS * PER_THREAD {
+            if rx.drain_into(&mut buf, usize::MAX) > 0 || !rx.fall_asleep() {
+                continue;
+            }
+            sleeps += 1;
+            if !woken_within(&rt, &rx, 2_000) {
+                rx.wake_up();
+                lost += usize::from(!rx.is_empty());
+            }
+        }
+        for producer in producers {
+            producer.join().unwrap();
+        }
+        assert_eq!(lost, 0, "a queued item waited for a consumer asleep");
+        assert!(sleeps > 0, "the consumer never fell asleep");
+        let mut seen = buf.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), THREADS * PER_THREAD);
+    }
+
+    #[test]
     fn a_consumer_woken_by_the_producer_s_drop_finds_the_queue_closed() {
         // The wake used to come before the channel closed: a consumer quick
         // enough saw an open, empty queue and slept until its next timer.
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         for _ in 0..200 {
             let (tx, rx) = event_queue::<u8>(4);
             let dropper = std::thread::spawn(move || drop(tx));

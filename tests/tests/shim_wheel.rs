@@ -203,7 +203,8 @@ fn installed_wheel_end_to_end() {
     );
 
     // Threads, clocks, attempts.
-    let worker = events.values().rev().nth(1).unwrap();
+    // Before the odd `post_api_request` and the hook after the sender slept.
+    let worker = events.values().rev().nth(2).unwrap();
     assert_eq!(worker.thread, "worker-7");
     assert!(
         events

@@ -386,7 +386,7 @@ pub(crate) fn shutdown(py: Python<'_>, timeout_ms: u64) -> bool {
 }
 
 /// Counters of the live core: `enqueued`, `dropped`, `sent_batches`,
-/// `acked_events`, `unacked_batches`, `connected`, plus `evicted_events`,
+/// `acked_events`, `unacked_batches`, `connected`, `asleep`, plus `evicted_events`,
 /// `discarded_events`, the spool's `spooled_events`, `spool_dropped_events`,
 /// `replayed_events`, `replayed_files`, `replay_lost_events`, and
 /// `instance_id`, `capture`, `last_error`.
@@ -408,6 +408,7 @@ pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("acked_events", sender.acked_events)?;
     out.set_item("unacked_batches", sender.unacked_batches)?;
     out.set_item("connected", sender.connected)?;
+    out.set_item("asleep", sender.asleep)?;
     out.set_item("evicted_events", sender.evicted_events)?;
     out.set_item("discarded_events", sender.discarded_events)?;
     out.set_item("spooled_events", sender.spooled_events)?;

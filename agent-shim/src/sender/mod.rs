@@ -12,11 +12,14 @@
 //!   here logs (the only diagnostics are [`SenderShared`] counters and the last
 //!   error text).
 //! - A batch holds at most `max_batch_events` events, in ascending seq order.
-//! - The sender looks at the queue on its own timer, never because an event
+//! - The sender looks at the queue on its own timer, not because an event
 //!   was queued (so the hook path makes no system call): every `linger` while
 //!   events come, backing off to `idle_poll_max` while none do. A producer's
 //!   `push_and_wake` (the end of a turn), a flush or the queue's close make
-//!   it look at once.
+//!   it look at once. After `idle_sleep_after` without events it stops the
+//!   timer ([`QueueRx::fall_asleep`]); the next push then wakes it (and it
+//!   looks `linger` later), so an idle agent's sender costs nothing and only
+//!   the first hook after a pause makes a system call.
 //! - Every event taken from the queue ends up exactly once in
 //!   `acked_events + evicted_events + discarded_events + spooled_events +
 //!   spool_dropped_events` once the collector has acknowledged it, it was
@@ -92,12 +95,17 @@ impl Convert for PassThrough {
     }
 }
 
-/// Default [`SenderConfig::idle_poll_max`]. The first event after a pause
-/// (the end of an LLM call) waits up to this long in the agent, on top of
-/// the collector's batch timeout; 50 ms keeps capture → export within batch
-/// timeout + 100 ms, at ≈ 35 wake-ups and ≈ 1.2 ms of CPU per second of an
-/// idle agent (`docs/BENCHMARKS.md`, "Delay").
+/// Default [`SenderConfig::idle_poll_max`]. The first event after a short
+/// pause (a tool call) waits up to this long in the agent, on top of the
+/// collector's batch timeout; 50 ms keeps capture → export within batch
+/// timeout + 100 ms, at ≈ 35 wake-ups and ≈ 2 ms of CPU per second while
+/// the sender polls (`docs/BENCHMARKS.md`, "Delay").
 pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(50);
+
+/// Default [`SenderConfig::idle_sleep_after`]: shorter than most LLM calls
+/// and every pause for user input, longer than the gaps between the hooks
+/// of a step (`docs/BENCHMARKS.md`, "An idle sender sleeps").
+pub const DEFAULT_IDLE_SLEEP_AFTER: Duration = Duration::from_secs(1);
 
 /// Sender settings.
 #[derive(Debug, Clone)]
@@ -115,6 +123,10 @@ pub struct SenderConfig {
     /// doubles from `linger` while the queue stays empty); default
     /// [`DEFAULT_IDLE_POLL_MAX`].
     pub idle_poll_max: Duration,
+    /// After this long without events the sender stops looking at the
+    /// queue on a timer and the next push wakes it; default
+    /// [`DEFAULT_IDLE_SLEEP_AFTER`].
+    pub idle_sleep_after: Duration,
     /// Most unacknowledged batches kept.
     pub max_unacked_batches: usize,
     /// Most unacknowledged bytes (encoded) kept.
@@ -142,6 +154,7 @@ impl SenderConfig {
             max_batch_events: 512,
             linger: Duration::from_millis(10),
             idle_poll_max: DEFAULT_IDLE_POLL_MAX,
+            idle_sleep_after: DEFAULT_IDLE_SLEEP_AFTER,
             max_unacked_batches: 1_024,
             max_unacked_bytes: 32 << 20,
             backoff_min: Duration::from_millis(100),
@@ -169,6 +182,7 @@ pub struct SenderShared {
     /// Spool files are being looked for or replayed.
     replay_busy: AtomicBool,
     connected: AtomicBool,
+    asleep: AtomicBool,
     last_error: Mutex<String>,
     flush_notify: Notify,
     spool_notify: Notify,
@@ -201,6 +215,9 @@ pub struct SenderStats {
     pub replay_lost_events: u64,
     /// Whether a stream is open.
     pub connected: bool,
+    /// Whether the sender stopped looking at the queue on a timer, until
+    /// the next event wakes it ([`SenderConfig::idle_sleep_after`]).
+    pub asleep: bool,
     /// Last connection error, empty if none.
     pub last_error: String,
 }
@@ -290,6 +307,7 @@ impl SenderShared {
             replayed_files: self.replayed_files.load(Ordering::Acquire),
             replay_lost_events: self.replay_lost_events.load(Ordering::Acquire),
             connected: self.connected.load(Ordering::Acquire),
+            asleep: self.asleep.load(Ordering::Acquire),
             last_error: self
                 .last_error
                 .lock()
@@ -568,6 +586,10 @@ pub async fn run<C: Convert>(
     // When the queue is looked at next, and the interval after an empty look.
     let mut poll_at = Instant::now() + config.linger;
     let mut idle_poll = config.linger;
+    // When events were last taken, and whether the timer is stopped until
+    // a push wakes the sender.
+    let mut busy_at = Instant::now();
+    let mut asleep = false;
     // Set once the queue is closed and drained: deliver what is held until then.
     let mut close_deadline: Option<Instant> = None;
     let far = Duration::from_secs(86_400);
@@ -623,13 +645,29 @@ pub async fn run<C: Convert>(
                     reconnect_at = Instant::now() + backoff.next_delay();
                 }
             },
-            () = shared.flush_notify.notified() => poll_at = Instant::now(),
-            () = rx.woken(), if open => poll_at = Instant::now(),
+            () = shared.flush_notify.notified() => {
+                if asleep {
+                    asleep = false;
+                    rx.wake_up();
+                    shared.asleep.store(false, Ordering::Release);
+                }
+                poll_at = Instant::now();
+            }
+            () = rx.woken(), if open => {
+                // A producer woke the sender, and cleared its flag. A plain
+                // push ending a sleep is looked at after `linger`, as by an
+                // awake sender: the events of the step it starts go in the
+                // same batch, converted after that step's hooks.
+                let now = Instant::now();
+                poll_at = if rx.take_urgent() || !asleep { now } else { now + config.linger };
+                asleep = false;
+                shared.asleep.store(false, Ordering::Release);
+            }
             () = shared.spool_notify.notified() => {
                 batcher.spool_all(&mut rx, &mut buf, &mut pending, &shared, &queue, config.spool.as_ref(), max_batch);
                 shared.spool_rounds.fetch_add(1, Ordering::AcqRel);
             }
-            () = tokio::time::sleep_until(poll_at), if open => {
+            () = tokio::time::sleep_until(poll_at), if open && !asleep => {
                 let mut taken = 0;
                 let mut more = false;
                 for _ in 0..MAX_BATCHES_PER_WAKE {
@@ -651,7 +689,14 @@ pub async fn run<C: Convert>(
                     now
                 } else if taken > 0 {
                     idle_poll = config.linger;
+                    busy_at = now;
                     now + config.linger
+                } else if now.duration_since(busy_at) >= config.idle_sleep_after {
+                    // Nothing for a while: stop the timer, unless an item
+                    // came in since the look.
+                    asleep = rx.fall_asleep();
+                    shared.asleep.store(asleep, Ordering::Release);
+                    now
                 } else {
                     idle_poll = (idle_poll * 2).clamp(config.linger, config.idle_poll_max.max(config.linger));
                     now + idle_poll

@@ -507,6 +507,36 @@ fn an_idle_sender_still_finds_pushed_events() {
 }
 
 #[test]
+fn an_idle_sender_stops_its_timer_and_the_next_push_wakes_it() {
+    let collector = TestCollector::start(0, None);
+    let mut config = config(collector.endpoint());
+    config.idle_sleep_after = Duration::ZERO;
+    let harness = Harness::start(config, Passthrough);
+    let wait_for = |what: &dyn Fn(&SenderStats) -> bool| {
+        let deadline = StdInstant::now() + Duration::from_secs(10);
+        while !what(&harness.shared.stats()) && StdInstant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        what(&harness.shared.stats())
+    };
+    for round in 1..=3 {
+        assert!(
+            wait_for(&|s| s.asleep),
+            "round {round}: the sender never fell asleep"
+        );
+        // A plain push: nothing else would make an asleep sender look.
+        harness.push("pre_tool_call", "");
+        assert!(
+            wait_for(&|s| s.acked_events == round),
+            "round {round}: the push did not wake the sender: {:?}",
+            harness.shared.stats()
+        );
+    }
+    assert!(wait_for(&|s| s.asleep), "it falls asleep again");
+    assert_eq!(collector.received.seqs(), [1, 2, 3]);
+}
+
+#[test]
 fn closed_queue_ends_sender_after_delivery() {
     let collector = TestCollector::start(0, None);
     let harness = Harness::start(config(collector.endpoint()), Passthrough);

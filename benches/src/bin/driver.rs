@@ -32,7 +32,7 @@ use clap::{Parser, Subcommand};
 use hermes_benches::{FIXTURES, Template, now_unix_nanos, restamp, shim_info};
 use hermes_collector_shim::config::{CaptureLevel, DEFAULT_QUEUE_EVENTS, wakes_sender};
 use hermes_collector_shim::sender::{
-    self, DEFAULT_IDLE_POLL_MAX, PassThrough, SenderConfig, Started,
+    self, DEFAULT_IDLE_POLL_MAX, DEFAULT_IDLE_SLEEP_AFTER, PassThrough, SenderConfig, Started,
 };
 use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch, ShimInfo};
@@ -78,10 +78,9 @@ enum Mode {
         /// How each agent sends its events.
         #[arg(long, value_enum, default_value_t = SenderKind::Shim)]
         sender: SenderKind,
-        /// `--sender shim`: the sender's `idle_poll_max`, ms (default: the
-        /// shim's).
-        #[arg(long)]
-        idle_poll_max_ms: Option<u64>,
+        /// `--sender shim`: its timers.
+        #[command(flatten)]
+        timers: SenderTimers,
         /// `--sender batched`: the longest a partial batch waits, ms.
         #[arg(long, default_value_t = 50)]
         flush_ms: u64,
@@ -91,10 +90,32 @@ enum Mode {
         /// How long to measure.
         #[arg(long, default_value_t = 30)]
         secs: u64,
-        /// The sender's `idle_poll_max`, ms (default: the shim's).
-        #[arg(long)]
-        idle_poll_max_ms: Option<u64>,
+        /// The senders' timers.
+        #[command(flatten)]
+        timers: SenderTimers,
     },
+}
+
+/// Overrides of the shim sender's timers (default: the shim's).
+#[derive(Debug, Clone, Copy, clap::Args)]
+struct SenderTimers {
+    /// The sender's `idle_poll_max`, ms.
+    #[arg(long)]
+    idle_poll_max_ms: Option<u64>,
+    /// The sender's `idle_sleep_after`, ms (a large value: it never sleeps).
+    #[arg(long)]
+    idle_sleep_after_ms: Option<u64>,
+}
+
+impl SenderTimers {
+    fn apply(&self, config: &mut SenderConfig) {
+        if let Some(ms) = self.idle_poll_max_ms {
+            config.idle_poll_max = Duration::from_millis(ms);
+        }
+        if let Some(ms) = self.idle_sleep_after_ms {
+            config.idle_sleep_after = Duration::from_millis(ms);
+        }
+    }
 }
 
 /// One open stream to the collector.
@@ -260,8 +281,8 @@ enum SenderKind {
 #[derive(Debug, Clone, Copy)]
 struct SenderChoice {
     kind: SenderKind,
-    /// `SenderKind::Shim`: the sender's `idle_poll_max` (default: the shim's).
-    idle_poll_max: Option<Duration>,
+    /// `SenderKind::Shim`: the sender's timers.
+    timers: SenderTimers,
     /// `SenderKind::Batched`: the longest a partial batch waits.
     flush: Duration,
 }
@@ -280,7 +301,7 @@ enum Outlet {
 impl Outlet {
     async fn open(endpoint: &str, shim: ShimInfo, sender: SenderChoice) -> anyhow::Result<Outlet> {
         Ok(match sender.kind {
-            SenderKind::Shim => Outlet::Shim(start_sender(endpoint, shim, sender.idle_poll_max)?),
+            SenderKind::Shim => Outlet::Shim(start_sender(endpoint, shim, sender.timers)?),
             SenderKind::Batched => Outlet::Batched {
                 stream: Stream::open(endpoint, shim).await?,
                 pending: Vec::with_capacity(BATCH),
@@ -380,17 +401,15 @@ impl Outlet {
     }
 }
 
-/// A shim sender of ready events with the shim's defaults (and
-/// `idle_poll_max` if given).
+/// A shim sender of ready events with the shim's defaults (and the timers
+/// given).
 fn start_sender(
     endpoint: &str,
     shim: ShimInfo,
-    idle_poll_max: Option<Duration>,
+    timers: SenderTimers,
 ) -> anyhow::Result<Started<Event>> {
     let mut config = SenderConfig::new(endpoint, shim);
-    if let Some(max) = idle_poll_max {
-        config.idle_poll_max = max;
-    }
+    timers.apply(&mut config);
     sender::start(PassThrough, config, DEFAULT_QUEUE_EVENTS).context("start the sender thread")
 }
 
@@ -542,16 +561,10 @@ async fn idle_sender(
     args: &Args,
     level: CaptureLevel,
     secs: u64,
-    idle_poll_max: Option<Duration>,
+    timers: SenderTimers,
 ) -> anyhow::Result<()> {
     let senders = (0..args.instances)
-        .map(|index| {
-            start_sender(
-                &args.endpoint,
-                shim_info(index as u64, level),
-                idle_poll_max,
-            )
-        })
+        .map(|index| start_sender(&args.endpoint, shim_info(index as u64, level), timers))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !senders.iter().all(|s| s.shared.is_connected()) {
@@ -560,8 +573,19 @@ async fn idle_sender(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Past the back-off from `linger` to `idle_poll_max`.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Past the back-off from `linger` to `idle_poll_max`, and past
+    // `idle_sleep_after` unless it is longer than the measurement: the
+    // steady state of an idle agent.
+    let sleep_after = timers
+        .idle_sleep_after_ms
+        .map_or(DEFAULT_IDLE_SLEEP_AFTER, Duration::from_millis);
+    let settle = Duration::from_secs(1)
+        + if sleep_after < Duration::from_secs(secs) {
+            sleep_after
+        } else {
+            Duration::ZERO
+        };
+    tokio::time::sleep(settle).await;
     let (cpu0, slices0, threads) = sender_threads_schedstat()?;
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(secs)).await;
@@ -574,7 +598,9 @@ async fn idle_sender(
             "mode": "idle-sender",
             "threads": threads,
             "seconds": elapsed,
-            "idle_poll_max_ms": idle_poll_max.unwrap_or(DEFAULT_IDLE_POLL_MAX).as_millis() as u64,
+            "idle_poll_max_ms": timers.idle_poll_max_ms.unwrap_or(DEFAULT_IDLE_POLL_MAX.as_millis() as u64),
+            "idle_sleep_after_ms": sleep_after.as_millis() as u64,
+            "asleep": senders.iter().filter(|s| s.shared.stats().asleep).count(),
             "cpu_us_per_thread_second": per_thread_second(cpu1.saturating_sub(cpu0)) / 1e3,
             "wakeups_per_thread_second": per_thread_second(slices1.saturating_sub(slices0)),
         })
@@ -599,27 +625,16 @@ async fn main() -> anyhow::Result<()> {
             turns,
             speed,
             sender,
-            idle_poll_max_ms,
+            timers,
             flush_ms,
         } => {
             let sender = SenderChoice {
                 kind: sender,
-                idle_poll_max: idle_poll_max_ms.map(Duration::from_millis),
+                timers,
                 flush: Duration::from_millis(flush_ms),
             };
             paced(&args, level, turns, speed, sender).await
         }
-        Mode::IdleSender {
-            secs,
-            idle_poll_max_ms,
-        } => {
-            idle_sender(
-                &args,
-                level,
-                secs,
-                idle_poll_max_ms.map(Duration::from_millis),
-            )
-            .await
-        }
+        Mode::IdleSender { secs, timers } => idle_sender(&args, level, secs, timers).await,
     }
 }
