@@ -20,6 +20,10 @@ each call with ``time.perf_counter_ns()``. Variants:
   ours@16     'ours' in bursts of 16 calls, each followed by a flush: as in
               Hermes, where a turn fires a few hooks between model and tool
               calls, so the sender is idle when a hook fires
+  noop@16     the anchor of ours@16: 'noop' in bursts of 16 calls, each
+              followed by a 2 ms sleep of the calling thread (a flush waits
+              at least that long: its wait looks every 2 ms), so the first
+              call of a burst meets the same cold caches
   timer       nothing between the two clock reads: the timer's own cost,
               included in every other number
 
@@ -179,6 +183,18 @@ def make_otel(endpoint: str, with_attrs: bool) -> tuple:
         provider.force_flush(30000)
 
     return factory, drain, None
+
+
+# What a flush of ours sleeps at least (SenderShared::wait_settled looks every 2 ms).
+SPARSE_SLEEP_S = 0.002
+
+
+def sleep_after(drain: Callable[[], None], seconds: float) -> Callable[[], None]:
+    def drain_and_sleep() -> None:
+        drain()
+        time.sleep(seconds)
+
+    return drain_and_sleep
 
 
 def measure(
@@ -341,6 +357,9 @@ def main() -> None:
             factory, drain, _ = make_otel(args.otlp_endpoint, variant == "otel_attrs")
         else:
             raise SystemExit(f"unknown variant {variant}")
+        if chunk_s and variant != "ours":
+            # The sleep ours' flush makes between bursts.
+            drain = sleep_after(drain, SPARSE_SLEEP_S)
         per_hook: Dict[str, Any] = {}
         for hook in hooks:
             cb = factory(hook)

@@ -126,7 +126,7 @@ if want hook; then
     echo "hook run $r ours start: $(uptime)" >> "$OUT/loads.txt"
     PYTHONPATH="$SHIM_SNAP" HERMES_COLLECTOR_ENDPOINT="http://127.0.0.1:$LISTEN" HERMES_COLLECTOR_CAPTURE=metadata \
       "$E2E_VENV/bin/python" benches/hook_cost.py --iterations "$ITER" \
-      --variants ours,ours@16,noop,queue,timer --cold-variants ours,noop,queue > "$OUT/hook_ours_$r.json"
+      --variants ours,ours@16,noop,noop@16,queue,timer --cold-variants ours,noop,queue > "$OUT/hook_ours_$r.json"
     echo "hook run $r otel start: $(uptime)" >> "$OUT/loads.txt"
     "$BENCH_VENV/bin/python" benches/hook_cost.py --iterations $((ITER / 5)) \
       --variants otel,otel_attrs,noop,timer --cold-variants otel,noop --otlp-endpoint "http://127.0.0.1:$SINK_PORT" > "$OUT/hook_otel_$r.json"
