@@ -232,16 +232,7 @@ def measure(
         block_calls += todo
         drain()
         done += todo
-    samples.sort()
-    return {
-        "n": len(samples),
-        "median_ns": percentile(samples, 0.5),
-        "p99_ns": percentile(samples, 0.99),
-        "p999_ns": percentile(samples, 0.999),
-        "max_ns": float(samples[-1]),
-        "mean_ns": sum(samples) / len(samples),
-        "block_mean_ns": block_ns / block_calls,
-    }
+    return {**summarize(samples), "block_mean_ns": block_ns / block_calls}
 
 
 def summarize(samples: List[int]) -> Dict[str, float]:
@@ -288,16 +279,7 @@ def measure_timer(iterations: int) -> Dict[str, float]:
         t0 = pc()
         t1 = pc()
         samples.append(t1 - t0)
-    samples.sort()
-    return {
-        "n": len(samples),
-        "median_ns": percentile(samples, 0.5),
-        "p99_ns": percentile(samples, 0.99),
-        "p999_ns": percentile(samples, 0.999),
-        "max_ns": float(samples[-1]),
-        "mean_ns": sum(samples) / len(samples),
-        "block_mean_ns": 0.0,
-    }
+    return {**summarize(samples), "block_mean_ns": 0.0}
 
 
 def main() -> None:
