@@ -3,7 +3,8 @@
 //!
 //! It owns the receiving end of the ingest channel and the sending end of the
 //! export channel. Events pass the [`Sequencer`] (capture order restored,
-//! redeliveries dropped), then the correlator, timers run every `tick`, and
+//! redeliveries dropped), then the correlator, timers run every `tick` (while
+//! anything is open, held or unsettled: an idle stage does not wake), and
 //! finished spans pass the [`SpanProcessor`] (attribute sets, redaction,
 //! truncation) and
 //! go to the exporters as OTLP `ResourceSpans`. Awaiting a place in the
@@ -212,6 +213,12 @@ impl Tracker {
         })
     }
 
+    /// Whether a settle would say nothing new: every message sent is
+    /// finished and handed over, and the watermark is past every record.
+    fn is_settled(&self) -> bool {
+        self.pending.is_empty() && self.markers.is_empty() && self.settled > self.last_lsn
+    }
+
     /// [`Tracker::prepare`], handed to the writer when it has room (else
     /// the markers wait for the next tick; never blocks the stage).
     fn settle(&mut self, open: Option<u64>) {
@@ -250,7 +257,7 @@ fn key_of(span: &hermes_span::trace::v1::Span) -> SpanKey {
 pub type Ended = Option<(Tracker, Option<u64>)>;
 
 /// Runs the stage until the ingest channel closes, ticking timers every
-/// `tick`.
+/// `tick` while there is anything for them to do.
 pub async fn run(
     mut ingest: mpsc::Receiver<Ingested>,
     export: mpsc::Sender<Vec<ResourceSpans>>,
@@ -277,6 +284,11 @@ pub async fn run(
     let mut out: Vec<FinishedSpan> = Vec::new();
     let mut ticked = false;
     loop {
+        // Nothing open, held or unsettled: a tick would do nothing, so the
+        // timer stops until the next batch (an idle collector sleeps).
+        let idle = correlator.is_idle()
+            && sequencer.held() == 0
+            && tracker.as_ref().is_none_or(Tracker::is_settled);
         tokio::select! {
             received = ingest.recv() => {
                 let Some(Ingested { batch, lsn, .. }) = received else { break };
@@ -286,9 +298,14 @@ pub async fn run(
                     None => batch.floor_seq,
                 };
                 let now = now_unix_nanos();
+                if idle {
+                    // The tick the stopped timer skipped: it sets the
+                    // correlator's clock and closes nothing.
+                    correlator.expire(now, &mut out);
+                }
                 sequencer.push_batch(&shim, floor, batch.events, lsn, now, &mut ready);
             }
-            _ = timer.tick() => {
+            _ = timer.tick(), if !idle => {
                 let now = now_unix_nanos();
                 sequencer.expire(now, &mut ready);
                 correlator.expire(now, &mut out);

@@ -257,6 +257,16 @@ impl Correlator {
         self.turns.len()
     }
 
+    /// Whether nothing is left that [`Correlator::expire`] could close or
+    /// drop: until the next event, it would change nothing but the clock.
+    pub fn is_idle(&self) -> bool {
+        self.turns.is_empty()
+            && self.subagents.is_empty()
+            && self.links.is_empty()
+            && self.pending_starts.is_empty()
+            && self.resources.is_empty()
+    }
+
     /// Feeds one event of the shim `shim`; finished spans are appended to `out`.
     /// Sets the persistent-queue position of the events ingested next: a
     /// lower bound of the lsns of the records they came from (see

@@ -1035,3 +1035,23 @@ fn far_future_timestamps_do_not_keep_state_forever() {
     assert_eq!(f.c.open_turns(), 0, "closed by the TTL, counted both ways");
     assert_eq!(f.c.min_lsn(), None, "the pending session start is gone too");
 }
+
+#[test]
+fn idle_once_nothing_is_left_for_the_timers() {
+    // The pipeline stops its timer while the correlator is idle: `expire`
+    // must then have nothing to do.
+    let mut f = Feed::new();
+    assert!(f.c.is_idle());
+    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    assert!(!f.c.is_idle(), "an open turn");
+    f.ev("post_llm_call", 100, ids(TURN), turn_body());
+    f.ev("on_session_end", 101, ids(TURN), end_body(true, false));
+    assert_eq!(f.c.open_turns(), 0);
+    assert!(!f.out.is_empty());
+    // The turn's resource goes at the next tick once its spans are gone.
+    f.out.clear();
+    assert!(!f.c.is_idle(), "a cached resource");
+    f.c.expire(T0 + 200 * MS, &mut f.out);
+    assert!(f.out.is_empty());
+    assert!(f.c.is_idle());
+}
