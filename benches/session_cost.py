@@ -398,11 +398,13 @@ def pct(values: List[float], q: float) -> Optional[float]:
 class FakeServer:
     """tests/fake_openai.py with a script of `sessions` three-turn sessions."""
 
-    def __init__(self, workdir: str, sessions: int, python: str = sys.executable):
+    def __init__(self, workdir: str, sessions: int, python: str = sys.executable,
+                 model_delay_ms: int = 0):
         os.makedirs(workdir, exist_ok=True)
         script = os.path.join(workdir, "script.json")
+        responses = [dict(r, delay_ms=model_delay_ms) if model_delay_ms else r for r in SESSION_SCRIPT]
         with open(script, "w", encoding="utf-8") as f:
-            json.dump({"model": MODEL, "responses": SESSION_SCRIPT * sessions}, f)
+            json.dump({"model": MODEL, "responses": responses * sessions}, f)
         self.p = subprocess.Popen(
             [python, FAKE_OPENAI, script, "--model", MODEL, "--max-seconds", "900"],
             stdin=subprocess.PIPE,
@@ -735,11 +737,13 @@ def run_child(
     workdir: str,
     timeout: float = 300.0,
     instrument: bool = True,
+    model_delay_ms: int = 0,
 ) -> Dict[str, Any]:
-    """One child process: a fresh home, a fresh fake server, `sessions`
-    sessions. Returns its sessions, its DONE record, and the exit delay."""
+    """One child process: a fresh home, a fresh fake server (answering
+    each model call after `model_delay_ms`), `sessions` sessions. Returns
+    its sessions, its DONE record, and the exit delay."""
     os.makedirs(workdir, exist_ok=True)
-    server = FakeServer(os.path.join(workdir, "server"), sessions)
+    server = FakeServer(os.path.join(workdir, "server"), sessions, model_delay_ms=model_delay_ms)
     try:
         home = homes.fresh(plugin, server.base_url, workdir)
         cwd = os.path.join(workdir, "work")
@@ -901,6 +905,8 @@ def driver_main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(ap, rounds=20, seed=1)
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
+    ap.add_argument("--model-delay-ms", type=int, default=0,
+                    help="the scripted server answers each model call after this long (default: at once)")
     args = parse_common_args(ap)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for v in variants:
@@ -926,7 +932,8 @@ def driver_main() -> None:
                     extra["HERMES_COLLECTOR_ENDPOINT"] = collector.endpoint
                     extra["HERMES_COLLECTOR_SERVICE_NAME"] = "hermes-bench"
                 pdir = os.path.join(work, f"r{r}-{v}")
-                res = run_child(homes, plugin, extra, args.sessions_per_process, pdir)
+                res = run_child(homes, plugin, extra, args.sessions_per_process, pdir,
+                                model_delay_ms=args.model_delay_ms)
                 res["round"] = r
                 procs[v].append(res)
                 shutil.rmtree(pdir, ignore_errors=True)
@@ -943,6 +950,7 @@ def driver_main() -> None:
         "variants": variants,
         "queries": QUERIES,
         "script": SESSION_SCRIPT,
+        "model_delay_ms": args.model_delay_ms,
         "loads": loads,
         "seconds": time.time() - t0,
         "collector": coll,

@@ -147,7 +147,7 @@ def main() -> None:
         assert sender_policies() == [os.SCHED_BATCH], sender_policies()
     # Idle, the sender stops its timer; a hook that does not wake it
     # otherwise (no flush) then gets its event out.
-    wait_until(lambda: hermes_collector.stats()["asleep"], "the sender never fell asleep")
+    wait_until(lambda: hermes_collector.stats()["asleep"], "the sender never fell asleep", 30.0)
     acked = hermes_collector.stats()["acked_events"]
     ctx.hooks["post_tool_call"](tool_name="after-sleep", args={}, status="ok", duration_ms=1)
     wait_until(lambda: hermes_collector.stats()["acked_events"] > acked,

@@ -102,10 +102,11 @@ impl Convert for PassThrough {
 /// the sender polls (`docs/BENCHMARKS.md`, "Delay").
 pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(50);
 
-/// Default [`SenderConfig::idle_sleep_after`]: shorter than most LLM calls
-/// and every pause for user input, longer than the gaps between the hooks
-/// of a step (`docs/BENCHMARKS.md`, "An idle sender sleeps").
-pub const DEFAULT_IDLE_SLEEP_AFTER: Duration = Duration::from_secs(1);
+/// Default [`SenderConfig::idle_sleep_after`]: longer than most model
+/// calls, whose answer's hook would otherwise pay the wake (≈ 20 µs in a
+/// real session), shorter than a pause for user input (`docs/BENCHMARKS.md`,
+/// "An idle sender sleeps").
+pub const DEFAULT_IDLE_SLEEP_AFTER: Duration = Duration::from_secs(10);
 
 /// Sender settings.
 #[derive(Debug, Clone)]
