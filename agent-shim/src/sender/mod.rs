@@ -95,8 +95,9 @@ impl Convert for PassThrough {
     }
 }
 
-/// Default [`SenderConfig::idle_poll_max`]. The first event after a short
-/// pause (a tool call) waits up to this long in the agent, on top of the
+/// Default [`SenderConfig::idle_poll_max`]. The first event after a pause
+/// shorter than `idle_sleep_after` (a model or tool call) waits up to this
+/// long in the agent, on top of the
 /// collector's batch timeout; 50 ms keeps capture → export within batch
 /// timeout + 100 ms, at ≈ 35 wake-ups and ≈ 2 ms of CPU per second while
 /// the sender polls (`docs/BENCHMARKS.md`, "Delay").
