@@ -97,10 +97,10 @@ impl Convert for PassThrough {
 
 /// Default [`SenderConfig::idle_poll_max`]. The first event after a pause
 /// shorter than `idle_sleep_after` (a model or tool call) waits up to this
-/// long in the agent, on top of the
-/// collector's batch timeout; 50 ms keeps capture → export within batch
-/// timeout + 100 ms, at ≈ 35 wake-ups and ≈ 2 ms of CPU per second while
-/// the sender polls (`docs/BENCHMARKS.md`, "Delay").
+/// long in the agent, on top of the collector's batch timeout; 50 ms keeps
+/// capture → export within batch timeout + 100 ms, at ≈ 35 wake-ups and
+/// ≈ 2 ms of CPU per second while the sender polls (`docs/BENCHMARKS.md`,
+/// "Delay").
 pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(50);
 
 /// Default [`SenderConfig::idle_sleep_after`]: longer than most model
