@@ -300,8 +300,11 @@ pub async fn run(
                 let now = now_unix_nanos();
                 if idle {
                     // The tick the stopped timer skipped: it sets the
-                    // correlator's clock and closes nothing.
+                    // correlator's clock and closes nothing. The timer
+                    // starts over from here, rather than firing at once for
+                    // its overdue tick and expiring a second time.
                     correlator.expire(now, &mut out);
+                    timer.reset();
                 }
                 sequencer.push_batch(&shim, floor, batch.events, lsn, now, &mut ready);
             }
