@@ -4,7 +4,8 @@
 //! It owns the receiving end of the ingest channel and the sending end of the
 //! export channel. Events pass the [`Sequencer`] (capture order restored,
 //! redeliveries dropped), then the correlator, timers run every `tick` (while
-//! anything is open, held or unsettled: an idle stage does not wake), and
+//! anything is open, held or unsettled: an idle stage does not wake, and
+//! state that only its TTL closes wakes it once, at the TTL), and
 //! finished spans pass the [`SpanProcessor`] (attribute sets, redaction,
 //! truncation) and
 //! go to the exporters as OTLP `ResourceSpans`. Awaiting a place in the
@@ -32,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hermes_correlator::sequencer::{Ready, Sequencer};
-use hermes_correlator::{Correlator, FinishedSpan, to_resource_spans};
+use hermes_correlator::{Correlator, Expiry, FinishedSpan, to_resource_spans};
 use hermes_processor::SpanProcessor;
 
 use crate::derived::DerivedMetrics;
@@ -214,9 +215,13 @@ impl Tracker {
     }
 
     /// Whether a settle would say nothing new: every message sent is
-    /// finished and handed over, and the watermark is past every record.
-    fn is_settled(&self) -> bool {
-        self.pending.is_empty() && self.markers.is_empty() && self.settled > self.last_lsn
+    /// finished and handed over, and the watermark is as far as `open` (as
+    /// in [`Tracker::prepare`]) lets it go.
+    fn is_settled(&self, open: Option<u64>) -> bool {
+        let next = self.last_lsn + 1;
+        self.pending.is_empty()
+            && self.markers.is_empty()
+            && self.settled >= open.unwrap_or(next).min(next)
     }
 
     /// [`Tracker::prepare`], handed to the writer when it has room (else
@@ -257,7 +262,7 @@ fn key_of(span: &hermes_span::trace::v1::Span) -> SpanKey {
 pub type Ended = Option<(Tracker, Option<u64>)>;
 
 /// Runs the stage until the ingest channel closes, ticking timers every
-/// `tick` while there is anything for them to do.
+/// `tick` while there is anything for them to do (see [`Expiry`]).
 pub async fn run(
     mut ingest: mpsc::Receiver<Ingested>,
     export: mpsc::Sender<Vec<ResourceSpans>>,
@@ -285,10 +290,31 @@ pub async fn run(
     let mut ticked = false;
     loop {
         // Nothing open, held or unsettled: a tick would do nothing, so the
-        // timer stops until the next batch (an idle collector sleeps).
-        let idle = correlator.is_idle()
-            && sequencer.held() == 0
-            && tracker.as_ref().is_none_or(Tracker::is_settled);
+        // timer stops until the next batch (an idle collector sleeps), or
+        // until the TTL of what only the TTL closes.
+        let expiry = match correlator.expiry() {
+            Expiry::EveryTick => Expiry::EveryTick,
+            _ if sequencer.held() > 0 => Expiry::EveryTick,
+            _ if tracker
+                .as_ref()
+                .is_some_and(|t| !t.is_settled(open_lsn(&sequencer, &correlator))) =>
+            {
+                Expiry::EveryTick
+            }
+            expiry => expiry,
+        };
+        let due = async {
+            match expiry {
+                Expiry::EveryTick => {
+                    timer.tick().await;
+                }
+                Expiry::At(at) => {
+                    let wait = at.saturating_sub(now_unix_nanos());
+                    tokio::time::sleep(Duration::from_nanos(wait)).await;
+                }
+                Expiry::Never => std::future::pending().await,
+            }
+        };
         tokio::select! {
             received = ingest.recv() => {
                 let Some(Ingested { batch, lsn, .. }) = received else { break };
@@ -298,17 +324,17 @@ pub async fn run(
                     None => batch.floor_seq,
                 };
                 let now = now_unix_nanos();
-                if idle {
+                if expiry != Expiry::EveryTick {
                     // The tick the stopped timer skipped: it sets the
-                    // correlator's clock and closes nothing. The timer
-                    // starts over from here, rather than firing at once for
-                    // its overdue tick and expiring a second time.
+                    // correlator's clock and closes nothing that is not due.
+                    // The timer starts over from here, rather than firing at
+                    // once for its overdue tick and expiring a second time.
                     correlator.expire(now, &mut out);
                     timer.reset();
                 }
                 sequencer.push_batch(&shim, floor, batch.events, lsn, now, &mut ready);
             }
-            _ = timer.tick(), if !idle => {
+            () = due => {
                 let now = now_unix_nanos();
                 sequencer.expire(now, &mut ready);
                 correlator.expire(now, &mut out);

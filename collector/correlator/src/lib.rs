@@ -212,6 +212,20 @@ struct PendingSessionStart {
     min_lsn: u64,
 }
 
+/// What [`Correlator::expire`] waits for (see [`Correlator::expiry`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// Open turns or subagents, or resources to drop once their spans are
+    /// exported: timers that need every tick.
+    EveryTick,
+    /// Only state that the TTL alone closes (subagent links that outlived
+    /// their subagent, session starts without a turn yet): the wall-clock
+    /// time (Unix nanoseconds) when the first of it can go.
+    At(u64),
+    /// Nothing: until the next event, `expire` changes nothing but the clock.
+    Never,
+}
+
 /// The correlation state machine. See the module docs.
 pub struct Correlator {
     config: Config,
@@ -257,14 +271,26 @@ impl Correlator {
         self.turns.len()
     }
 
-    /// Whether nothing is left that [`Correlator::expire`] could close or
-    /// drop: until the next event, it would change nothing but the clock.
-    pub fn is_idle(&self) -> bool {
-        self.turns.is_empty()
-            && self.subagents.is_empty()
-            && self.links.is_empty()
-            && self.pending_starts.is_empty()
-            && self.resources.is_empty()
+    /// When [`Correlator::expire`] next has something to do, as of its last
+    /// clock: the pipeline ticks, sleeps until then, or stops its timer.
+    pub fn expiry(&self) -> Expiry {
+        if !(self.turns.is_empty() && self.subagents.is_empty() && self.resources.is_empty()) {
+            return Expiry::EveryTick;
+        }
+        // Only the TTL closes what is left: the earliest time it can, by
+        // `expire`'s rule (a distance of `ttl` either way from the clock).
+        let ttl = self.config.state_ttl_nanos;
+        let clock = self.clock;
+        let due = |t: u64| {
+            if t.saturating_sub(clock) >= ttl {
+                clock
+            } else {
+                t.saturating_add(ttl)
+            }
+        };
+        let links = self.links.values().map(|l| due(l.last_seen));
+        let starts = self.pending_starts.values().map(|p| due(p.at));
+        links.chain(starts).min().map_or(Expiry::Never, Expiry::At)
     }
 
     /// Feeds one event of the shim `shim`; finished spans are appended to `out`.

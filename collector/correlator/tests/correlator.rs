@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use hermes_correlator::ids::{SpanKey, span_id, trace_id};
-use hermes_correlator::{Config, Correlator, FinishedSpan};
+use hermes_correlator::{Config, Correlator, Expiry, FinishedSpan};
 use hermes_proto::v1::{self, event::Body};
 use hermes_span::common::v1::any_value::Value;
 use hermes_span::trace::v1::{Span, status::StatusCode};
@@ -1038,20 +1038,63 @@ fn far_future_timestamps_do_not_keep_state_forever() {
 
 #[test]
 fn idle_once_nothing_is_left_for_the_timers() {
-    // The pipeline stops its timer while the correlator is idle: `expire`
-    // must then have nothing to do.
+    // The pipeline stops its timer while the correlator expects nothing:
+    // `expire` must then have nothing to do.
     let mut f = Feed::new();
-    assert!(f.c.is_idle());
+    assert_eq!(f.c.expiry(), Expiry::Never);
     f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    assert!(!f.c.is_idle(), "an open turn");
+    assert_eq!(f.c.expiry(), Expiry::EveryTick, "an open turn");
     f.ev("post_llm_call", 100, ids(TURN), turn_body());
     f.ev("on_session_end", 101, ids(TURN), end_body(true, false));
     assert_eq!(f.c.open_turns(), 0);
     assert!(!f.out.is_empty());
     // The turn's resource goes at the next tick once its spans are gone.
     f.out.clear();
-    assert!(!f.c.is_idle(), "a cached resource");
+    assert_eq!(f.c.expiry(), Expiry::EveryTick, "a cached resource");
     f.c.expire(T0 + 200 * MS, &mut f.out);
     assert!(f.out.is_empty());
-    assert!(f.c.is_idle());
+    assert_eq!(f.c.expiry(), Expiry::Never);
+}
+
+#[test]
+fn state_only_the_ttl_closes_wakes_the_timers_at_the_ttl() {
+    // A session start without a turn and a finished subagent's link are
+    // kept for `state_ttl`; the pipeline sleeps until then.
+    let ttl = 60_000 * MS;
+    let mut f = Feed::with(Config {
+        state_ttl_nanos: ttl,
+        ..Config::default()
+    });
+    let link = v1::Ids {
+        parent_session_id: SESSION.into(),
+        parent_turn_id: TURN.into(),
+        child_session_id: "child".into(),
+        child_subagent_id: "sa-1".into(),
+        ..Default::default()
+    };
+    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    f.ev("subagent_start", 10, link.clone(), None);
+    f.ev("subagent_stop", 20, link, None);
+    f.ev("post_llm_call", 30, ids(TURN), turn_body());
+    f.ev("on_session_end", 31, ids(TURN), end_body(true, false));
+    let start = v1::Ids {
+        session_id: "next".into(),
+        ..Default::default()
+    };
+    f.ev("on_session_start", 40, start, None);
+    f.out.clear();
+    f.c.expire(T0 + 100 * MS, &mut f.out);
+    // The link was last seen at its subagent's start (10 ms).
+    assert_eq!(f.c.expiry(), Expiry::At(T0 + 10 * MS + ttl));
+    f.c.expire(T0 + 10 * MS + ttl - 1, &mut f.out);
+    assert_eq!(f.c.expiry(), Expiry::At(T0 + 10 * MS + ttl), "not yet");
+    f.c.expire(T0 + 10 * MS + ttl, &mut f.out);
+    assert_eq!(
+        f.c.expiry(),
+        Expiry::At(T0 + 40 * MS + ttl),
+        "the session start"
+    );
+    f.c.expire(T0 + 40 * MS + ttl, &mut f.out);
+    assert_eq!(f.c.expiry(), Expiry::Never);
+    assert!(f.out.is_empty(), "TTL-only state closes no span");
 }
