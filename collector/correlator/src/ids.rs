@@ -47,10 +47,7 @@ pub enum SpanKey<'a> {
 
 /// Trace id of the trace rooted at a top-level turn.
 pub fn trace_id(top_level_turn_id: &str) -> TraceId {
-    let mut buf = Vec::with_capacity(13 + top_level_turn_id.len());
-    buf.extend_from_slice(b"hermes.trace\0");
-    buf.extend_from_slice(top_level_turn_id.as_bytes());
-    let h = xxh3_128(&buf);
+    let h = concatenated(&[b"hermes.trace\0", top_level_turn_id.as_bytes()], xxh3_128);
     if h == 0 {
         1u128.to_be_bytes()
     } else {
@@ -60,39 +57,97 @@ pub fn trace_id(top_level_turn_id: &str) -> TraceId {
 
 /// Span id of a span.
 pub fn span_id(key: SpanKey<'_>) -> SpanId {
-    let attempt;
-    let (kind, parts): (&str, &[&str]) = match key {
-        SpanKey::Turn { turn_id } => ("turn", &[turn_id][..]),
+    const SEP: &[u8] = b"\0";
+    let mut digits = [0u8; 10];
+    let h = match key {
+        SpanKey::Turn { turn_id } => {
+            concatenated(&[b"hermes.span\0turn", SEP, turn_id.as_bytes()], xxh3_64)
+        }
         SpanKey::Chat {
             api_request_id,
-            attempt: a,
-        } => {
-            attempt = a.to_string();
-            ("chat", &[api_request_id, attempt.as_str()][..])
-        }
+            attempt,
+        } => concatenated(
+            &[
+                b"hermes.span\0chat",
+                SEP,
+                api_request_id.as_bytes(),
+                SEP,
+                decimal(attempt, &mut digits),
+            ],
+            xxh3_64,
+        ),
         SpanKey::Tool {
             turn_id,
             tool_call_id,
-        } => ("tool", &[turn_id, tool_call_id][..]),
-        SpanKey::Subagent { child_session_id } => ("subagent", &[child_session_id][..]),
+        } => concatenated(
+            &[
+                b"hermes.span\0tool",
+                SEP,
+                turn_id.as_bytes(),
+                SEP,
+                tool_call_id.as_bytes(),
+            ],
+            xxh3_64,
+        ),
+        SpanKey::Subagent { child_session_id } => concatenated(
+            &[b"hermes.span\0subagent", SEP, child_session_id.as_bytes()],
+            xxh3_64,
+        ),
         SpanKey::Approval {
             turn_id,
             tool_call_id,
             pattern_key,
-        } => ("approval", &[turn_id, tool_call_id, pattern_key][..]),
+        } => concatenated(
+            &[
+                b"hermes.span\0approval",
+                SEP,
+                turn_id.as_bytes(),
+                SEP,
+                tool_call_id.as_bytes(),
+                SEP,
+                pattern_key.as_bytes(),
+            ],
+            xxh3_64,
+        ),
     };
-    let mut buf = Vec::with_capacity(64);
-    buf.extend_from_slice(b"hermes.span\0");
-    buf.extend_from_slice(kind.as_bytes());
-    for p in parts {
-        buf.push(0);
-        buf.extend_from_slice(p.as_bytes());
-    }
-    let h = xxh3_64(&buf);
     if h == 0 {
         1u64.to_be_bytes()
     } else {
         h.to_be_bytes()
+    }
+}
+
+/// `hash` of the concatenation of `parts`, built on the stack when it is
+/// short (the ids Hermes 0.19.0 makes are far shorter than its 256 bytes),
+/// so that an id costs no allocation.
+fn concatenated<R>(parts: &[&[u8]], hash: impl FnOnce(&[u8]) -> R) -> R {
+    let len = parts.iter().map(|p| p.len()).sum();
+    let mut stack = [0u8; 256];
+    let mut heap = Vec::new();
+    let buf = if len <= stack.len() {
+        &mut stack[..len]
+    } else {
+        heap.resize(len, 0);
+        &mut heap[..]
+    };
+    let mut at = 0;
+    for p in parts {
+        buf[at..at + p.len()].copy_from_slice(p);
+        at += p.len();
+    }
+    hash(buf)
+}
+
+/// `n` in decimal ASCII, as `n.to_string()` writes it.
+fn decimal(mut n: u32, digits: &mut [u8; 10]) -> &[u8] {
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &digits[at..];
+        }
     }
 }
 
@@ -133,6 +188,23 @@ mod tests {
     const PINNED_CHAT: [&str; 3] = ["d5331c661e4aba6f", "207dd9406f277789", "f94b5b22881d432d"];
     const PINNED_TRACE: &str = "b0a21f5e1b6bb3f5bdba887cacc0694e";
     const PINNED_SPAN: &str = "e69a46ced8262f59";
+
+    #[test]
+    fn long_keys_and_every_attempt_number_hash_as_their_text() {
+        let long = "t".repeat(1000);
+        let text = format!("hermes.span\0turn\0{long}");
+        let expect = xxh3_64(text.as_bytes()).to_be_bytes();
+        assert_eq!(span_id(SpanKey::Turn { turn_id: &long }), expect);
+        for attempt in [0, 1, 9, 10, 99, 100, 4_294_967_295] {
+            let text = format!("hermes.span\0chat\0req\0{attempt}");
+            let expect = xxh3_64(text.as_bytes()).to_be_bytes();
+            let got = span_id(SpanKey::Chat {
+                api_request_id: "req",
+                attempt,
+            });
+            assert_eq!(got, expect, "attempt {attempt}");
+        }
+    }
 
     #[test]
     fn kinds_and_parts_are_separated() {
