@@ -47,7 +47,7 @@ pub enum SpanKey<'a> {
 
 /// Trace id of the trace rooted at a top-level turn.
 pub fn trace_id(top_level_turn_id: &str) -> TraceId {
-    let h = concatenated(&[b"hermes.trace\0", top_level_turn_id.as_bytes()], xxh3_128);
+    let h = separated(b"hermes.trace", &[top_level_turn_id.as_bytes()], xxh3_128);
     if h == 0 {
         1u128.to_be_bytes()
     } else {
@@ -57,59 +57,35 @@ pub fn trace_id(top_level_turn_id: &str) -> TraceId {
 
 /// Span id of a span.
 pub fn span_id(key: SpanKey<'_>) -> SpanId {
-    const SEP: &[u8] = b"\0";
     let mut digits = [0u8; 10];
-    let h = match key {
-        SpanKey::Turn { turn_id } => {
-            concatenated(&[b"hermes.span\0turn", SEP, turn_id.as_bytes()], xxh3_64)
-        }
+    // The kind, then the parts.
+    let parts: &[&[u8]] = match key {
+        SpanKey::Turn { turn_id } => &[b"turn", turn_id.as_bytes()],
         SpanKey::Chat {
             api_request_id,
             attempt,
-        } => concatenated(
-            &[
-                b"hermes.span\0chat",
-                SEP,
-                api_request_id.as_bytes(),
-                SEP,
-                decimal(attempt, &mut digits),
-            ],
-            xxh3_64,
-        ),
+        } => &[
+            b"chat",
+            api_request_id.as_bytes(),
+            decimal(attempt, &mut digits),
+        ],
         SpanKey::Tool {
             turn_id,
             tool_call_id,
-        } => concatenated(
-            &[
-                b"hermes.span\0tool",
-                SEP,
-                turn_id.as_bytes(),
-                SEP,
-                tool_call_id.as_bytes(),
-            ],
-            xxh3_64,
-        ),
-        SpanKey::Subagent { child_session_id } => concatenated(
-            &[b"hermes.span\0subagent", SEP, child_session_id.as_bytes()],
-            xxh3_64,
-        ),
+        } => &[b"tool", turn_id.as_bytes(), tool_call_id.as_bytes()],
+        SpanKey::Subagent { child_session_id } => &[b"subagent", child_session_id.as_bytes()],
         SpanKey::Approval {
             turn_id,
             tool_call_id,
             pattern_key,
-        } => concatenated(
-            &[
-                b"hermes.span\0approval",
-                SEP,
-                turn_id.as_bytes(),
-                SEP,
-                tool_call_id.as_bytes(),
-                SEP,
-                pattern_key.as_bytes(),
-            ],
-            xxh3_64,
-        ),
+        } => &[
+            b"approval",
+            turn_id.as_bytes(),
+            tool_call_id.as_bytes(),
+            pattern_key.as_bytes(),
+        ],
     };
+    let h = separated(b"hermes.span", parts, xxh3_64);
     if h == 0 {
         1u64.to_be_bytes()
     } else {
@@ -117,11 +93,11 @@ pub fn span_id(key: SpanKey<'_>) -> SpanId {
     }
 }
 
-/// `hash` of the concatenation of `parts`, built on the stack when it is
-/// short (the ids Hermes 0.19.0 makes are far shorter than its 256 bytes),
-/// so that an id costs no allocation.
-fn concatenated<R>(parts: &[&[u8]], hash: impl FnOnce(&[u8]) -> R) -> R {
-    let len = parts.iter().map(|p| p.len()).sum();
+/// `hash` of `prefix` + (`"\0"` + part)*, the key built on the stack when it
+/// is short (the ids Hermes 0.19.0 makes are far shorter than its 256
+/// bytes), so that an id costs no allocation.
+fn separated<R>(prefix: &[u8], parts: &[&[u8]], hash: impl FnOnce(&[u8]) -> R) -> R {
+    let len = prefix.len() + parts.iter().map(|p| 1 + p.len()).sum::<usize>();
     let mut stack = [0u8; 256];
     let mut heap = Vec::new();
     let buf = if len <= stack.len() {
@@ -130,10 +106,12 @@ fn concatenated<R>(parts: &[&[u8]], hash: impl FnOnce(&[u8]) -> R) -> R {
         heap.resize(len, 0);
         &mut heap[..]
     };
-    let mut at = 0;
+    buf[..prefix.len()].copy_from_slice(prefix);
+    let mut at = prefix.len();
     for p in parts {
-        buf[at..at + p.len()].copy_from_slice(p);
-        at += p.len();
+        // buf[at] is already 0: the separator.
+        buf[at + 1..at + 1 + p.len()].copy_from_slice(p);
+        at += 1 + p.len();
     }
     hash(buf)
 }
