@@ -217,7 +217,7 @@ fn body<K: Kwargs>(hook: &str, kw: &K, content: bool) -> Body {
             reason: s(kw, "reason"),
             sender_id: s(kw, "sender_id"),
         }),
-        HookFamily::Api => Body::Api(api_call(kw)),
+        HookFamily::Api => Body::Api(Box::new(api_call(kw))),
         HookFamily::Tool => Body::Tool(ToolCall {
             tool_name: s(kw, "tool_name"),
             status: s(kw, "status"),
@@ -232,7 +232,7 @@ fn body<K: Kwargs>(hook: &str, kw: &K, content: bool) -> Body {
             child_goal: content_s("child_goal"),
             child_summary: content_s("child_summary"),
         }),
-        HookFamily::Approval => Body::Approval(Approval {
+        HookFamily::Approval => Body::Approval(Box::new(Approval {
             pattern_key: s(kw, "pattern_key"),
             pattern_keys: kw.strings("pattern_keys"),
             surface: s(kw, "surface"),
@@ -241,7 +241,7 @@ fn body<K: Kwargs>(hook: &str, kw: &K, content: bool) -> Body {
             session_key: s(kw, "session_key"),
             command: content_s("command"),
             description: s(kw, "description"),
-        }),
+        })),
         HookFamily::Other => Body::Other(Other {
             fields: kw.scalars(),
         }),
@@ -266,7 +266,7 @@ pub fn to_event<K: Kwargs>(stamp: &Stamp<'_>, kw: &K, capture: CaptureLevel) -> 
         time_unix_nano: stamp.time_unix_nano,
         mono_nano: stamp.mono_nano,
         thread: stamp.thread.to_owned(),
-        ids: Some(ids(kw)),
+        ids: Some(Box::new(ids(kw))),
         body: Some(body(stamp.hook, kw, content_on)),
         content,
     }

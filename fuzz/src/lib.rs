@@ -203,7 +203,7 @@ fn body(kind: &BodyKind, now: u64) -> Option<Body> {
         } => {
             let started = started.at(now);
             let duration = u64::from(*duration_ms) * MS;
-            Body::Api(v1::ApiCall {
+            Body::Api(Box::new(v1::ApiCall {
                 model: "m".into(),
                 attempt: u32::from(*attempt % 4),
                 started_at_unix_nano: started,
@@ -217,7 +217,7 @@ fn body(kind: &BodyKind, now: u64) -> Option<Body> {
                     ..Default::default()
                 }),
                 ..Default::default()
-            })
+            }))
         }
         BodyKind::Tool { ok, duration_ms } => Body::Tool(v1::ToolCall {
             tool_name: "terminal".into(),
@@ -234,11 +234,11 @@ fn body(kind: &BodyKind, now: u64) -> Option<Body> {
             duration_ms: duration_ms.map(u64::from),
             ..Default::default()
         }),
-        BodyKind::Approval { choice } => Body::Approval(v1::Approval {
+        BodyKind::Approval { choice } => Body::Approval(Box::new(v1::Approval {
             surface: "cli".into(),
             choice: pick(&["once", "deny", ""], *choice),
             ..Default::default()
-        }),
+        })),
     })
 }
 
@@ -250,7 +250,7 @@ fn event(seq: u64, e: &GenEvent, now: u64) -> v1::Event {
         hook: pick(&HOOKS, e.hook),
         time_unix_nano: time,
         mono_nano: time,
-        ids: Some(v1::Ids {
+        ids: Some(Box::new(v1::Ids {
             session_id: pick(&SESSIONS, i[0]),
             task_id: String::new(),
             turn_id: pick(&TURNS, i[1]),
@@ -261,7 +261,7 @@ fn event(seq: u64, e: &GenEvent, now: u64) -> v1::Event {
             parent_subagent_id: pick(&SUBAGENTS, i[6]),
             child_session_id: pick(&SESSIONS, i[7]),
             child_subagent_id: pick(&SUBAGENTS, i[8]),
-        }),
+        })),
         body: body(&e.body, now),
         ..Default::default()
     }
@@ -582,7 +582,7 @@ mod smoke {
             time_unix_nano: super::T0 + seq * super::MS,
             mono_nano: seq * super::MS,
             thread: "MainThread".into(),
-            ids: Some(ids("t0")),
+            ids: Some(Box::new(ids("t0"))),
             body,
             content: Default::default(),
         };
@@ -598,16 +598,16 @@ mod smoke {
             event(
                 2,
                 "pre_api_request",
-                Some(Body::Api(v1::ApiCall {
+                Some(Body::Api(Box::new(v1::ApiCall {
                     model: "m".into(),
                     attempt: 1,
                     ..Default::default()
-                })),
+                }))),
             ),
             event(
                 3,
                 "post_api_request",
-                Some(Body::Api(v1::ApiCall {
+                Some(Body::Api(Box::new(v1::ApiCall {
                     model: "m".into(),
                     attempt: 1,
                     usage: Some(v1::Usage {
@@ -616,7 +616,7 @@ mod smoke {
                         ..Default::default()
                     }),
                     ..Default::default()
-                })),
+                }))),
             ),
             event(
                 4,

@@ -7,7 +7,7 @@ use std::time::Instant as StdInstant;
 
 use hermes_proto::received::ReceivedBatch;
 use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
-use hermes_proto::v1::{Ack, ApiCall, Ids, event::Body};
+use hermes_proto::v1::{Ack, Ids, event::Body};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
@@ -272,12 +272,12 @@ impl Harness {
         Event {
             seq: self.seqs.next_seq(),
             hook: hook.into(),
-            ids: Some(Ids {
+            ids: Some(Box::new(Ids {
                 api_request_id: api_request_id.into(),
                 turn_id: "turn".into(),
                 ..Default::default()
-            }),
-            body: Some(Body::Api(ApiCall::default())),
+            })),
+            body: Some(Body::Api(Box::default())),
             ..Default::default()
         }
     }

@@ -61,7 +61,7 @@ impl Feed {
             time_unix_nano: T0 + t_ms * MS,
             mono_nano: t_ms * MS,
             thread: "MainThread".into(),
-            ids: Some(ids),
+            ids: Some(Box::new(ids)),
             body,
             content: Default::default(),
         };
@@ -203,18 +203,18 @@ fn basic_turn(f: &mut Feed) {
         "pre_api_request",
         12,
         api_ids(API1),
-        Some(Body::Api(api(1, 10, 0))),
+        Some(Body::Api(Box::new(api(1, 10, 0)))),
     );
     f.ev(
         "post_api_request",
         316,
         api_ids(API1),
-        Some(Body::Api(v1::ApiCall {
+        Some(Body::Api(Box::new(v1::ApiCall {
             usage: Some(usage(1212, 17)),
             finish_reason: "tool_calls".into(),
             response_model: "fake-model-1".into(),
             ..api(1, 10, 310)
-        })),
+        }))),
     );
     f.ev(
         "pre_tool_call",
@@ -232,17 +232,17 @@ fn basic_turn(f: &mut Feed) {
         "pre_api_request",
         400,
         api_ids(API2),
-        Some(Body::Api(api(1, 399, 0))),
+        Some(Body::Api(Box::new(api(1, 399, 0)))),
     );
     f.ev(
         "post_api_request",
         450,
         api_ids(API2),
-        Some(Body::Api(v1::ApiCall {
+        Some(Body::Api(Box::new(v1::ApiCall {
             usage: Some(usage(1300, 20)),
             finish_reason: "stop".into(),
             ..api(1, 399, 449)
-        })),
+        }))),
     );
     f.ev("post_llm_call", 455, ids(TURN), turn_body());
     f.ev("on_session_end", 456, ids(TURN), end_body(true, false));
@@ -343,35 +343,35 @@ fn retried_request_gives_one_span_per_attempt() {
         "pre_api_request",
         10,
         api_ids(API1),
-        Some(Body::Api(api(1, 8, 0))),
+        Some(Body::Api(Box::new(api(1, 8, 0)))),
     );
     f.ev(
         "api_request_error",
         300,
         api_ids(API1),
-        Some(Body::Api(v1::ApiCall {
+        Some(Body::Api(Box::new(v1::ApiCall {
             status_code: Some(500),
             retryable: Some(true),
             reason: "server_error".into(),
             error_type: "InternalServerError".into(),
             error_message: "Error code: 500".into(),
             ..api(1, 8, 299)
-        })),
+        }))),
     );
     f.ev(
         "pre_api_request",
         2500,
         api_ids(API1),
-        Some(Body::Api(api(2, 8, 0))),
+        Some(Body::Api(Box::new(api(2, 8, 0)))),
     );
     f.ev(
         "post_api_request",
         2570,
         api_ids(API1),
-        Some(Body::Api(v1::ApiCall {
+        Some(Body::Api(Box::new(v1::ApiCall {
             usage: Some(usage(100, 5)),
             ..api(2, 8, 2569)
-        })),
+        }))),
     );
     f.ev("on_session_end", 2600, ids(TURN), end_body(true, false));
     let chats: Vec<&Span> = f
@@ -412,17 +412,17 @@ fn lean_mode_builds_attempts_from_end_events() {
         "api_request_error",
         300,
         api_ids(API1),
-        Some(Body::Api(v1::ApiCall {
+        Some(Body::Api(Box::new(v1::ApiCall {
             status_code: Some(429),
             reason: "rate_limit".into(),
             ..api(1, 8, 299)
-        })),
+        }))),
     );
     f.ev(
         "post_api_request",
         1400,
         api_ids(API1),
-        Some(Body::Api(api(2, 8, 1399))),
+        Some(Body::Api(Box::new(api(2, 8, 1399)))),
     );
     f.ev("on_session_end", 1500, ids(TURN), end_body(true, false));
     let chats: Vec<&Span> = f
@@ -523,7 +523,7 @@ fn missing_end_is_closed_at_turn_end() {
         "pre_api_request",
         20,
         api_ids(API1),
-        Some(Body::Api(api(1, 20, 0))),
+        Some(Body::Api(Box::new(api(1, 20, 0)))),
     );
     f.ev("on_session_end", 90, ids(TURN), end_body(false, true));
     let tool = f.span("execute_tool terminal");
@@ -725,18 +725,18 @@ fn next_turn_of_the_session_closes_a_turn_that_never_ended() {
         "pre_api_request",
         10,
         api_ids(API1),
-        Some(Body::Api(api(1, 10, 0))),
+        Some(Body::Api(Box::new(api(1, 10, 0)))),
     );
     f.ev(
         "api_request_error",
         50,
         api_ids(API1),
-        Some(Body::Api(v1::ApiCall {
+        Some(Body::Api(Box::new(v1::ApiCall {
             status_code: Some(400),
             retryable: Some(false),
             reason: "format_error".into(),
             ..api(1, 10, 49)
-        })),
+        }))),
     );
     // Hermes' failure path fires neither post_llm_call nor on_session_end.
     assert!(
@@ -771,7 +771,7 @@ fn interrupted_attempt_counts_and_keeps_its_server() {
         "pre_api_request",
         10,
         api_ids(API1),
-        Some(Body::Api(api(1, 10, 0))),
+        Some(Body::Api(Box::new(api(1, 10, 0)))),
     );
     f.ev("on_session_end", 90, ids(TURN), end_body(true, true));
     let chat = f.span("chat fake-model-1");
@@ -791,7 +791,7 @@ fn a_child_never_starts_before_its_turn() {
         "post_api_request",
         200,
         api_ids(API1),
-        Some(Body::Api(api(1, 40, 190))),
+        Some(Body::Api(Box::new(api(1, 40, 190)))),
     );
     f.ev("on_session_end", 300, ids(TURN), end_body(true, false));
     let chat = f.span("chat fake-model-1");
@@ -986,11 +986,11 @@ fn one_agent_cannot_evict_the_turns_of_another() {
     let start = |turn: &str, session: &str| v1::Event {
         hook: "pre_llm_call".into(),
         time_unix_nano: T0,
-        ids: Some(v1::Ids {
+        ids: Some(Box::new(v1::Ids {
             session_id: session.into(),
             turn_id: turn.into(),
             ..Default::default()
-        }),
+        })),
         body: turn_body(),
         ..Default::default()
     };

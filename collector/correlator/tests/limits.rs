@@ -128,20 +128,22 @@ fn body(max: u64) -> impl Strategy<Value = Option<Body>> {
             0..=max
         )
             .prop_map(
-                |(attempt, started, ended, status_code, tokens)| Some(Body::Api(v1::ApiCall {
-                    model: "m".into(),
-                    attempt,
-                    started_at_unix_nano: started,
-                    ended_at_unix_nano: ended,
-                    api_duration_nano: ended.wrapping_sub(started),
-                    status_code,
-                    usage: Some(v1::Usage {
-                        input_tokens: tokens,
-                        output_tokens: tokens / 3,
+                |(attempt, started, ended, status_code, tokens)| Some(Body::Api(Box::new(
+                    v1::ApiCall {
+                        model: "m".into(),
+                        attempt,
+                        started_at_unix_nano: started,
+                        ended_at_unix_nano: ended,
+                        api_duration_nano: ended.wrapping_sub(started),
+                        status_code,
+                        usage: Some(v1::Usage {
+                            input_tokens: tokens,
+                            output_tokens: tokens / 3,
+                            ..Default::default()
+                        }),
                         ..Default::default()
-                    }),
-                    ..Default::default()
-                }))
+                    }
+                )))
             ),
         (proptest::option::of(0..=max), pick(&["ok", "error", ""])).prop_map(
             |(duration_ms, status)| Some(Body::Tool(v1::ToolCall {
@@ -156,11 +158,13 @@ fn body(max: u64) -> impl Strategy<Value = Option<Body>> {
             duration_ms,
             ..Default::default()
         }))),
-        pick(&["once", "deny", ""]).prop_map(|choice| Some(Body::Approval(v1::Approval {
-            choice,
-            surface: "cli".into(),
-            ..Default::default()
-        }))),
+        pick(&["once", "deny", ""]).prop_map(|choice| Some(Body::Approval(Box::new(
+            v1::Approval {
+                choice,
+                surface: "cli".into(),
+                ..Default::default()
+            }
+        )))),
     ]
 }
 
@@ -200,7 +204,7 @@ fn step(max: u64) -> impl Strategy<Value = Step> {
                     hook: hook.to_owned(),
                     time_unix_nano: time,
                     mono_nano: time,
-                    ids: Some(ids),
+                    ids: Some(Box::new(ids)),
                     body,
                     ..Default::default()
                 },
