@@ -47,6 +47,18 @@ Scenarios (each repeated --repeats times; medians reported):
               senders are past --idle-sleep-after-ms (unless it is longer
               than the 20 s: then while they poll; --idle-poll-max-ms)
 
+  throughput_gzip
+              the throughput scenario with the collector's OTLP exporter
+              compressing (gzip), as the relay scenario's relay does
+  relay       the field's anchor: rotel (the Rust OpenTelemetry collector,
+              from PyPI's `rotel` wheel, --rotel) relaying OTLP/gRPC to the
+              sink, given the spans our collector exports for the throughput
+              load (`hermes-bench-driver otlp`: the same fixture turns with
+              fresh ids, correlated in the driver, 256 spans per request);
+              its CPU per span against ours. Its OTLP exporter always
+              compresses (gzip: `--otlp-exporter-compression none` is not
+              honored by the wheel's build), hence throughput_gzip
+
 Prints a JSON object with every run and the medians, and a table.
 """
 
@@ -185,7 +197,8 @@ class Proc:
 class Rig:
     """A sink and a collector exporting to it."""
 
-    def __init__(self, bins: str, logdir: str, tag: str, env: Optional[Dict[str, str]] = None):
+    def __init__(self, bins: str, logdir: str, tag: str, env: Optional[Dict[str, str]] = None,
+                 config: str = ""):
         self.sink_port = free_port()
         self.listen = free_port()
         self.admin = free_port()
@@ -195,9 +208,16 @@ class Rig:
             logdir,
             stdout_pipe=True,
         )
+        config_args: List[str] = []
+        if config:
+            path = os.path.join(logdir, f"{tag}-collector.yaml")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(config)
+            config_args = ["--config", path]
         self.collector = Proc(
             [
                 os.path.join(bins, "hermes-collector"),
+                *config_args,
                 "--listen", f"127.0.0.1:{self.listen}",
                 "--admin-listen", f"127.0.0.1:{self.admin}",
                 "--otlp-endpoint", f"http://127.0.0.1:{self.sink_port}",
@@ -289,11 +309,11 @@ def scenario_idle(bins: str, logdir: str, settle: float, window: float = 10.0) -
 
 def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batch: int,
                         tag: str = "throughput", env: Optional[Dict[str, str]] = None,
-                        rounds: int = 1) -> Dict[str, Any]:
+                        rounds: int = 1, config: str = "") -> Dict[str, Any]:
     """The loadgen load `rounds` times over on one collector. The result's
     fields are the last round's; `rounds` lists every round's CPU, faults
     and RSS (the first round of a young process pays for fresh memory)."""
-    rig = Rig(bins, logdir, tag, env)
+    rig = Rig(bins, logdir, tag, env, config)
     time.sleep(0.5)
     pid = rig.collector.pid
     per_round: List[Dict[str, Any]] = []
@@ -344,6 +364,8 @@ def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batc
         "collector_system_seconds": last["collector_system_seconds"],
         "collector_minor_faults": last["collector_minor_faults"],
         "events_per_cpu_second": last["events_per_cpu_second"],
+        "spans_per_cpu_second": (sink.get("spans") or 0) / rounds / last["collector_cpu_seconds"]
+        if last["collector_cpu_seconds"] > 0 else None,
         "first_round_events_per_cpu_second": per_round[0]["events_per_cpu_second"],
         "rss_after_mib": mem["VmRSS"],
         "hwm_mib": mem["VmHWM"],
@@ -351,6 +373,106 @@ def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batc
         "load_after": load(),
         "rounds": [{k: v for k, v in r.items() if k != "t0"} for r in per_round],
     }
+
+
+# The collector's OTLP exporter compressing, as rotel does (relay scenario);
+# --otlp-endpoint overrides the endpoint.
+GZIP_CONFIG = """exporters:
+  otlp:
+    endpoint: http://127.0.0.1:4317
+    compression: gzip
+"""
+
+
+def wait_port(port: int, proc: Proc, what: str, timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if proc.p.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"{what} did not start listening on {port}")
+            time.sleep(0.05)
+
+
+def wait_cpu_quiet(pid: int, quiet_s: float = 1.0, timeout: float = 120.0) -> None:
+    """Until the process's CPU time stops moving (it has sent what it held)."""
+    last = cpu_seconds(pid)
+    since = time.time()
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(0.1)
+        now = cpu_seconds(pid)
+        if now != last:
+            last, since = now, time.time()
+        elif time.time() - since >= quiet_s:
+            return
+
+
+def scenario_relay(bins: str, logdir: str, rotel: str, instances: int, turns: int) -> Dict[str, Any]:
+    """rotel relaying to the sink the spans our collector exports for the
+    throughput load: its CPU per span."""
+    sink_port, grpc, http = free_port(), free_port(), free_port()
+    sink = Proc(
+        [os.path.join(bins, "hermes-bench-sink"), "--listen", f"127.0.0.1:{sink_port}"],
+        "relay-sink", logdir, stdout_pipe=True,
+    )
+    relay = Proc(
+        [
+            rotel, "start",
+            "--otlp-grpc-endpoint", f"127.0.0.1:{grpc}",
+            "--otlp-http-endpoint", f"127.0.0.1:{http}",
+            "--exporter", "otlp",
+            "--otlp-exporter-endpoint", f"http://127.0.0.1:{sink_port}",
+            "--pid-file", os.path.join(logdir, "rotel.pid"),
+            "--log-file", os.path.join(logdir, "rotel-agent.log"),
+        ],
+        "relay-rotel", logdir,
+    )
+    wait_port(grpc, relay, "rotel")
+    time.sleep(0.5)
+    load_before = load()
+    s0 = stat(relay.pid)
+    t0 = time.time_ns()
+    summary = run_json(
+        [
+            os.path.join(bins, "hermes-bench-driver"),
+            "--endpoint", f"http://127.0.0.1:{grpc}",
+            "--instances", str(instances),
+            "otlp", "--turns", str(turns),
+        ],
+        timeout=600,
+    )
+    wait_cpu_quiet(relay.pid)
+    s1 = stat(relay.pid)
+    mem = memory(relay.pid)
+    relay.stop()
+    received = last_json(sink.stop()) or {}
+    cpu = (s1["user"] + s1["system"]) - (s0["user"] + s0["system"])
+    spans = summary["spans"]
+    span_secs = (received.get("last_arrival_unix_nano", t0) - t0) / 1e9
+    return {
+        "spans": spans,
+        "spans_at_sink": received.get("spans"),
+        "requests": summary["requests"],
+        "seconds_to_last_span": span_secs,
+        "relay_cpu_seconds": cpu,
+        "relay_user_seconds": s1["user"] - s0["user"],
+        "relay_system_seconds": s1["system"] - s0["system"],
+        "spans_per_cpu_second": spans / cpu if cpu > 0 else None,
+        "rss_after_mib": mem["VmRSS"],
+        "hwm_mib": mem["VmHWM"],
+        "load_before": load_before,
+        "load_after": load(),
+    }
+
+
+def find_rotel() -> str:
+    """rotel's binary inside the bench venv's `rotel` wheel (run.sh installs it)."""
+    import glob
+    found = glob.glob(os.path.join(ROOT, "target", "bench-venv", "lib", "python*", "site-packages", "rotel", "rotel-agent"))
+    return found[0] if found else ""
 
 
 def scenario_floor(bins: str, logdir: str, decode: str, instances: int, turns: int, batch: int) -> Dict[str, Any]:
@@ -528,6 +650,8 @@ def main() -> None:
     ap.add_argument("--idle-sleep-after-ms", type=int, default=None,
                     help="the shim sender's idle_sleep_after in the delay and idle_sender scenarios "
                          "(default: the shim's; a large value: it never stops its timer)")
+    ap.add_argument("--rotel", default="",
+                    help="rotel's binary for the relay scenario (default: the bench venv's rotel wheel)")
     ap.add_argument("--scenarios", default="idle,throughput,open_turns,delay")
     ap.add_argument("--logdir", default="")
     ap.add_argument("--worker-threads", type=int, default=0,
@@ -558,6 +682,15 @@ def main() -> None:
             record("throughput_warm", scenario_throughput(
                 args.bins, logdir, args.instances, args.turns, args.batch,
                 tag="throughput-warm", rounds=3))
+        if "throughput_gzip" in scenarios:
+            record("throughput_gzip", scenario_throughput(
+                args.bins, logdir, args.instances, args.turns, args.batch,
+                tag="throughput-gzip", config=GZIP_CONFIG))
+        if "relay" in scenarios:
+            rotel = args.rotel or find_rotel()
+            if not rotel or not os.path.exists(rotel):
+                raise SystemExit("relay: no rotel binary (pip install rotel==0.0.1a15 into target/bench-venv, or --rotel PATH)")
+            record("relay", scenario_relay(args.bins, logdir, rotel, args.instances, args.turns))
         if "throughput_one_worker" in scenarios:
             record("throughput_one_worker", scenario_throughput(
                 args.bins, logdir, args.instances, args.turns, args.batch,

@@ -354,6 +354,39 @@ def collector_tables(load: Dict[str, Any]) -> List[str]:
             "Loads: " + "; ".join(str(x) for x in t.get("loads", [])),
             "",
         ]
+    relay, gz = m.get("relay"), m.get("throughput_gzip")
+    if relay:
+        # Per span: the collector's spans come from ≈ 2.5 events each, the
+        # relay's arrive as spans.
+        lines += [
+            "The field's anchor: rotel (a Rust OpenTelemetry collector) relaying the same spans over OTLP/gRPC "
+            "(`hermes-bench-driver otlp` → rotel → sink; its exporter always gzips, so ours is also shown gzipping):",
+            "",
+            "| collector | input | CPU seconds | spans per CPU-second | ratio to rotel | events per CPU-second | RSS after (high-water) | loads |",
+            "|---|---|---:|---:|---:|---:|---:|---|",
+        ]
+        rs = relay.get("spans_per_cpu_second")
+
+        def relay_row(label: str, what: str, r: Dict[str, Any], cpu_key: str, events: bool) -> str:
+            sp = r.get("spans_per_cpu_second")
+            ratio = f"{sp / rs:.2f}" if sp and rs else ""
+            ev = fmt_rate(r.get("events_per_cpu_second")) if events else "–"
+            return (f"| {label} | {what} | {r.get(cpu_key):.2f} s | {fmt_rate(sp)} | {ratio} | {ev} | "
+                    f"{r.get('rss_after_mib'):.1f} MiB ({r.get('hwm_mib'):.1f} MiB) | {'; '.join(map(str, r.get('loads', [])))} |")
+
+        lines.append(relay_row(
+            "rotel 0.0.1-alpha10 (relay: OTLP in, batch, OTLP out, gzip)",
+            f"{relay.get('spans'):.0f} spans in {relay.get('requests'):.0f} requests ({relay.get('spans_at_sink'):.0f} at the sink)",
+            relay, "relay_cpu_seconds", False))
+        if gz:
+            lines.append(relay_row(
+                "ours, exporter gzip", f"{gz.get('events'):.0f} events → {gz.get('spans'):.0f} spans",
+                gz, "collector_cpu_seconds", True))
+        if t and t.get("spans_per_cpu_second"):
+            lines.append(relay_row(
+                "ours, defaults (no compression)", f"{t.get('events'):.0f} events → {t.get('spans'):.0f} spans",
+                t, "collector_cpu_seconds", True))
+        lines.append("")
     floors = [(k, m[k]) for k in ("floor_full", "floor_views", "floor_seqs") if m.get(k)]
     if floors:
         lines += [

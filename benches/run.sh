@@ -7,8 +7,8 @@
 # Steps: (1) release build of the collector, loadgen and the bench helpers,
 # copied to $OUT/bin so that rebuilds by others during the run change
 # nothing; (2) the venvs: target/e2e-venv via tests/setup_venv.sh (the shim),
-# target/bench-venv (OpenTelemetry SDK + OTLP gRPC exporter, never installed
-# into the e2e venv); (3) criterion (`cargo bench -p hermes-benches`);
+# target/bench-venv (OpenTelemetry SDK + OTLP gRPC exporter, and rotel's
+# wheel for the collector's relay anchor; never installed into the e2e venv); (3) criterion (`cargo bench -p hermes-benches`);
 # (4) hook cost in-process (benches/hook_cost.py) against a running release
 # collector exporting to hermes-bench-sink; (5) collector throughput, memory
 # and delay (benches/collector_load.py); (7) cost per real three-turn Hermes
@@ -46,6 +46,8 @@ BENCH_VENV="$ROOT/target/bench-venv"
 # hermes-agent 0.19.0 + the peer plugin (never installed into the e2e venv).
 SESSION_VENV="$ROOT/target/session-venv"
 PEER_PLUGIN="hermes-plugin-otel-tracing==0.1.1"
+# The field's OTLP relay for the collector's anchor (its wheel bundles the binary).
+ROTEL="rotel==0.0.1a15"
 mkdir -p "$OUT/bin"
 # Absolute: criterion runs with the bench crate as its working directory.
 OUT="$(cd "$OUT" && pwd)"
@@ -95,7 +97,7 @@ fi
 
 # ---- 2. the e2e venv and a snapshot of the installed plugin
 SHIM_SNAP="$OUT/shim"
-if want hook || want session || want stall; then
+if want hook || want collector || want session || want stall; then
   if [[ "${BENCH_SKIP_SETUP_VENV:-}" != 1 ]]; then
     bash tests/setup_venv.sh >&2
   fi
@@ -109,15 +111,21 @@ if want hook || want session || want stall; then
   ls -l --time-style=full-iso "$SHIM_SNAP"/hermes_collector/_core*.so >> "$OUT/shim-version.txt" 2>/dev/null || true
 fi
 
-# ---- 4. hook cost
-if want hook; then
-  if [[ ! -x "$BENCH_VENV/bin/python" ]] || ! "$BENCH_VENV/bin/python" -c 'import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc' 2>/dev/null; then
-    log "creating $BENCH_VENV (OpenTelemetry SDK)"
+# The anchors' venv: the OpenTelemetry Python SDK (hook cost) and rotel's
+# wheel, which carries its collector binary (the collector's relay anchor).
+bench_venv() {
+  if [[ ! -x "$BENCH_VENV/bin/python" ]] || ! "$BENCH_VENV/bin/python" -c 'import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.grpc, rotel' 2>/dev/null; then
+    log "creating $BENCH_VENV (OpenTelemetry SDK, $ROTEL)"
     base_python="$("$E2E_VENV/bin/python" -c 'import sys; print(sys._base_executable)')"
     "$base_python" -m venv "$BENCH_VENV"
-    "$BENCH_VENV/bin/python" -m pip install -q --disable-pip-version-check opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc
+    "$BENCH_VENV/bin/python" -m pip install -q --disable-pip-version-check opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc "$ROTEL"
   fi
-  "$BENCH_VENV/bin/python" -m pip list --disable-pip-version-check 2>/dev/null | grep -i -E '^(opentelemetry|grpcio|protobuf)' > "$OUT/bench-venv-packages.txt" || true
+  "$BENCH_VENV/bin/python" -m pip list --disable-pip-version-check 2>/dev/null | grep -i -E '^(opentelemetry|grpcio|protobuf|rotel)' > "$OUT/bench-venv-packages.txt" || true
+}
+
+# ---- 4. hook cost
+if want hook; then
+  bench_venv
 
   start_collector "$BIN" "$OUT/hook_"
   trap stop_collector EXIT
@@ -138,10 +146,11 @@ fi
 
 # ---- 5. collector
 if want collector; then
+  bench_venv
   log "collector load runs ($REPEATS repeats)"
   echo "collector start: $(uptime)" >> "$OUT/loads.txt"
   python3 benches/collector_load.py --bins "$BIN" --repeats "$REPEATS" \
-    --scenarios idle,throughput,throughput_warm,throughput_one_worker,floor_full,floor_views,floor_seqs,open_turns,delay,idle_sender \
+    --scenarios idle,throughput,throughput_warm,throughput_one_worker,throughput_gzip,relay,floor_full,floor_views,floor_seqs,open_turns,delay,idle_sender \
     --turns "${BENCH_LOADGEN_TURNS:-20000}" --delay-turns "${BENCH_DELAY_TURNS:-8}" --logdir "$OUT/collector-logs" \
     > "$OUT/collector_load.json"
   echo "collector end: $(uptime)" >> "$OUT/loads.txt"

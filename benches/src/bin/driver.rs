@@ -22,6 +22,13 @@
 //!   wake-ups of their threads over `--secs` (from
 //!   `/proc/self/task/*/schedstat`): what an idle agent process pays for the
 //!   sender's looks at its empty queue.
+//! * `otlp`: not a collector's load but an OTLP relay's: the spans the
+//!   correlator builds from the fixtures' turns (fresh ids, in rotation, as
+//!   `hermes-loadgen` sends them), sent as OTLP/gRPC export requests of
+//!   `--spans-per-request` spans, one connection per instance, each request
+//!   awaited, as fast as it goes. For another collector (an OTLP relay)
+//!   given the same spans our collector exports (`collector_load.py`'s
+//!   `relay` scenario).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,13 +36,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use hermes_benches::{FIXTURES, Template, now_unix_nanos, restamp, shim_info};
+use hermes_benches::{FIXTURES, Template, correlate, now_unix_nanos, restamp, shim_info};
 use hermes_collector_shim::config::{CaptureLevel, DEFAULT_QUEUE_EVENTS, wakes_sender};
 use hermes_collector_shim::sender::{
     self, DEFAULT_IDLE_POLL_MAX, DEFAULT_IDLE_SLEEP_AFTER, PassThrough, SenderConfig, Started,
 };
+use hermes_correlator::{FinishedSpan, to_resource_spans};
 use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch, ShimInfo};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
 use rand::Rng as _;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -84,6 +94,15 @@ enum Mode {
         /// `--sender batched`: the longest a partial batch waits, ms.
         #[arg(long, default_value_t = 50)]
         flush_ms: u64,
+    },
+    /// The spans of the fixtures' turns as OTLP/gRPC export requests.
+    Otlp {
+        /// Turns per instance.
+        #[arg(long, default_value_t = 2500)]
+        turns: usize,
+        /// Spans per export request (at least; whole turns).
+        #[arg(long, default_value_t = 256)]
+        spans_per_request: usize,
     },
     /// Idle senders: their threads' CPU time and wake-ups.
     IdleSender {
@@ -609,6 +628,77 @@ async fn idle_sender(
     Ok(())
 }
 
+/// `otlp` mode: see the module docs.
+async fn otlp(
+    args: &Args,
+    level: CaptureLevel,
+    turns: usize,
+    spans_per_request: usize,
+) -> anyhow::Result<()> {
+    let templates = FIXTURES
+        .iter()
+        .map(|name| Template::load(name, level))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for index in 0..args.instances {
+        let mut client = TraceServiceClient::connect(args.endpoint.clone())
+            .await
+            .context("connect")?;
+        let templates = templates.clone();
+        let shim = shim_info(index as u64, level);
+        tasks.spawn(async move {
+            let (mut spans, mut requests) = (0u64, 0u64);
+            let mut pending = Vec::new();
+            for turn in 0..turns {
+                let template = &templates[turn % templates.len()];
+                let now = now_unix_nanos();
+                let events: Vec<Event> = template
+                    .events
+                    .iter()
+                    .map(|e| {
+                        let mut e = template.fresh(e, &format!("{index}r{turn}"));
+                        restamp(&mut e, now);
+                        e
+                    })
+                    .collect();
+                pending.extend(correlate(&shim, &events));
+                if pending.len() >= spans_per_request || turn + 1 == turns {
+                    spans += pending.len() as u64;
+                    requests += 1;
+                    let request = otlp_request(std::mem::take(&mut pending));
+                    client.export(request).await.context("export")?;
+                }
+            }
+            anyhow::Ok((spans, requests))
+        });
+    }
+    let (mut spans, mut requests) = (0u64, 0u64);
+    while let Some(done) = tasks.join_next().await {
+        let (s, r) = done??;
+        spans += s;
+        requests += r;
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "mode": "otlp",
+            "spans": spans,
+            "requests": requests,
+            "seconds": started.elapsed().as_secs_f64(),
+        })
+    );
+    Ok(())
+}
+
+/// `spans` as one OTLP export request, grouped as the collector exports
+/// them (a `ResourceSpans` per resource).
+fn otlp_request(spans: Vec<FinishedSpan>) -> ExportTraceServiceRequest {
+    ExportTraceServiceRequest {
+        resource_spans: to_resource_spans(spans).iter().map(Into::into).collect(),
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -636,5 +726,9 @@ async fn main() -> anyhow::Result<()> {
             paced(&args, level, turns, speed, sender).await
         }
         Mode::IdleSender { secs, timers } => idle_sender(&args, level, secs, timers).await,
+        Mode::Otlp {
+            turns,
+            spans_per_request,
+        } => otlp(&args, level, turns, spans_per_request).await,
     }
 }

@@ -119,7 +119,11 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("bind {}", args.listen))?;
     eprintln!("hermes-bench-sink: listening on {}", listener.local_addr()?);
-    let service = TraceServiceServer::new(sink.clone()).max_decoding_message_size(64 << 20);
+    // gzip too: a relay benchmarked against it (rotel) compresses whatever
+    // it is told.
+    let service = TraceServiceServer::new(sink.clone())
+        .max_decoding_message_size(64 << 20)
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let server =
         tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(service, incoming));
