@@ -136,7 +136,11 @@ impl Attrs {
 /// (emptied when full), each at most [`Interner::MAX_LEN`] bytes (longer
 /// ones are copied per span): bounded whatever the agents send.
 #[derive(Debug, Default)]
-pub(crate) struct Interner(HashSet<Arc<str>, foldhash::quality::RandomState>);
+pub(crate) struct Interner {
+    texts: HashSet<Arc<str>, foldhash::quality::RandomState>,
+    /// Where [`Interner::joined`] puts its two parts together.
+    scratch: String,
+}
 
 impl Interner {
     const MAX_ENTRIES: usize = 1024;
@@ -148,15 +152,28 @@ impl Interner {
         if text.len() > Self::MAX_LEN {
             return text.into();
         }
-        if let Some(shared) = self.0.get(text) {
+        if let Some(shared) = self.texts.get(text) {
             return Str::Shared(Arc::clone(shared));
         }
-        if self.0.len() >= Self::MAX_ENTRIES {
-            self.0.clear();
+        if self.texts.len() >= Self::MAX_ENTRIES {
+            self.texts.clear();
         }
         let shared: Arc<str> = Arc::from(text);
-        self.0.insert(Arc::clone(&shared));
+        self.texts.insert(Arc::clone(&shared));
         Str::Shared(shared)
+    }
+
+    /// `prefix` followed by `text`, shared as [`Interner::get`] shares a
+    /// text: a span name such as `chat gpt-4o` is put together without an
+    /// allocation of its own (`format!` made one, and grew it, per span).
+    pub(crate) fn joined(&mut self, prefix: &str, text: &str) -> Str {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        scratch.push_str(prefix);
+        scratch.push_str(text);
+        let joined = self.get(&scratch);
+        self.scratch = scratch;
+        joined
     }
 }
 
@@ -173,10 +190,33 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &b));
         for i in 0..3 * Interner::MAX_ENTRIES {
             assert_eq!(values.get(&i.to_string()).as_str(), i.to_string());
-            assert!(values.0.len() <= Interner::MAX_ENTRIES);
+            assert!(values.texts.len() <= Interner::MAX_ENTRIES);
         }
         let long = "x".repeat(Interner::MAX_LEN + 1);
         assert_eq!(values.get(&long).as_str(), long);
-        assert!(!values.0.contains(long.as_str()), "long texts are not kept");
+        assert!(
+            !values.texts.contains(long.as_str()),
+            "long texts are not kept"
+        );
+    }
+
+    #[test]
+    fn a_joined_text_is_shared_like_any_other() {
+        let mut values = Interner::default();
+        let (Str::Shared(a), Str::Shared(b)) =
+            (values.joined("chat ", "gpt-4o"), values.get("chat gpt-4o"))
+        else {
+            panic!("not shared");
+        };
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(
+            values.joined("execute_tool ", "terminal").as_str(),
+            "execute_tool terminal"
+        );
+        let long = "x".repeat(Interner::MAX_LEN);
+        assert_eq!(
+            values.joined("chat ", &long).as_str(),
+            format!("chat {long}")
+        );
     }
 }

@@ -1212,7 +1212,7 @@ impl Correlator {
                 trace_id: turn.trace_id.to_vec(),
                 span_id: turn.span_id.to_vec(),
                 parent_span_id: turn.parent.map(|p| p.to_vec()).unwrap_or_default(),
-                name: format!("invoke_agent {}", turn.agent_name).into(),
+                name: self.values.joined("invoke_agent ", &turn.agent_name),
                 kind: span::SpanKind::Internal as i32,
                 start_time_unix_nano: turn.start,
                 end_time_unix_nano: end,
@@ -1430,7 +1430,7 @@ fn close_attempt(
         turn,
         Span {
             span_id: span_id.to_vec(),
-            name: format!("chat {model}").into(),
+            name: values.joined("chat ", model),
             kind: span::SpanKind::Client as i32,
             start_time_unix_nano: start,
             end_time_unix_nano: end,
@@ -1451,8 +1451,8 @@ fn close_tool(
     t: u64,
 ) -> FinishedSpan {
     let name = match &open {
-        Some(o) if tool.tool_name.is_empty() => o.name.clone(),
-        _ => tool.tool_name.clone(),
+        Some(o) if tool.tool_name.is_empty() => o.name.as_str(),
+        _ => tool.tool_name.as_str(),
     };
     let start = match &open {
         Some(o) => o.start,
@@ -1465,7 +1465,7 @@ fn close_tool(
     turn.tool_calls += 1;
     let mut a = turn.common(10);
     a.fixed("gen_ai.operation.name", "execute_tool")
-        .common_str("gen_ai.tool.name", &name, values)
+        .common_str("gen_ai.tool.name", name, values)
         .str("gen_ai.tool.call.id", tool_call_id)
         .fixed("gen_ai.tool.type", "function")
         .common_str("hermes.tool.status", &tool.status, values)
@@ -1494,7 +1494,7 @@ fn close_tool(
         turn,
         Span {
             span_id: span_id.to_vec(),
-            name: format!("execute_tool {name}").into(),
+            name: values.joined("execute_tool ", name),
             kind: span::SpanKind::Internal as i32,
             start_time_unix_nano: start,
             end_time_unix_nano: t,
@@ -1614,10 +1614,23 @@ fn resource_instance(resource: &Resource) -> Option<&str> {
 }
 
 /// Host and port of an `http(s)://host[:port]/...` base URL.
+///
+/// Scans bytes rather than searching with `str` patterns: it runs on every
+/// chat span, and `split_once("://")` (a substring searcher's set-up) and
+/// two `rsplit_once` (`memrchr`) cost ≈ 1 000 instructions per span for a
+/// URL of 30 bytes (`docs/BENCHMARKS.md`).
 fn server_address(base_url: &str) -> Option<(&str, Option<u16>)> {
-    let (scheme, rest) = base_url.split_once("://")?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let colon = base_url.as_bytes().windows(3).position(|w| w == b"://")?;
+    let (scheme, rest) = (&base_url[..colon], &base_url[colon + 3..]);
+    let end = rest
+        .bytes()
+        .position(|b| matches!(b, b'/' | b'?' | b'#'))
+        .unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let authority = match authority.bytes().rposition(|b| b == b'@') {
+        Some(at) => &authority[at + 1..],
+        None => authority,
+    };
     let default_port = match scheme {
         "https" => Some(443),
         "http" => Some(80),
@@ -1631,8 +1644,11 @@ fn server_address(base_url: &str) -> Option<(&str, Option<u16>)> {
             .or(default_port);
         return Some((host, port));
     }
-    match authority.rsplit_once(':') {
-        Some((host, port)) => Some((host, port.parse().ok().or(default_port))),
+    match authority.bytes().rposition(|b| b == b':') {
+        Some(at) => Some((
+            &authority[..at],
+            authority[at + 1..].parse().ok().or(default_port),
+        )),
         None if authority.is_empty() => None,
         None => Some((authority, default_port)),
     }
@@ -1688,5 +1704,21 @@ mod tests {
             Some(("::1", Some(8080)))
         );
         assert_eq!(server_address("nonsense"), None);
+        assert_eq!(
+            server_address("https://user:pw@proxy.local:8443?x=1"),
+            Some(("proxy.local", Some(8443)))
+        );
+        assert_eq!(server_address("http://host#frag"), Some(("host", Some(80))));
+        assert_eq!(
+            server_address("grpc://h:bad/x"),
+            Some(("h", None)),
+            "an unknown scheme has no default port"
+        );
+        assert_eq!(
+            server_address("a:b://c:9"),
+            Some(("c", Some(9))),
+            "the first `://` ends the scheme"
+        );
+        assert_eq!(server_address("https:///v1"), None);
     }
 }
