@@ -4,8 +4,9 @@
 //! into a shared [`Str`], so the spans of a turn that repeat one (the
 //! session id, the model) share it. Values of few distinct texts that
 //! every turn repeats (providers, server addresses, response models, finish
-//! reasons, tool names and statuses) are shared across turns through an
-//! [`Interner`]: one allocation per text, and the span processor, which
+//! reasons, tool names and statuses, and the span names made of them) are
+//! shared across turns through an [`Interner`]: one allocation per text,
+//! and the span processor, which
 //! remembers a shared value's verdict by its address for a pass, scans each
 //! such text once per pass instead of once per span.
 
