@@ -385,6 +385,7 @@ GZIP_CONFIG = """exporters:
 
 
 def wait_port(port: int, proc: Proc, what: str, timeout: float = 30.0) -> None:
+    """Until `proc` accepts connections on `port`."""
     deadline = time.time() + timeout
     while True:
         try:
@@ -430,7 +431,7 @@ def scenario_relay(bins: str, logdir: str, rotel: str, instances: int, turns: in
         ],
         "relay-rotel", logdir,
     )
-    wait_port(grpc, relay, "rotel")
+    wait_port(grpc, relay, f"rotel (see {logdir}/relay-rotel.log)")
     time.sleep(0.5)
     load_before = load()
     s0 = stat(relay.pid)
@@ -486,15 +487,7 @@ def scenario_floor(bins: str, logdir: str, decode: str, instances: int, turns: i
         stdout_pipe=True,
         env=COLLECTOR_ENV,
     )
-    deadline = time.time() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if floor.p.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"hermes-bench-floor did not start (see {logdir}/floor-{decode}.log)")
-            time.sleep(0.05)
+    wait_port(port, floor, f"hermes-bench-floor (see {logdir}/floor-{decode}.log)")
     time.sleep(0.5)
     cpu0 = cpu_seconds(floor.pid)
     summary = run_json(
