@@ -227,6 +227,14 @@ impl Template {
         }
         e
     }
+
+    /// [`Template::fresh`], captured at `now` ([`restamp`]): one event of a
+    /// replayed turn.
+    pub fn fresh_at(&self, event: &Event, tag: &str, now: u64) -> Event {
+        let mut e = self.fresh(event, tag);
+        restamp(&mut e, now);
+        e
+    }
 }
 
 /// Moves the capture time of `event` to `now`, and its API start/end times

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use hermes_benches::{FIXTURES, Template, correlate, now_unix_nanos, restamp, shim_info};
+use hermes_benches::{FIXTURES, Template, correlate, now_unix_nanos, shim_info};
 use hermes_collector_shim::config::{CaptureLevel, DEFAULT_QUEUE_EVENTS, wakes_sender};
 use hermes_collector_shim::sender::{
     self, DEFAULT_IDLE_POLL_MAX, DEFAULT_IDLE_SLEEP_AFTER, PassThrough, SenderConfig, Started,
@@ -231,8 +231,7 @@ async fn open_turns(
             for turn in 0..share {
                 let now = now_unix_nanos();
                 for e in &opening {
-                    let mut e = template.fresh(e, &format!("{index}o{turn}"));
-                    restamp(&mut e, now);
+                    let mut e = template.fresh_at(e, &format!("{index}o{turn}"), now);
                     seq += 1;
                     e.seq = seq;
                     pending.push(e);
@@ -460,8 +459,7 @@ async fn paced_instance(
             outlet
                 .wait_until(turn_start + offset.div_f64(speed))
                 .await?;
-            let mut e = template.fresh(e, &format!("{index}p{turn}"));
-            restamp(&mut e, now_unix_nanos());
+            let mut e = template.fresh_at(e, &format!("{index}p{turn}"), now_unix_nanos());
             seq += 1;
             e.seq = seq;
             outlet
@@ -656,11 +654,7 @@ async fn otlp(
                 let events: Vec<Event> = template
                     .events
                     .iter()
-                    .map(|e| {
-                        let mut e = template.fresh(e, &format!("{index}r{turn}"));
-                        restamp(&mut e, now);
-                        e
-                    })
+                    .map(|e| template.fresh_at(e, &format!("{index}r{turn}"), now))
                     .collect();
                 pending.extend(correlate(&shim, &events));
                 if pending.len() >= spans_per_request || turn + 1 == turns {
