@@ -8,7 +8,8 @@
 # copied to $OUT/bin so that rebuilds by others during the run change
 # nothing; (2) the venvs: target/e2e-venv via tests/setup_venv.sh (the shim),
 # target/bench-venv (OpenTelemetry SDK + OTLP gRPC exporter, and rotel's
-# wheel for the collector's relay anchor; never installed into the e2e venv); (3) criterion (`cargo bench -p hermes-benches`);
+# wheel for the collector's relay anchor; never installed into the e2e
+# venv); (3) criterion (`cargo bench -p hermes-benches`);
 # (4) hook cost in-process (benches/hook_cost.py) against a running release
 # collector exporting to hermes-bench-sink; (5) collector throughput, memory
 # and delay (benches/collector_load.py); (7) cost per real three-turn Hermes
