@@ -421,6 +421,42 @@ impl Collector for StatsCollector {
             "Events the shims dropped because their hook queue was full, as they reported.",
             load(&r.shim_dropped_events),
         )?;
+        gauge(
+            e,
+            "receiver_connections_open",
+            "Ingest connections open now.",
+            load(&r.connections_open),
+        )?;
+        counter(
+            e,
+            "receiver_connections_refused",
+            "Ingest connections closed at once because receiver.max_connections were open.",
+            load(&r.connections_refused),
+        )?;
+        counter(
+            e,
+            "receiver_connections_timed_out",
+            "Ingest connections closed for opening no accepted stream within receiver.handshake_timeout_ms.",
+            load(&r.connections_timed_out),
+        )?;
+        counter(
+            e,
+            "receiver_connections_idle_closed",
+            "Ingest connections closed after receiver.idle_timeout_secs without a stream.",
+            load(&r.connections_idle_closed),
+        )?;
+        counter(
+            e,
+            "receiver_accept_errors",
+            "Errors accepting ingest connections (e.g. out of file descriptors).",
+            load(&r.accept_errors),
+        )?;
+        counter(
+            e,
+            "receiver_foreign_instance_refusals",
+            "Event batches refused for a shim instance id another client certificate uses.",
+            load(&r.foreign_instance_refusals),
+        )?;
 
         let p = &self.pipeline;
         counter(

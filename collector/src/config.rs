@@ -115,6 +115,20 @@ pub struct ReceiverConfig {
     /// Events one stream may send at once above its rate (token bucket).
     #[schemars(range(min = 1))]
     pub stream_burst_events: u64,
+    /// Ingest connections open at once; one more is accepted and closed at
+    /// once. Keep it below the process' open-file limit (the collector
+    /// raises its soft limit to the hard one at start).
+    #[schemars(range(min = 1))]
+    pub max_connections: usize,
+    /// Milliseconds a new connection may take to open an ingest stream that
+    /// passes the token check (TLS handshake and HTTP/2 preface included);
+    /// then it is closed.
+    #[schemars(range(min = 1))]
+    pub handshake_timeout_ms: u64,
+    /// Seconds a connection may stay without an open ingest stream; then it
+    /// is closed. A shim keeps its stream open while it runs.
+    #[schemars(range(min = 1))]
+    pub idle_timeout_secs: u64,
     /// Bearer token the shims must present. None by default.
     pub auth: AuthConfig,
     /// TLS on the ingest listener, mutual with `client_ca_file`. None by
@@ -227,6 +241,9 @@ impl Default for ReceiverConfig {
             max_event_bytes: 1024 * 1024,
             stream_events_per_sec: 20_000,
             stream_burst_events: 40_000,
+            max_connections: 4096,
+            handshake_timeout_ms: 10_000,
+            idle_timeout_secs: 300,
             auth: AuthConfig::default(),
             tls: None,
         }
@@ -797,6 +814,18 @@ impl Config {
         positive(
             "receiver.stream_burst_events",
             self.receiver.stream_burst_events,
+        )?;
+        positive(
+            "receiver.max_connections",
+            self.receiver.max_connections as u64,
+        )?;
+        positive(
+            "receiver.handshake_timeout_ms",
+            self.receiver.handshake_timeout_ms,
+        )?;
+        positive(
+            "receiver.idle_timeout_secs",
+            self.receiver.idle_timeout_secs,
         )?;
         positive(
             "correlator.max_open_turns_per_agent",

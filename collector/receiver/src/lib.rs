@@ -32,6 +32,8 @@
 //! optionally with TLS, mutual when a client CA is given ([`tls`]).
 
 pub mod auth;
+pub mod conn;
+pub mod identity;
 pub mod listener;
 pub mod memory;
 pub mod rate;
@@ -50,9 +52,12 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TlsConnectInfo;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 pub use auth::{AuthFailure, BearerToken, TokenError};
+pub use conn::{Conn, ConnectionLimits, GuardedIncoming};
+pub use identity::{InstanceBindings, Principal};
 pub use listener::{ListenAddr, Listener};
 pub use memory::MemoryLimit;
 pub use tls::{TlsError, TlsPem};
@@ -115,6 +120,9 @@ pub struct Limits {
     /// shim whose host vanished, or a connection a NAT or load balancer
     /// dropped without a word, would otherwise hold its streams forever.
     pub keepalive_timeout: Duration,
+    /// How many connections, and how long one may stay without an accepted
+    /// stream ([`conn`]).
+    pub connections: ConnectionLimits,
 }
 
 impl Default for Limits {
@@ -128,6 +136,7 @@ impl Default for Limits {
             max_streams_per_connection: 8,
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -153,6 +162,30 @@ pub struct ReceiverStats {
     /// Cumulative drops reported by shims (latest report of each stream summed
     /// as deltas).
     pub shim_dropped_events: AtomicU64,
+    /// Ingest connections open now (a gauge).
+    pub connections_open: AtomicU64,
+    /// Connections closed at once because `max_connections` were open.
+    pub connections_refused: AtomicU64,
+    /// Connections closed for opening no accepted stream within the
+    /// handshake timeout.
+    pub connections_timed_out: AtomicU64,
+    /// Connections closed after the idle timeout without a stream.
+    pub connections_idle_closed: AtomicU64,
+    /// Accept errors other than a connection's own (e.g. out of file
+    /// descriptors).
+    pub accept_errors: AtomicU64,
+    /// Batches refused for naming a shim instance that another client
+    /// identity already uses.
+    pub foreign_instance_refusals: AtomicU64,
+}
+
+impl ReceiverStats {
+    /// Counts one occurrence and tells whether to log it (the 1st, 2nd, 4th,
+    /// 8th, … of its kind), so a flood cannot flood the logs.
+    pub fn count(counter: &AtomicU64) -> (u64, bool) {
+        let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
+        (n, n.is_power_of_two())
+    }
 }
 
 /// The `EventIngest` service.
@@ -165,6 +198,7 @@ pub struct Ingest {
     token: Option<BearerToken>,
     delivery: Delivery,
     memory: Option<Arc<MemoryLimit>>,
+    bindings: Arc<InstanceBindings>,
 }
 
 impl Ingest {
@@ -185,6 +219,7 @@ impl Ingest {
             token: None,
             delivery: Delivery::Memory,
             memory: None,
+            bindings: Arc::default(),
         }
     }
 
@@ -228,19 +263,21 @@ impl Ingest {
             .max_concurrent_streams(Some(self.limits.max_streams_per_connection))
             .http2_keepalive_interval(Some(self.limits.keepalive_interval))
             .http2_keepalive_timeout(Some(self.limits.keepalive_timeout));
+        let limits = self.limits.connections;
+        let stats = Arc::clone(&self.stats);
         let service = self.into_server();
         if let Some(tls) = tls {
             server = server.tls_config(tls)?;
         }
         match listener {
             Listener::Tcp(listener) => {
-                let incoming = listener::tcp_incoming(listener);
+                let incoming = GuardedIncoming::new(listener, limits, stats, shutdown.clone());
                 server
                     .serve_with_incoming_shutdown(service, incoming, shutdown.cancelled_owned())
                     .await
             }
             Listener::Unix(listener, socket_file) => {
-                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                let incoming = GuardedIncoming::new(listener, limits, stats, shutdown.clone());
                 let served = server
                     .serve_with_incoming_shutdown(service, incoming, shutdown.cancelled_owned())
                     .await;
@@ -248,13 +285,6 @@ impl Ingest {
                 served
             }
         }
-    }
-
-    /// Counts a refusal and tells whether to log it (the 1st, 2nd, 4th, 8th,
-    /// … of its kind).
-    fn count(counter: &AtomicU64) -> (u64, bool) {
-        let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
-        (n, n.is_power_of_two())
     }
 }
 
@@ -271,17 +301,24 @@ impl EventIngest for Ingest {
         if let Some(token) = &self.token
             && let Err(failure) = token.check(request.metadata())
         {
-            let (n, log) = Self::count(&self.stats.auth_failures);
+            let (n, log) = ReceiverStats::count(&self.stats.auth_failures);
             if log {
                 tracing::warn!(
                     reason = failure.message(),
-                    peer = ?request.remote_addr(),
+                    peer = ?request.extensions().get::<Conn>().and_then(Conn::remote),
                     auth_failures = n,
                     "refused an ingest stream (logged at the 1st, 2nd, 4th, ... refusal)"
                 );
             }
             return Err(failure.status());
         }
+        // Past the token check: the connection has done its handshake.
+        let open = request.extensions().get::<Conn>().map(Conn::stream_opened);
+        let principal = request
+            .extensions()
+            .get::<TlsConnectInfo<Conn>>()
+            .and_then(TlsConnectInfo::peer_certs)
+            .and_then(|certs| certs.first().map(|c| self.bindings.principal(c.as_ref())));
         let mut inbound = request.into_inner();
         let (ack_tx, ack_rx) = mpsc::channel::<Result<Ack, Status>>(64);
         let this = self.clone();
@@ -291,6 +328,9 @@ impl EventIngest for Ingest {
             Delivery::Durable => Some(spawn_acker(ack_tx.clone())),
         };
         tokio::spawn(async move {
+            let _open = open;
+            // The instance this stream's principal was last allowed.
+            let mut claimed: Option<String> = None;
             let mut last_dropped = 0u64;
             let mut rate = rate::StreamRate::new(&this.limits, tokio::time::Instant::now());
             loop {
@@ -327,6 +367,12 @@ impl EventIngest for Ingest {
                     this.refuse(status, &ack_tx).await;
                     break;
                 }
+                if let Some(principal) = principal
+                    && let Err(status) = this.claim(&received.batch, principal, &mut claimed)
+                {
+                    let _ = ack_tx.send(Err(status)).await;
+                    break;
+                }
                 let batch = received.batch;
                 if !this.pace(&mut rate, batch.events.len(), &ack_tx).await {
                     break;
@@ -334,7 +380,7 @@ impl EventIngest for Ingest {
                 if let Some(memory) = &this.memory
                     && memory.is_over()
                 {
-                    let (n, log) = Self::count(&this.stats.memory_refusals);
+                    let (n, log) = ReceiverStats::count(&this.stats.memory_refusals);
                     if log {
                         tracing::warn!(
                             memory_refusals = n,
@@ -426,7 +472,7 @@ fn spawn_acker(
 impl Ingest {
     /// Counts and reports a refused batch, and ends the stream with `status`.
     async fn refuse(&self, status: Status, ack_tx: &mpsc::Sender<Result<Ack, Status>>) {
-        let (n, log) = Self::count(&self.stats.batches_refused);
+        let (n, log) = ReceiverStats::count(&self.stats.batches_refused);
         if log {
             tracing::warn!(
                 %status,
@@ -435,6 +481,34 @@ impl Ingest {
             );
         }
         let _ = ack_tx.send(Err(status)).await;
+    }
+
+    /// Checks that `principal` may send under the batch's shim instance
+    /// ([`identity`]); `claimed` caches the stream's last allowed instance.
+    fn claim(
+        &self,
+        batch: &EventBatch,
+        principal: Principal,
+        claimed: &mut Option<String>,
+    ) -> Result<(), Status> {
+        let instance = batch.shim.as_ref().map_or("", |s| s.instance_id.as_str());
+        if claimed.as_deref() == Some(instance) {
+            return Ok(());
+        }
+        if self.bindings.claim(instance, principal) {
+            *claimed = Some(instance.to_owned());
+            return Ok(());
+        }
+        let (n, log) = ReceiverStats::count(&self.stats.foreign_instance_refusals);
+        if log {
+            tracing::warn!(
+                foreign_instance_refusals = n,
+                "refused a batch for a shim instance that another client certificate uses (logged at the 1st, 2nd, 4th, ... refusal)"
+            );
+        }
+        Err(Status::permission_denied(
+            "this shim instance id belongs to another client certificate",
+        ))
     }
 
     /// [`check_batch`], counting an oversized event.
@@ -460,7 +534,7 @@ impl Ingest {
         let Some(wait) = rate.take(events as u64, tokio::time::Instant::now()) else {
             return true;
         };
-        let (n, log) = Self::count(&self.stats.throttled_batches);
+        let (n, log) = ReceiverStats::count(&self.stats.throttled_batches);
         if log {
             tracing::info!(
                 wait_ms = wait.as_millis() as u64,

@@ -1,9 +1,9 @@
 //! Where the ingest listens: a TCP address or a Unix domain socket.
 //!
 //! Owns: parsing `receiver.listen` ([`ListenAddr`]), binding it
-//! ([`Listener::bind`], with a backlog of [`LISTEN_BACKLOG`]), the options
-//! of accepted TCP connections ([`tcp_incoming`]) and, for a Unix socket,
-//! the socket file's life.
+//! ([`Listener::bind`], with a backlog of [`LISTEN_BACKLOG`]) and, for a
+//! Unix socket, the socket file's life. What happens to accepted
+//! connections is [`crate::conn`]'s.
 //!
 //! Invariants for a Unix socket:
 //! - A stale socket file (nothing accepts on it) is removed before binding;
@@ -25,7 +25,6 @@ use std::str::FromStr;
 
 use rustix::fs::Mode;
 use tokio::net::{TcpListener, TcpSocket, UnixListener};
-use tonic::transport::server::TcpIncoming;
 
 /// Prefix of a Unix domain socket address: `unix:/run/hermes/ingest.sock`.
 pub const UNIX_PREFIX: &str = "unix:";
@@ -186,14 +185,6 @@ fn clear_stale_socket(path: &Path) -> io::Result<()> {
             format!("cannot check the existing socket {}: {e}", path.display()),
         )),
     }
-}
-
-/// The connections a TCP listener accepts, each with `TCP_NODELAY` (an ack
-/// is a small write and must not wait for the shim's TCP to acknowledge the
-/// previous one). tonic sets it by default only on listeners it binds
-/// itself; `serve_with_incoming` ignores its `tcp_nodelay`.
-pub fn tcp_incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// Binds a TCP listener as `TcpListener::bind` does (with `SO_REUSEADDR`),
@@ -365,23 +356,5 @@ mod tests {
                 Err(e) => panic!("connection {i} of {FLEET}: {e}"),
             }
         }
-    }
-
-    #[tokio::test]
-    async fn accepted_tcp_connections_do_not_delay_small_writes() {
-        let Listener::Tcp(listener) = Listener::bind(&"127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap()
-        else {
-            panic!("not a TCP listener");
-        };
-        let addr = listener.local_addr().unwrap();
-        let mut incoming = tcp_incoming(listener);
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let accepted = tokio_stream::StreamExt::next(&mut incoming)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(accepted.nodelay().unwrap());
     }
 }
