@@ -23,6 +23,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -241,6 +242,7 @@ fn run(args: &RunArgs, small_pages: Option<String>) -> ExitCode {
     if let Some(error) = small_pages {
         tracing::warn!(%error, "cannot turn transparent huge pages off; running with them");
     }
+    open_file_room(config.receiver.max_connections);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all().thread_name("hermes-collector");
     if config.runtime.worker_threads > 0 {
@@ -254,11 +256,48 @@ fn run(args: &RunArgs, small_pages: Option<String>) -> ExitCode {
         }
     };
     match runtime.block_on(serve(config)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Outcome::Clean) => ExitCode::SUCCESS,
+        Ok(Outcome::LostInDrain) => ExitCode::from(EXIT_LOST_IN_DRAIN),
+        Ok(Outcome::StageFailed) => ExitCode::from(EXIT_STAGE_FAILED),
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "collector stopped");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// File descriptors the collector needs besides its ingest connections:
+/// the listeners, the admin server's connections, the span file, the
+/// exporters' connections, the persistent queue, the runtime's own.
+const FDS_BESIDES_CONNECTIONS: u64 = 256;
+
+/// Raises the soft limit on open files to the hard one, so that
+/// `receiver.max_connections` ingest connections fit beside everything
+/// else; warns when they still do not (the ingest then meets `EMFILE`
+/// before its own limit, which it survives, but new connections wait).
+fn open_file_room(max_connections: usize) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let mut soft = limit.current;
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => soft = limit.maximum,
+            Err(e) => tracing::debug!(error = %e, "cannot raise the open-file limit"),
+        }
+    }
+    let needed = (max_connections as u64).saturating_add(FDS_BESIDES_CONNECTIONS);
+    if let Some(soft) = soft
+        && soft < needed
+    {
+        tracing::warn!(
+            open_file_limit = soft,
+            max_connections,
+            "the open-file limit is below receiver.max_connections plus {FDS_BESIDES_CONNECTIONS}; lower receiver.max_connections or raise the limit (ulimit -n)"
+        );
     }
 }
 
@@ -355,7 +394,9 @@ fn build_sinks(config: &Config) -> anyhow::Result<Vec<Sink>> {
     Ok(sinks)
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
+async fn serve(config: Config) -> anyhow::Result<Outcome> {
+    // First: from here on SIGHUP is answered, never the default exit.
+    let mut signals = Signals::install();
     let listen = config.receiver.listen_addr()?;
     // Read again (validated before): the token lives only in the service.
     let token = config
@@ -447,6 +488,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let stage = hermes_exporter::ExporterStage::new(sinks, settings);
     let exporter_stats = stage.stats();
+    let drain_deadline = stage.drain_deadline();
     let exporter = tokio::spawn(stage.run(export_rx, exporter_shutdown.clone()));
     readiness.set_exporter_running(true);
 
@@ -498,6 +540,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         }
         _ => (None, None),
     };
+    let pipeline_stop = CancellationToken::new();
     let pipeline = tokio::spawn(pipeline::run(
         pipeline_rx,
         export_tx,
@@ -510,6 +553,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         Duration::from_millis(config.correlator.tick_ms),
         pipeline_stats.clone(),
         tracker,
+        pipeline_stop.clone(),
     ));
 
     let receiver_stats = Arc::new(ReceiverStats::default());
@@ -520,6 +564,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         stream_events_per_sec: config.receiver.stream_events_per_sec,
         stream_burst_events: config.receiver.stream_burst_events,
         max_streams_per_connection: config.receiver.max_streams_per_connection,
+        connections: hermes_receiver::ConnectionLimits {
+            max_connections: config.receiver.max_connections,
+            handshake_timeout: Duration::from_millis(config.receiver.handshake_timeout_ms),
+            idle_timeout: Duration::from_secs(config.receiver.idle_timeout_secs),
+            ..Default::default()
+        },
         ..Limits::default()
     };
     if let ListenAddr::Tcp(addr) = &listen
@@ -543,10 +593,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         config::QueueKind::Memory => hermes_receiver::Delivery::Memory,
         config::QueueKind::Disk => hermes_receiver::Delivery::Durable,
     };
-    let ingest = Ingest::new(ingest_tx, limits, receiver_stats.clone(), shutdown.clone())
-        .with_token(token)
-        .with_delivery(delivery)
-        .with_memory_limit(memory_limit);
+    let ingest = Ingest::new(
+        ingest_tx,
+        limits.clone(),
+        receiver_stats.clone(),
+        shutdown.clone(),
+    )
+    .with_token(token)
+    .with_delivery(delivery)
+    .with_memory_limit(memory_limit);
     let admin_state = admin::AdminState::new(
         receiver_stats.clone(),
         pipeline_stats.clone(),
@@ -584,44 +639,82 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         }
     });
 
-    wait_for_signal().await;
+    let mut stages = Stages {
+        server,
+        pipeline,
+        exporter,
+        admin: admin_task,
+    };
+    let stage_died = tokio::select! {
+        () = signals.stop() => None,
+        died = stages.first_to_end() => Some(died),
+    };
     readiness.set_draining();
     let grace = Duration::from_millis(config.shutdown.grace_ms);
     let deadline = tokio::time::Instant::now() + grace;
-    tracing::info!(
-        grace_ms = config.shutdown.grace_ms,
-        "shutting down: draining"
-    );
-    // 1. Stop accepting: streams end with UNAVAILABLE, the listener closes.
-    shutdown.cancel();
-    if let Ok(Err(e)) = tokio::time::timeout_at(deadline, server)
-        .await
-        .map(|r| r.unwrap_or(Ok(())))
-    {
-        tracing::warn!(error = %e, "receiver ended with an error");
+    drain_deadline.set(deadline);
+    let failed_before = spans_failed(&exporter_stats);
+    match stage_died {
+        None => tracing::info!(
+            grace_ms = config.shutdown.grace_ms,
+            "shutting down: draining"
+        ),
+        Some(stage) => tracing::error!(
+            stage,
+            grace_ms = config.shutdown.grace_ms,
+            "a stage of the pipeline stopped; draining what is left and exiting"
+        ),
     }
-    // 2. The correlator drains its channel and closes what is open; dropping
-    //    its export sender lets the exporter stage drain.
-    let ended = match tokio::time::timeout_at(deadline, pipeline).await {
-        Ok(ended) => ended.unwrap_or_default(),
+    // 1. Stop accepting: streams end with UNAVAILABLE, the listener closes,
+    //    and connections still open after the linger are closed. The drain
+    //    never waits on a client beyond that.
+    shutdown.cancel();
+    let linger = limits.connections.shutdown_linger + Duration::from_millis(500);
+    let receiver_deadline = deadline.min(tokio::time::Instant::now() + linger);
+    match tokio::time::timeout_at(receiver_deadline, &mut stages.server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "receiver ended with an error"),
+        Ok(Err(e)) => tracing::error!(error = %e, "receiver task failed"),
         Err(_) => {
-            tracing::error!("correlator did not drain within the grace period");
+            tracing::warn!("ingest connections did not close; dropping them");
+            stages.server.abort();
+        }
+    }
+    // 2. The correlator takes what is queued and closes what is open
+    //    (whoever still holds an ingest sender); dropping its export sender
+    //    lets the exporter stage drain.
+    pipeline_stop.cancel();
+    let mut lost_open_turns = 0;
+    let ended = match tokio::time::timeout_at(deadline, &mut stages.pipeline).await {
+        Ok(Ok(ended)) => ended,
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "correlator task failed; its open turns are lost");
+            lost_open_turns = pipeline_stats.open_turns.load(Ordering::Relaxed);
+            None
+        }
+        Err(_) => {
+            lost_open_turns = pipeline_stats.open_turns.load(Ordering::Relaxed);
+            tracing::error!(
+                open_turns = lost_open_turns,
+                "correlator did not drain within the grace period; its open turns are lost"
+            );
+            stages.pipeline.abort();
             None
         }
     };
     // Everything is recorded: the derived metrics' last OTLP export runs
     // beside the exporters' drain, bounded by the same deadline.
     let metrics_flush = metrics_export.map(|export| tokio::spawn(export.shutdown(deadline)));
-    // 3. Exporters flush until the deadline.
-    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-    match tokio::time::timeout(left, exporter).await {
-        Ok(_) => {}
-        Err(_) => {
-            exporter_shutdown.cancel();
-            tracing::error!(
-                "exporters did not drain within the grace period; unexported spans are lost"
-            );
-        }
+    // 3. Exporters drain until the deadline; what they could not export is
+    //    counted as failed before the stage returns (it ends by the deadline
+    //    set above, plus a moment to count).
+    exporter_shutdown.cancel();
+    if tokio::time::timeout_at(deadline + Duration::from_secs(2), &mut stages.exporter)
+        .await
+        .is_err()
+    {
+        tracing::error!("exporter stage did not stop; unexported spans are lost");
+        stages.exporter.abort();
     }
     if let Some(flush) = metrics_flush {
         let _ = flush.await;
@@ -643,45 +736,143 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // The admin server goes last: /livez answers and /readyz says 503
     // throughout the drain.
     admin_shutdown.cancel();
-    let _ = admin_task.await;
+    let _ = (&mut stages.admin).await;
     let sent: u64 = exporter_stats.sinks().iter().map(|s| s.spans_sent()).sum();
-    let failed: u64 = exporter_stats
-        .sinks()
-        .iter()
-        .map(|s| s.spans_failed())
-        .sum();
+    let failed = spans_failed(&exporter_stats);
+    let lost_in_drain = failed.saturating_sub(failed_before);
     tracing::info!(
-        events = receiver_stats
-            .events_accepted
-            .load(std::sync::atomic::Ordering::Relaxed),
-        spans = pipeline_stats
-            .spans
-            .load(std::sync::atomic::Ordering::Relaxed),
+        events = receiver_stats.events_accepted.load(Ordering::Relaxed),
+        spans = pipeline_stats.spans.load(Ordering::Relaxed),
         spans_sent = sent,
         spans_failed = failed,
         "stopped"
     );
-    Ok(())
+    if stage_died.is_some() {
+        return Ok(Outcome::StageFailed);
+    }
+    if lost_in_drain > 0 || lost_open_turns > 0 {
+        tracing::error!(
+            spans = lost_in_drain,
+            open_turns = lost_open_turns,
+            "the drain could not export everything within shutdown.grace_ms; these are lost"
+        );
+        return Ok(Outcome::LostInDrain);
+    }
+    Ok(Outcome::Clean)
 }
 
-async fn wait_for_signal() {
+/// How a run ended, for the exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Stopped by a signal; everything drained.
+    Clean,
+    /// Stopped by a signal; some spans or open turns could not be exported
+    /// within the grace.
+    LostInDrain,
+    /// A stage stopped on its own (failed or panicked); drained what was
+    /// left.
+    StageFailed,
+}
+
+/// Exit code of a drain that lost spans (`EX_TEMPFAIL`: a later run with a
+/// longer grace or a reachable backend would not).
+const EXIT_LOST_IN_DRAIN: u8 = 75;
+/// Exit code when a stage stopped on its own (`EX_SOFTWARE`).
+const EXIT_STAGE_FAILED: u8 = 70;
+
+fn spans_failed(stats: &hermes_exporter::ExporterStats) -> u64 {
+    stats.sinks().iter().map(|s| s.spans_failed()).sum()
+}
+
+/// The long-running tasks of the pipeline; the process drains and exits
+/// when any of them ends on its own.
+struct Stages {
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    pipeline: tokio::task::JoinHandle<pipeline::Ended>,
+    exporter: tokio::task::JoinHandle<Arc<hermes_exporter::ExporterStats>>,
+    admin: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Stages {
+    /// Waits until a stage ends before shutdown asked it to, and names it
+    /// (logging how it ended).
+    async fn first_to_end(&mut self) -> &'static str {
+        let (stage, how) = tokio::select! {
+            r = &mut self.server => ("receiver", describe(r.map(|r| r.map_err(|e| e.to_string())))),
+            r = &mut self.pipeline => ("correlator", describe(r.map(|_| Ok(())))),
+            r = &mut self.exporter => ("exporter", describe(r.map(|_| Ok(())))),
+            r = &mut self.admin => ("admin", describe(r.map(|r| r.map_err(|e| e.to_string())))),
+        };
+        tracing::error!(stage, how, "a pipeline stage ended on its own");
+        stage
+    }
+}
+
+fn describe(joined: Result<Result<(), String>, tokio::task::JoinError>) -> String {
+    match joined {
+        Ok(Ok(())) => "returned".to_owned(),
+        Ok(Err(e)) => format!("failed: {e}"),
+        Err(e) if e.is_panic() => "panicked".to_owned(),
+        Err(e) => format!("was cancelled: {e}"),
+    }
+}
+
+/// The signals the collector answers: SIGTERM and SIGINT start the drain;
+/// SIGHUP is logged and ignored (a reload is not supported: restart to
+/// apply a changed configuration), so a terminal closing or a stray
+/// `kill -HUP` never ends the process without its drain.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Installs the handlers; from here on those signals no longer end the
+    /// process by their default action.
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Self {
+                term: signal(SignalKind::terminate()).ok(),
+                hup: signal(SignalKind::hangup()).ok(),
             }
         }
+        #[cfg(not(unix))]
+        Self {}
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+
+    /// Returns at SIGTERM or SIGINT.
+    async fn stop(&mut self) {
+        #[cfg(unix)]
+        loop {
+            let term = async {
+                match self.term.as_mut() {
+                    Some(term) => {
+                        term.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            let hup = async {
+                match self.hup.as_mut() {
+                    Some(hup) => hup.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = term => return,
+                _ = tokio::signal::ctrl_c() => return,
+                Some(()) = hup => {
+                    tracing::warn!("SIGHUP ignored: the configuration is read at start only; restart the collector to apply changes");
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

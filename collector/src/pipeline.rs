@@ -43,6 +43,7 @@ use hermes_queue::{SPAN_KEY_BYTES, SpanKey};
 use hermes_receiver::Ingested;
 use hermes_span::trace::v1::ResourceSpans;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// Counters of the correlation stage; all monotonic except `open_turns`.
 #[derive(Debug, Default)]
@@ -263,6 +264,10 @@ pub type Ended = Option<(Tracker, Option<u64>)>;
 
 /// Runs the stage until the ingest channel closes, ticking timers every
 /// `tick` while there is anything for them to do (see [`Expiry`]).
+/// Cancelling `stop` closes the ingest channel: what it holds is still
+/// taken, then the stage ends as if every sender were gone, whoever still
+/// holds one (a client connection that has not closed yet).
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     mut ingest: mpsc::Receiver<Ingested>,
     export: mpsc::Sender<Vec<ResourceSpans>>,
@@ -270,6 +275,7 @@ pub async fn run(
     tick: Duration,
     stats: Arc<PipelineStats>,
     mut tracker: Option<Tracker>,
+    stop: CancellationToken,
 ) -> Ended {
     let Steps {
         mut sequencer,
@@ -288,6 +294,7 @@ pub async fn run(
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out: Vec<FinishedSpan> = Vec::new();
     let mut ticked = false;
+    let mut stopped = false;
     loop {
         // Nothing open, held or unsettled: a tick would do nothing, so the
         // timer stops until the next batch (an idle collector sleeps), or
@@ -316,6 +323,11 @@ pub async fn run(
             }
         };
         tokio::select! {
+            () = stop.cancelled(), if !stopped => {
+                ingest.close();
+                stopped = true;
+                continue;
+            }
             received = ingest.recv() => {
                 let Some(Ingested { batch, lsn, .. }) = received else { break };
                 let shim = batch.shim.unwrap_or_default();

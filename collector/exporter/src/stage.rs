@@ -208,6 +208,27 @@ pub struct ExporterStage {
     sinks: Vec<Sink>,
     settings: ExporterSettings,
     stats: Arc<ExporterStats>,
+    deadline: DrainDeadline,
+}
+
+/// A deadline for the drain set from outside, once: the process' own
+/// shutdown deadline. The drain then ends at the earlier of it and
+/// `drain_timeout` after the drain started, so what the stage could not
+/// export is counted before the process gives up on it.
+#[derive(Debug, Clone, Default)]
+pub struct DrainDeadline(Arc<std::sync::OnceLock<Instant>>);
+
+impl DrainDeadline {
+    /// Sets the deadline; only the first call counts.
+    pub fn set(&self, at: Instant) {
+        let _ = self.0.set(at);
+    }
+
+    /// The drain's deadline if it starts now.
+    fn starting_now(&self, drain_timeout: Duration) -> Instant {
+        let own = Instant::now() + drain_timeout;
+        self.0.get().map_or(own, |&set| set.min(own))
+    }
 }
 
 impl ExporterStage {
@@ -218,7 +239,13 @@ impl ExporterStage {
             sinks,
             settings,
             stats,
+            deadline: DrainDeadline::default(),
         }
+    }
+
+    /// A handle to end the drain no later than a deadline of the caller's.
+    pub fn drain_deadline(&self) -> DrainDeadline {
+        self.deadline.clone()
     }
 
     /// The stage's counters (live while it runs).
@@ -239,6 +266,7 @@ impl ExporterStage {
             sinks,
             settings,
             stats,
+            deadline: outer_deadline,
         } = self;
         let abort = CancellationToken::new();
         let mut workers = JoinSet::new();
@@ -261,6 +289,7 @@ impl ExporterStage {
             stats: Arc::clone(&stats),
             shutdown: shutdown.clone(),
             drain_timeout: settings.drain_timeout,
+            outer_deadline,
             drain_deadline: None,
         };
         let mut batcher = Batcher::new(settings.max_batch_spans, settings.max_batch_bytes);
@@ -398,6 +427,7 @@ struct Dispatcher {
     stats: Arc<ExporterStats>,
     shutdown: CancellationToken,
     drain_timeout: Duration,
+    outer_deadline: DrainDeadline,
     drain_deadline: Option<Instant>,
 }
 
@@ -406,7 +436,7 @@ impl Dispatcher {
     fn start_drain(&mut self) -> Instant {
         *self
             .drain_deadline
-            .get_or_insert_with(|| Instant::now() + self.drain_timeout)
+            .get_or_insert_with(|| self.outer_deadline.starting_now(self.drain_timeout))
     }
 
     async fn dispatch(&mut self, batch: ExportBatch, through: u64) {
@@ -446,8 +476,7 @@ impl Dispatcher {
                 return permit.ok();
             }
             // Not `self.start_drain()`: `self.queues` is still borrowed.
-            let drain_timeout = self.drain_timeout;
-            self.drain_deadline = Some(Instant::now() + drain_timeout);
+            self.drain_deadline = Some(self.outer_deadline.starting_now(self.drain_timeout));
         }
         let deadline = self.drain_deadline?;
         let queue = self.queues.get(index)?;
