@@ -12,6 +12,8 @@
 //!   and HTTP/protobuf ([`OtlpHttpReceiver`]), recording every span.
 //! - [`otlp_metrics_receiver`]: in-test OTLP metrics receivers, gRPC and
 //!   HTTP/protobuf ([`MetricsReceiver`]), recording every export.
+//! - [`ingest`]: agents' events over the wire protocol without the real
+//!   agent (fixture turns converted as the shim does, one stream exchange).
 //! - [`fault`]: the collector on a chosen port or config file, its admin
 //!   metrics, the load generator and its `--expect-spans` sets, for the
 //!   fault tests.
@@ -29,6 +31,7 @@ pub mod collector;
 pub mod fake_openai;
 pub mod fault;
 pub mod hermes;
+pub mod ingest;
 pub mod otlp_metrics_receiver;
 pub mod otlp_receiver;
 pub mod pki;

@@ -34,15 +34,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use hermes_collector_shim::attempts::AttemptTracker;
-use hermes_collector_shim::config::CaptureLevel;
-use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
+use hermes_e2e::ingest::{basic_events, batch_of, exchange};
 use hermes_e2e::{
     AttrsExt as _, ChildGuard, OtlpReceiver, cargo_bin, ensure_venv, free_port, run_with_timeout,
     venv_bin,
 };
 use hermes_proto::v1::event_ingest_client::EventIngestClient;
-use hermes_proto::v1::{Event, EventBatch, ShimInfo};
+use hermes_proto::v1::{Event, EventBatch};
 use serde_json::Value as Json;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -60,92 +58,6 @@ const BASIC_SPANS: [&str; 4] = [
     "execute_tool terminal",
     "invoke_agent hermes",
 ];
-
-/// The basic fixture as wire events, converted exactly as the shim does.
-fn basic_events() -> Vec<Event> {
-    let text = std::fs::read_to_string(fixture()).unwrap();
-    let level = CaptureLevel::Metadata;
-    let mut tracker = AttemptTracker::new(64);
-    let mut events = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let r: Json = serde_json::from_str(line).unwrap();
-        let hook = r["hook"].as_str().unwrap();
-        if !level.hooks().contains(&hook) {
-            continue;
-        }
-        let stamp = Stamp {
-            seq: events.len() as u64 + 1,
-            hook,
-            time_unix_nano: (r["t_wall"].as_f64().unwrap() * 1e9) as u64,
-            mono_nano: (r["t_mono"].as_f64().unwrap() * 1e9) as u64,
-            thread: r["thread"].as_str().unwrap_or(""),
-        };
-        let mut event = to_event(&stamp, &JsonKwargs(r["kwargs"].as_object().unwrap()), level);
-        tracker.stamp(&mut event);
-        events.push(event);
-    }
-    events
-}
-
-fn shim_info(instance_id: &str) -> ShimInfo {
-    ShimInfo {
-        instance_id: instance_id.into(),
-        service_name: "security-test".into(),
-        host_name: "host".into(),
-        pid: 1,
-        shim_version: "test".into(),
-        capture: "metadata".into(),
-    }
-}
-
-fn batch_of(instance_id: &str, events: Vec<Event>) -> EventBatch {
-    EventBatch {
-        shim: Some(shim_info(instance_id)),
-        events,
-        ..Default::default()
-    }
-}
-
-/// Opens one stream to `endpoint` (`http://…` or `unix:…`) with `authorization`
-/// metadata if given, sends `batches` and returns the last seqs of the acks,
-/// or the status the call or the stream ended with.
-fn exchange(
-    endpoint: &str,
-    authorization: Option<&str>,
-    batches: Vec<EventBatch>,
-) -> Result<Vec<u64>, tonic::Status> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .unwrap_or_else(|e| panic!("connect {endpoint}: {e:?}"));
-        let mut client = EventIngestClient::new(channel);
-        let expected = batches.len();
-        let mut request = tonic::Request::new(tokio_stream::iter(batches));
-        if let Some(value) = authorization {
-            request
-                .metadata_mut()
-                .insert("authorization", value.parse().unwrap());
-        }
-        let mut acks = client.stream(request).await?.into_inner();
-        let mut seqs = Vec::new();
-        while seqs.len() < expected {
-            match tokio::time::timeout(WAIT, acks.message()).await {
-                Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
-                Ok(Ok(None)) => break,
-                Ok(Err(status)) => return Err(status),
-                Err(_) => panic!("no answer from {endpoint} within {WAIT:?}"),
-            }
-        }
-        Ok(seqs)
-    })
-}
 
 /// A collector binary with `receiver` as its receiver section, exporting to
 /// `otlp`; started and listening when this returns.
@@ -654,6 +566,9 @@ struct Pki {
     /// From the right CA, but valid only in 2020.
     expired_cert: PathBuf,
     expired_key: PathBuf,
+    /// A second valid client of the same CA: another agent.
+    other_cert: PathBuf,
+    other_key: PathBuf,
 }
 
 fn make_pki(dir: &Path) -> Pki {
@@ -662,6 +577,7 @@ fn make_pki(dir: &Path) -> Pki {
     let server = ca.server(&["localhost", "127.0.0.1"]);
     let client = ca.client("agent-1");
     let expired = ca.expired_client("agent-2");
+    let other = ca.client("agent-3");
     let stranger = Ca::new("another CA").client("stranger");
     let write = |name: &str, text: &str| {
         let path = dir.join(name);
@@ -678,6 +594,8 @@ fn make_pki(dir: &Path) -> Pki {
         stranger_key: write("stranger.key", &stranger.key_pem),
         expired_cert: write("expired.crt", &expired.cert_pem),
         expired_key: write("expired.key", &expired.key_pem),
+        other_cert: write("other.crt", &other.cert_pem),
+        other_key: write("other.key", &other.key_pem),
     }
 }
 
@@ -799,11 +717,38 @@ fn mutual_tls_on_ingest() {
         &endpoint,
         &pki.ca,
         Some((&pki.client_cert, &pki.client_key)),
-        vec![batch_of("i", events)],
+        vec![batch_of("i", events.clone())],
     )
     .unwrap();
     assert_eq!(acks, [n]);
     assert_basic_turn_arrives(&otlp, &collector);
+
+    // Another agent's certificate cannot send under the first one's
+    // instance id (it would write into its sequence and traces); it keeps
+    // its own ids.
+    otlp.store().clear();
+    let intruder = exchange_tls(
+        &endpoint,
+        &pki.ca,
+        Some((&pki.other_cert, &pki.other_key)),
+        vec![batch_of("i", events.clone())],
+    );
+    let refusal = intruder.expect_err("another certificate wrote under a taken instance id");
+    assert!(refusal.contains("PermissionDenied"), "{refusal}");
+    assert!(
+        hermes_e2e::collector::admin_get(&collector, "/metrics")
+            .contains("hermes_collector_receiver_foreign_instance_refusals_total 1"),
+        "{}",
+        hermes_e2e::collector::admin_get(&collector, "/metrics")
+    );
+    let own = exchange_tls(
+        &endpoint,
+        &pki.ca,
+        Some((&pki.other_cert, &pki.other_key)),
+        vec![batch_of("other", events)],
+    )
+    .unwrap();
+    assert_eq!(own, [n]);
 
     // The shim, with the CA and its client certificate.
     otlp.store().clear();
