@@ -691,7 +691,8 @@ impl Config {
             let de = serde_yaml::Deserializer::from_str(text);
             serde_path_to_error::deserialize(de).map_err(|e| {
                 let path = e.path().to_string();
-                let inner = e.into_inner().to_string();
+                // serde quotes the value at fault: a whole file, at worst.
+                let inner = cut(&e.into_inner().to_string(), 512);
                 ConfigError::new(
                     if path == "." {
                         "<root>".to_owned()
@@ -907,6 +908,18 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, marked `…`.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 fn positive(path: &str, value: u64) -> Result<(), ConfigError> {
