@@ -16,35 +16,37 @@ use std::path::{Path, PathBuf};
 use hermes_receiver::{BearerToken, ListenAddr};
 use serde::Deserialize;
 
+pub use crate::interpolate::Interpolated;
+
 /// Exit code for bad configuration or usage (`EX_USAGE` of sysexits.h).
 pub const EXIT_CONFIG: i32 = 64;
+
+/// What errors about the configuration file itself name.
+pub const CONFIG_KEY: &str = "--config";
 
 /// A configuration error, naming the offending key path.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration at `{path}`: {reason}")]
 pub struct ConfigError {
-    /// Dotted key path (`exporters.otlp.endpoint`), or `<file>` for I/O.
+    /// Dotted key path (`exporters.otlp.endpoint`), `--config` for the
+    /// file itself, or `line N` before the file is parsed.
     pub path: String,
     pub reason: String,
 }
 
 impl ConfigError {
-    fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
         Self {
             path: path.into(),
             reason: reason.into(),
         }
     }
 
-    /// Replaces each `(value, variable)` of `used` in the message by
-    /// `${variable}` (values of 4 bytes or more: shorter ones are no
-    /// secret, and replacing them would garble line numbers).
-    fn conceal(mut self, used: &[(String, String)]) -> Self {
-        for (value, name) in used.iter().filter(|(v, _)| v.len() >= 4) {
-            let reference = format!("${{{name}}}");
-            self.path = self.path.replace(value.as_str(), &reference);
-            self.reason = self.reason.replace(value.as_str(), &reference);
-        }
+    /// Replaces each value of `used` in the message by `${variable}` (see
+    /// [`Interpolated::conceal`]).
+    fn conceal(mut self, used: &Interpolated) -> Self {
+        self.path = used.conceal(&self.path);
+        self.reason = used.conceal(&self.reason);
         self
     }
 }
@@ -76,6 +78,11 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// The collector's own logs.
     pub log: LogConfig,
+    /// The values `${VAR}` references took, for [`Config::shown`]; not a
+    /// key of the file.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub interpolated: Interpolated,
 }
 
 /// The gRPC ingest listener.
@@ -171,8 +178,7 @@ impl TlsConfig {
 
 /// Reads a file that must hold at least one PEM block.
 fn read_pem(key: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| ConfigError::new(key, format!("cannot read {}: {e}", path.display())))?;
+    let bytes = crate::files::read_limited(key, path, crate::files::SECRET_FILE_LIMIT)?;
     if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
         return Err(ConfigError::new(
             key,
@@ -209,9 +215,8 @@ impl AuthConfig {
             )),
             (Some(path), None) => {
                 const KEY: &str = "receiver.auth.token_file";
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    ConfigError::new(KEY, format!("cannot read {}: {e}", path.display()))
-                })?;
+                let text =
+                    crate::files::read_limited_text(KEY, path, crate::files::SECRET_FILE_LIMIT)?;
                 BearerToken::new(&text)
                     .map(Some)
                     .map_err(|e| ConfigError::new(KEY, format!("{}: {e}", path.display())))
@@ -452,9 +457,8 @@ impl OtlpConfig {
                     "also set in exporters.otlp.headers; set it in one place",
                 ));
             }
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                ConfigError::new(&key, format!("cannot read {}: {e}", path.display()))
-            })?;
+            let text =
+                crate::files::read_limited_text(&key, path, crate::files::SECRET_FILE_LIMIT)?;
             let value = text.trim();
             if value.is_empty() {
                 return Err(ConfigError::new(
@@ -551,7 +555,9 @@ pub enum CompressionConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
-    /// File the spans are appended to (parent directories are created).
+    /// File the spans are appended to: created if missing, in a directory
+    /// that must exist; an existing regular file or character device
+    /// (`/dev/null`). A directory, FIFO or socket is refused.
     pub path: PathBuf,
 }
 
@@ -685,21 +691,25 @@ pub const DEFAULT_SPAN_FILE: &str = "hermes-spans.jsonl";
 
 impl Config {
     /// Parses YAML text and validates it.
+    #[cfg(test)]
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         let config = Self::parse_yaml(text)?;
         config.validate()?;
         Ok(config)
     }
 
-    /// Parses YAML text without validating it.
+    /// Parses YAML text without validating it. Text nested deeper than
+    /// [`crate::yaml_depth::MAX_DEPTH`] is refused before the parser sees it.
     fn parse_yaml(text: &str) -> Result<Self, ConfigError> {
+        crate::yaml_depth::check(text, crate::yaml_depth::MAX_DEPTH)?;
         let config: Config = if text.trim().is_empty() {
             Config::default()
         } else {
             let de = serde_yaml::Deserializer::from_str(text);
             serde_path_to_error::deserialize(de).map_err(|e| {
                 let path = e.path().to_string();
-                let inner = e.into_inner().to_string();
+                // serde quotes the value at fault: a whole file, at worst.
+                let inner = cut(&e.into_inner().to_string(), 512);
                 ConfigError::new(
                     if path == "." {
                         "<root>".to_owned()
@@ -716,9 +726,8 @@ impl Config {
     /// Reads a file, replaces `${VAR}`/`${VAR:-default}` from the
     /// environment, then parses and validates it.
     pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::new("<file>", format!("cannot read {}: {e}", path.display()))
-        })?;
+        let text =
+            crate::files::read_limited_text(CONFIG_KEY, path, crate::files::CONFIG_FILE_LIMIT)?;
         Self::from_text(&text, &|name| std::env::var(name).ok())
     }
 
@@ -729,9 +738,29 @@ impl Config {
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let mut used = Vec::new();
+        let mut used = Interpolated::default();
         let text = crate::interpolate::interpolate_with(text, env, &mut used)?;
-        Self::from_yaml(&text).map_err(|e| e.conceal(&used))
+        let mut config = Self::parse_yaml(&text).map_err(|e| e.conceal(&used))?;
+        config.validate_with(env).map_err(|e| e.conceal(&used))?;
+        config.interpolated = used;
+        Ok(config)
+    }
+
+    /// `text` (a configured value, or a message holding one) as the log
+    /// may show it: each value a `${VAR}` reference took is written as that
+    /// reference again.
+    pub fn shown(&self, text: &str) -> String {
+        self.interpolated.conceal(text)
+    }
+
+    /// The span file written: `exporters.file.path`, or the embedded
+    /// default's.
+    pub fn span_file(&self) -> Option<PathBuf> {
+        match (&self.exporters.file, self.is_embedded_default()) {
+            (Some(file), _) => Some(file.path.clone()),
+            (None, true) => Some(PathBuf::from(DEFAULT_SPAN_FILE)),
+            (None, false) => None,
+        }
     }
 
     /// Whether no exporter is configured (the embedded default runs).
@@ -744,6 +773,7 @@ impl Config {
     /// Checks values serde cannot check, with the process environment.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_with(&|name| std::env::var(name).ok())
+            .map_err(|e| e.conceal(&self.interpolated))
     }
 
     /// Checks values serde cannot check. Its only I/O: reading the bearer
@@ -784,12 +814,23 @@ impl Config {
         if let Some(tls) = &self.receiver.tls {
             tls.server_config()?;
         }
-        self.admin.listen.parse::<SocketAddr>().map_err(|e| {
+        let admin = self.admin.listen.parse::<SocketAddr>().map_err(|e| {
             ConfigError::new(
                 "admin.listen",
                 format!("`{}` is not host:port ({e})", self.admin.listen),
             )
         })?;
+        if let ListenAddr::Tcp(ingest) = &listen
+            && crate::config_checks::listens_clash(*ingest, admin)
+        {
+            return Err(ConfigError::new(
+                "admin.listen",
+                format!(
+                    "`{}` takes the port of receiver.listen (`{}`); the admin server needs a port of its own",
+                    self.admin.listen, self.receiver.listen
+                ),
+            ));
+        }
         positive(
             "receiver.max_message_bytes",
             self.receiver.max_message_bytes as u64,
@@ -865,10 +906,9 @@ impl Config {
             otlp.all_headers()?;
             otlp.tls_settings()?;
         }
-        if let Some(file) = &self.exporters.file
-            && file.path.as_os_str().is_empty()
-        {
-            return Err(ConfigError::new("exporters.file.path", "must not be empty"));
+        if let Some(path) = self.span_file() {
+            crate::config_checks::span_file(&path)
+                .map_err(|reason| ConfigError::new("exporters.file.path", reason))?;
         }
         if let Some(metrics) = &self.exporters.otlp_metrics {
             metrics.validate()?;
@@ -888,10 +928,27 @@ impl Config {
         self.processing
             .validate()
             .map_err(|e| ConfigError::new(format!("processing.{}", e.path()), e.to_string()))?;
-        tracing_subscriber::EnvFilter::try_new(&self.log.level)
-            .map_err(|e| ConfigError::new("log.level", format!("`{}`: {e}", self.log.level)))?;
+        crate::config_checks::log_filter(&self.log.level)
+            .map_err(|reason| ConfigError::new("log.level", reason))?;
+        // It replaces `log.level` (see `init_logging`).
+        if let Some(filter) = env("RUST_LOG").filter(|f| !f.is_empty()) {
+            crate::config_checks::log_filter(&filter)
+                .map_err(|reason| ConfigError::new("RUST_LOG", reason))?;
+        }
         Ok(())
     }
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, marked `…`.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 fn positive(path: &str, value: u64) -> Result<(), ConfigError> {

@@ -9,13 +9,47 @@
 
 use crate::config::ConfigError;
 
+/// The values the environment gave the configuration, each with its
+/// variable's name, so that what the collector prints about its
+/// configuration (errors, log lines) can show `${NAME}` instead of a value
+/// that may be a secret. Its `Debug` shows the names only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Interpolated(Vec<(String, String)>);
+
+impl Interpolated {
+    /// `text` with each value of 4 bytes or more replaced by `${NAME}`
+    /// (longest first). Shorter values are no secret, and replacing them
+    /// would garble the text (line numbers, ports).
+    pub fn conceal(&self, text: &str) -> String {
+        let mut used: Vec<&(String, String)> = self
+            .0
+            .iter()
+            .filter(|(value, _)| value.len() >= 4)
+            .collect();
+        used.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
+        let mut text = text.to_owned();
+        for (value, name) in used {
+            text = text.replace(value.as_str(), &format!("${{{name}}}"));
+        }
+        text
+    }
+}
+
+impl std::fmt::Debug for Interpolated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(_, name)| name))
+            .finish()
+    }
+}
+
 /// Replaces the references in `text` using `lookup`.
 #[cfg(test)]
 pub fn interpolate(
     text: &str,
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<String, ConfigError> {
-    interpolate_with(text, lookup, &mut Vec::new())
+    interpolate_with(text, lookup, &mut Interpolated::default())
 }
 
 /// As [`interpolate`], also recording each value taken from the
@@ -24,7 +58,7 @@ pub fn interpolate(
 pub fn interpolate_with(
     text: &str,
     lookup: &dyn Fn(&str) -> Option<String>,
-    used: &mut Vec<(String, String)>,
+    used: &mut Interpolated,
 ) -> Result<String, ConfigError> {
     let mut out = String::with_capacity(text.len());
     for (index, line) in text.split_inclusive('\n').enumerate() {
@@ -58,7 +92,7 @@ pub fn interpolate_with(
                 }
                 let from_env = lookup(name).filter(|v| !v.is_empty());
                 if let Some(value) = &from_env {
-                    used.push((value.clone(), name.to_owned()));
+                    used.0.push((value.clone(), name.to_owned()));
                 }
                 match from_env.or(default.map(str::to_owned)) {
                     Some(value) => out.push_str(&value),
@@ -120,6 +154,15 @@ mod tests {
             interpolate(text, &env).unwrap(),
             "a: s3cret\nb: fallback\nc: used\nd: $notvar $5\n"
         );
+    }
+
+    #[test]
+    fn conceal_shows_names_instead_of_values() {
+        let mut used = Interpolated::default();
+        let text = interpolate_with("a: /data/${TOKEN}/x\n", &env, &mut used).unwrap();
+        assert_eq!(text, "a: /data/s3cret/x\n");
+        assert_eq!(used.conceal("/data/s3cret/x"), "/data/${TOKEN}/x");
+        assert_eq!(format!("{used:?}"), "[\"TOKEN\"]");
     }
 
     #[test]

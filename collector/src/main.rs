@@ -13,11 +13,14 @@
 
 mod admin;
 mod config;
+mod config_checks;
 mod derived;
+mod files;
 mod interpolate;
 mod persist;
 mod pipeline;
 mod view;
+mod yaml_depth;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -370,15 +373,12 @@ fn build_sinks(config: &Config) -> anyhow::Result<Vec<Sink>> {
             }
         }
     }
-    let file = match (&config.exporters.file, embedded) {
-        (Some(f), _) => Some(f.path.clone()),
-        (None, true) => Some(PathBuf::from(config::DEFAULT_SPAN_FILE)),
-        (None, false) => None,
-    };
-    if let Some(path) = file {
-        let exporter = FileExporter::new(FileExporterConfig { path: path.clone() })
-            .with_context(|| format!("span file {}", path.display()))?;
-        tracing::info!(path = %path.display(), "writing spans as OTLP JSON lines");
+    if let Some(path) = config.span_file() {
+        // As the configuration file wrote it: never a value from `${VAR}`.
+        let shown = PathBuf::from(config.shown(&path.display().to_string()));
+        let exporter = FileExporter::new_shown(FileExporterConfig { path }, shown.clone())
+            .context("exporters.file.path")?;
+        tracing::info!(path = %shown.display(), "writing spans as OTLP JSON lines");
         sinks.push(Sink::new("file", exporter));
     }
     let console = match &config.exporters.console {
@@ -426,9 +426,9 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
                 config.queue.max_bytes,
                 Duration::from_millis(config.queue.fsync_interval_ms),
             )
-            .with_context(|| format!("queue.dir {}", dir.display()))?;
+            .with_context(|| format!("queue.dir {}", config.shown(&dir.display().to_string())))?;
             tracing::info!(
-                dir = %dir.display(),
+                dir = %config.shown(&dir.display().to_string()),
                 records = writer.len(),
                 exported_markers = recovered.exported.len(),
                 "persistent queue open"
@@ -438,13 +438,21 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
     };
 
     // Bind first: a taken port fails the start before anything runs.
-    let listener = Listener::bind(&listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = Listener::bind(&listen).await.with_context(|| {
+        format!(
+            "receiver.listen: cannot listen on {}",
+            config.shown(&listen.to_string())
+        )
+    })?;
     let admin_addr: SocketAddr = config.admin.listen.parse().context("admin.listen")?;
     let admin_listener = tokio::net::TcpListener::bind(admin_addr)
         .await
-        .with_context(|| format!("cannot listen on {admin_addr} (admin)"))?;
+        .with_context(|| {
+            format!(
+                "admin.listen: cannot listen on {}",
+                config.shown(&admin_addr.to_string())
+            )
+        })?;
     let readiness = Arc::new(admin::Readiness::default());
     let admin_shutdown = CancellationToken::new();
 
@@ -489,6 +497,17 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
     let stage = hermes_exporter::ExporterStage::new(sinks, settings);
     let exporter_stats = stage.stats();
     let drain_deadline = stage.drain_deadline();
+    // A span file that cannot be written (a full disk): not ready while its
+    // last batch failed, so probes say what the counters and log say.
+    readiness.require("the span file cannot be written", {
+        let stats = exporter_stats.clone();
+        move || {
+            !stats
+                .sinks()
+                .iter()
+                .any(|sink| sink.name() == "file" && sink.failing())
+        }
+    });
     let exporter = tokio::spawn(stage.run(export_rx, exporter_shutdown.clone()));
     readiness.set_exporter_running(true);
 
@@ -513,7 +532,7 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
             let (export, meter) =
                 derived::OtlpMetricsExport::start(otlp, tls).context("OTLP metrics exporter")?;
             tracing::info!(
-                endpoint = %otlp.endpoint,
+                endpoint = %config.shown(&otlp.endpoint),
                 interval_ms = otlp.interval_ms,
                 "exporting the derived metrics over OTLP"
             );
@@ -577,7 +596,7 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
         && tls.is_none()
     {
         tracing::warn!(
-            listen = %addr,
+            listen = %config.shown(&addr.to_string()),
             authenticated = token.is_some(),
             "the ingest listens beyond loopback in plaintext: events (and the bearer token, if any) can be read on the network; see docs/SECURITY.md"
         );
@@ -617,11 +636,14 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
         admin_state,
         admin_shutdown.clone(),
     ));
-    tracing::info!(listen = %admin_local, "serving /livez, /readyz, /metrics");
+    tracing::info!(
+        listen = %config.shown(&admin_local.to_string()),
+        "serving /livez, /readyz, /metrics"
+    );
     let local = listener.local_addr().context("listener address")?;
     readiness.set_receiver_bound(true);
     tracing::info!(
-        listen = %local,
+        listen = %config.shown(&local.to_string()),
         worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         authenticated,
         tls = tls.is_some(),

@@ -13,6 +13,12 @@
 //! * HTTP: 429, 502, 503, 504 are retryable, throttled when `Retry-After`
 //!   carries a number of seconds; other 5xx are retryable; other 4xx are not.
 //! * Transport failures and timeouts are retryable; bad configuration is not.
+//! * A local file write that fails for want of room (a full disk or quota,
+//!   `/dev/full`, a file at its size limit), for permissions, or because the
+//!   file's directory is gone is not retryable: retrying for `max_elapsed`
+//!   would hold the sink's queue (and the shutdown drain) on a disk that
+//!   rarely frees itself that soon, so the batch is dropped, counted in
+//!   `spans_failed` and logged at once.
 //! * A failed TLS handshake ([`ExportError::TlsHandshake`]: the backend's
 //!   certificate is not trusted or does not name the host, or the backend
 //!   refused our client certificate) is not retryable: it is a configuration
@@ -211,7 +217,12 @@ fn io_retry_class(err: &std::io::Error) -> RetryClass {
         | ErrorKind::InvalidInput
         | ErrorKind::ReadOnlyFilesystem
         | ErrorKind::IsADirectory
-        | ErrorKind::NotADirectory => RetryClass::NonRetryable,
+        | ErrorKind::NotADirectory
+        | ErrorKind::NotFound
+        | ErrorKind::StorageFull
+        | ErrorKind::QuotaExceeded
+        | ErrorKind::FileTooLarge
+        | ErrorKind::WriteZero => RetryClass::NonRetryable,
         _ => RetryClass::Retryable,
     }
 }
@@ -409,8 +420,17 @@ mod tests {
             err(std::io::ErrorKind::PermissionDenied).retry_class(),
             RetryClass::NonRetryable
         );
+        // A full disk (`/dev/full`'s ENOSPC) or quota is dropped and counted
+        // at once, never held past the drain's deadline.
+        for kind in [
+            std::io::ErrorKind::StorageFull,
+            std::io::ErrorKind::QuotaExceeded,
+            std::io::ErrorKind::NotFound,
+        ] {
+            assert_eq!(err(kind).retry_class(), RetryClass::NonRetryable, "{kind}");
+        }
         assert_eq!(
-            err(std::io::ErrorKind::StorageFull).retry_class(),
+            err(std::io::ErrorKind::Interrupted).retry_class(),
             RetryClass::Retryable
         );
     }

@@ -37,7 +37,8 @@ use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter};
 /// Settings of the file exporter, filled by the binary from its config.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileExporterConfig {
-    /// File the JSON lines are appended to. Parent directories are created.
+    /// File the JSON lines are appended to, created if missing. Its
+    /// directory must exist: a mistyped path is an error, not a new tree.
     pub path: PathBuf,
 }
 
@@ -45,18 +46,29 @@ pub struct FileExporterConfig {
 #[derive(Debug)]
 pub struct FileExporter {
     path: PathBuf,
+    /// The path as errors show it (see [`FileExporter::new_shown`]).
+    shown: PathBuf,
     file: Option<File>,
 }
 
 impl FileExporter {
-    /// Creates the parent directories and opens the file for appending.
+    /// Opens the file for appending (creating it, not its directory).
     ///
     /// This does blocking file-system calls: call it at startup, before the
     /// pipeline runs (or from a blocking context).
     pub fn new(config: FileExporterConfig) -> Result<Self, ExportError> {
-        let file = open_append(&config.path)?;
+        let shown = config.path.clone();
+        Self::new_shown(config, shown)
+    }
+
+    /// As [`FileExporter::new`], errors showing the path as `shown` (the
+    /// binary passes the path as its configuration file wrote it, so that a
+    /// value taken from the environment never reaches a log line).
+    pub fn new_shown(config: FileExporterConfig, shown: PathBuf) -> Result<Self, ExportError> {
+        let file = open_append(&config.path, &shown)?;
         Ok(Self {
             path: config.path,
+            shown,
             file: Some(file),
         })
     }
@@ -70,10 +82,10 @@ impl FileExporter {
 impl SpanExporter for FileExporter {
     fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
         Box::pin(async move {
-            let path = self.path.clone();
+            let paths = (self.path.clone(), self.shown.clone());
             let file = self.file.take();
             let (file, result) =
-                tokio::task::spawn_blocking(move || write_line(path, file, batch.request()))
+                tokio::task::spawn_blocking(move || write_line(paths, file, batch.request()))
                     .await
                     .map_err(ExportError::Task)?;
             self.file = file;
@@ -82,11 +94,11 @@ impl SpanExporter for FileExporter {
     }
 }
 
-/// Serializes `request` and appends it as one line. Returns the file to keep
-/// (None when it could not be opened or a write failed, so the next export
-/// reopens it).
+/// Serializes `request` and appends it as one line to the first of `paths`
+/// (errors show the second). Returns the file to keep (None when it could
+/// not be opened or a write failed, so the next export reopens it).
 fn write_line(
-    path: PathBuf,
+    (path, shown): (PathBuf, PathBuf),
     file: Option<File>,
     request: &ExportTraceServiceRequest,
 ) -> (Option<File>, Result<(), ExportError>) {
@@ -100,28 +112,30 @@ fn write_line(
     line.push(b'\n');
     let mut file = match file {
         Some(file) => file,
-        None => match open_append(&path) {
+        None => match open_append(&path, &shown) {
             Ok(file) => file,
             Err(e) => return (None, Err(e)),
         },
     };
     match file.write_all(&line).and_then(|()| file.flush()) {
         Ok(()) => (Some(file), Ok(())),
-        Err(source) => (None, Err(ExportError::Io { path, source })),
+        Err(source) => (
+            None,
+            Err(ExportError::Io {
+                path: shown,
+                source,
+            }),
+        ),
     }
 }
 
-fn open_append(path: &Path) -> Result<File, ExportError> {
-    let io_err = |source| ExportError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(io_err)?;
-    }
+fn open_append(path: &Path, shown: &Path) -> Result<File, ExportError> {
     OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .map_err(io_err)
+        .map_err(|source| ExportError::Io {
+            path: shown.to_owned(),
+            source,
+        })
 }

@@ -41,7 +41,7 @@
 //! persistent queue deletes records only up to what is finished.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use hermes_span::trace::v1::ResourceSpans;
@@ -99,6 +99,8 @@ pub struct SinkStats {
     retries: AtomicU64,
     /// Input messages `1..=n` are finished at this sink.
     done_through: AtomicU64,
+    /// The last batch the sink finished was dropped.
+    failing: AtomicBool,
 }
 
 impl SinkStats {
@@ -111,6 +113,7 @@ impl SinkStats {
             batches_failed: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             done_through: AtomicU64::new(0),
+            failing: AtomicBool::new(false),
         }
     }
 
@@ -142,6 +145,11 @@ impl SinkStats {
     /// Input messages `1..=n` are finished at this sink.
     pub fn done_through(&self) -> u64 {
         self.done_through.load(Ordering::Acquire)
+    }
+    /// Whether the last batch the sink finished was dropped (its error
+    /// logged); false again once a batch goes through.
+    pub fn failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
     }
 
     fn record_failed(&self, spans: u64) {
@@ -554,6 +562,7 @@ impl SinkWorker {
         }
         match result {
             Ok(ExportOutcome { rejected_spans }) => {
+                stats.failing.store(false, Ordering::Relaxed);
                 let rejected = rejected_spans.min(spans);
                 stats
                     .spans_sent
@@ -571,6 +580,7 @@ impl SinkWorker {
                 }
             }
             Err(Failure::Error(error)) => {
+                stats.failing.store(true, Ordering::Relaxed);
                 stats.record_failed(spans);
                 tracing::error!(
                     sink = %stats.name,

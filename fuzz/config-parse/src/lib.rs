@@ -1,5 +1,6 @@
 //! The collector's configuration parser, outside the collector binary, for
-//! the `config` fuzz target: `collector/src/config.rs` and `interpolate.rs`
+//! the `config` fuzz target: `collector/src/config.rs` and the modules it
+//! uses (`interpolate.rs`, `files.rs`, `config_checks.rs`, `yaml_depth.rs`)
 //! compiled as they are (as a dependency, so their `#[cfg(test)]` modules
 //! are left out).
 
@@ -7,8 +8,14 @@
 
 #[path = "../../../collector/src/config.rs"]
 pub mod config;
+#[path = "../../../collector/src/config_checks.rs"]
+pub mod config_checks;
+#[path = "../../../collector/src/files.rs"]
+pub mod files;
 #[path = "../../../collector/src/interpolate.rs"]
 pub mod interpolate;
+#[path = "../../../collector/src/yaml_depth.rs"]
+pub mod yaml_depth;
 
 /// What the collector does with a configuration file's text: `${VAR}`
 /// interpolation (through `env`), parsing, validation. The error, if any, as

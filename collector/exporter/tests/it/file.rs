@@ -11,7 +11,7 @@ use crate::common::*;
 #[tokio::test]
 async fn appends_one_otlp_json_line_per_export() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("nested/deeper/spans.jsonl");
+    let path = dir.path().join("spans.jsonl");
     let mut exporter = FileExporter::new(FileExporterConfig { path: path.clone() }).unwrap();
 
     let mut chat = span(
@@ -109,5 +109,36 @@ fn unwritable_path_fails_at_construction() {
     assert!(
         matches!(err, hermes_exporter::ExportError::Io { .. }),
         "{err:?}"
+    );
+}
+
+#[test]
+fn a_missing_directory_is_an_error_not_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = FileExporter::new(FileExporterConfig {
+        path: dir.path().join("typo/spans.jsonl"),
+    })
+    .unwrap_err();
+    assert!(
+        matches!(err, hermes_exporter::ExportError::Io { .. }),
+        "{err:?}"
+    );
+    assert!(!dir.path().join("typo").exists());
+}
+
+#[test]
+fn errors_show_the_path_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = FileExporter::new_shown(
+        FileExporterConfig {
+            path: dir.path().join("s3cret/spans.jsonl"),
+        },
+        "${SPAN_DIR}/spans.jsonl".into(),
+    )
+    .unwrap_err();
+    let shown = err.to_string();
+    assert!(
+        shown.contains("${SPAN_DIR}") && !shown.contains("s3cret"),
+        "{shown}"
     );
 }
