@@ -492,8 +492,50 @@ impl Collector for StatsCollector {
         counter(
             e,
             "correlator_evicted_turns",
-            "Turns closed as incomplete because max_open_turns was reached.",
+            "Turns closed as incomplete by a limit (open turns, bytes held, the persistent queue's room).",
             load(&p.turns_evicted),
+        )?;
+        counter(
+            e,
+            "correlator_evicted_turns_for_bytes",
+            "Of the evicted turns, those closed because their agent (or all) held more than correlator.max_bytes_per_agent (max_bytes).",
+            load(&p.turns_evicted_for_bytes),
+        )?;
+        counter(
+            e,
+            "correlator_evicted_sessions",
+            "Session records forgotten because their agent (or all) held more than correlator.max_sessions_per_agent (max_sessions).",
+            load(&p.sessions_evicted),
+        )?;
+        counter(
+            e,
+            "correlator_late_events_dropped",
+            "Events of a turn already closed and exported, dropped.",
+            load(&p.late_events_dropped),
+        )?;
+        counter(
+            e,
+            "correlator_cross_instance_turns",
+            "Turns opened with a turn id another shim instance holds; given a trace id of their own.",
+            load(&p.cross_instance_turns),
+        )?;
+        gauge(
+            e,
+            "correlator_sessions",
+            "Session records held: session starts waiting for a turn, subagent links.",
+            load(&p.sessions),
+        )?;
+        gauge(
+            e,
+            "correlator_held_bytes",
+            "Approximate bytes of open correlation state.",
+            load(&p.held_bytes),
+        )?;
+        gauge(
+            e,
+            "correlator_agents",
+            "Shim instances holding correlation state.",
+            load(&p.agents),
         )?;
         counter(
             e,
@@ -831,6 +873,13 @@ mod tests {
             "hermes_collector_correlator_open_turns 0",
             "hermes_collector_correlator_evicted_turns_total 0",
             "hermes_collector_correlator_expired_total 0",
+            "hermes_collector_correlator_evicted_turns_for_bytes_total 0",
+            "hermes_collector_correlator_evicted_sessions_total 0",
+            "hermes_collector_correlator_late_events_dropped_total 0",
+            "hermes_collector_correlator_cross_instance_turns_total 0",
+            "hermes_collector_correlator_sessions 0",
+            "hermes_collector_correlator_held_bytes 0",
+            "hermes_collector_correlator_agents 0",
             "hermes_collector_spans_total 0",
             "hermes_collector_exporter_sent_spans_total{exporter=\"otlp_grpc\"} 0",
             "hermes_collector_exporter_send_failed_spans_total{exporter=\"otlp_grpc\"} 0",

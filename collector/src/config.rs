@@ -283,6 +283,23 @@ pub struct CorrelatorConfig {
     /// oldest is closed as incomplete past it, never another agent's.
     #[schemars(range(min = 1))]
     pub max_open_turns_per_agent: usize,
+    /// Most session records (session starts waiting for their first turn,
+    /// subagent links) of one agent process; its oldest is forgotten past it.
+    #[schemars(range(min = 1))]
+    pub max_sessions_per_agent: usize,
+    /// Most session records in all; past it, the oldest of the agent holding
+    /// the most is forgotten.
+    #[schemars(range(min = 1))]
+    pub max_sessions: usize,
+    /// Approximate bytes of open state (ids, captured content, span events)
+    /// one agent process may hold; past it, its oldest turn is closed as
+    /// incomplete.
+    #[schemars(range(min = 1))]
+    pub max_bytes_per_agent: usize,
+    /// Approximate bytes of open state in all; past it, the oldest turn of
+    /// the agent holding the most is closed as incomplete.
+    #[schemars(range(min = 1))]
+    pub max_bytes: usize,
     /// Open state with no event for this long is closed as incomplete.
     #[schemars(range(min = 1))]
     pub state_ttl_secs: u64,
@@ -302,6 +319,10 @@ impl Default for CorrelatorConfig {
         Self {
             max_open_turns: 10_000,
             max_open_turns_per_agent: 1_000,
+            max_sessions_per_agent: 1_000,
+            max_sessions: 10_000,
+            max_bytes_per_agent: 64 << 20,
+            max_bytes: 256 << 20,
             state_ttl_secs: 3600,
             turn_end_grace_ms: 2000,
             tick_ms: 500,
@@ -876,6 +897,19 @@ impl Config {
             "correlator.max_open_turns",
             self.correlator.max_open_turns as u64,
         )?;
+        positive(
+            "correlator.max_sessions_per_agent",
+            self.correlator.max_sessions_per_agent as u64,
+        )?;
+        positive(
+            "correlator.max_sessions",
+            self.correlator.max_sessions as u64,
+        )?;
+        positive(
+            "correlator.max_bytes_per_agent",
+            self.correlator.max_bytes_per_agent as u64,
+        )?;
+        positive("correlator.max_bytes", self.correlator.max_bytes as u64)?;
         positive("correlator.state_ttl_secs", self.correlator.state_ttl_secs)?;
         positive("correlator.tick_ms", self.correlator.tick_ms)?;
         positive("correlator.gap_timeout_ms", self.correlator.gap_timeout_ms)?;

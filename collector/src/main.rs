@@ -514,6 +514,10 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
     let correlator = Correlator::new(hermes_correlator::Config {
         max_open_turns: config.correlator.max_open_turns,
         max_open_turns_per_agent: config.correlator.max_open_turns_per_agent,
+        max_sessions_per_agent: config.correlator.max_sessions_per_agent,
+        max_sessions: config.correlator.max_sessions,
+        max_bytes_per_agent: config.correlator.max_bytes_per_agent,
+        max_bytes: config.correlator.max_bytes,
         state_ttl_nanos: config
             .correlator
             .state_ttl_secs

@@ -56,6 +56,14 @@ pub struct PipelineStats {
     pub open_turns: AtomicU64,
     pub turns_evicted: AtomicU64,
     pub expired: AtomicU64,
+    pub turns_evicted_for_bytes: AtomicU64,
+    pub sessions_evicted: AtomicU64,
+    pub late_events_dropped: AtomicU64,
+    pub cross_instance_turns: AtomicU64,
+    /// Gauges of the correlator's state.
+    pub sessions: AtomicU64,
+    pub held_bytes: AtomicU64,
+    pub agents: AtomicU64,
 }
 
 /// What the stage runs, in order: events through the sequencer and the
@@ -436,9 +444,39 @@ fn publish(sequencer: &Sequencer, correlator: &Correlator, stats: &PipelineStats
         .turns_evicted
         .store(s.turns_evicted, Ordering::Relaxed);
     stats.expired.store(s.expired, Ordering::Relaxed);
-    stats
-        .open_turns
-        .store(correlator.open_turns() as u64, Ordering::Relaxed);
+    let g = correlator.gauges();
+    stats.open_turns.store(g.open_turns, Ordering::Relaxed);
+    stats.sessions.store(g.sessions, Ordering::Relaxed);
+    stats.held_bytes.store(g.held_bytes, Ordering::Relaxed);
+    stats.agents.store(g.agents, Ordering::Relaxed);
+    // Losses an agent caused: counted, and logged at powers of two.
+    for (counter, value, what) in [
+        (
+            &stats.turns_evicted_for_bytes,
+            s.turns_evicted_for_bytes,
+            "turns closed as incomplete: an agent held more than correlator.max_bytes_per_agent (or all more than max_bytes)",
+        ),
+        (
+            &stats.sessions_evicted,
+            s.sessions_evicted,
+            "session records forgotten: an agent held more than correlator.max_sessions_per_agent (or all more than max_sessions)",
+        ),
+        (
+            &stats.late_events_dropped,
+            s.late_events_dropped,
+            "events of a turn already closed dropped (the turn was exported)",
+        ),
+        (
+            &stats.cross_instance_turns,
+            s.cross_instance_turns,
+            "turns opened with a turn id another agent process holds (given their own trace id)",
+        ),
+    ] {
+        let before = counter.swap(value, Ordering::Relaxed);
+        if value > before && (before == 0 || value.ilog2() > before.ilog2()) {
+            tracing::warn!(total = value, "{what}");
+        }
+    }
     stats
         .duplicate_events
         .store(sequencer.stats().duplicates, Ordering::Relaxed);

@@ -21,6 +21,16 @@ use hermes_span::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
 #[derive(Debug, Default, Clone)]
 pub struct Attrs(pub Vec<KeyValue>);
 
+/// Approximate bytes one attribute holds: its key and a string value's
+/// text (other values are counted in the record's fixed share).
+pub(crate) fn approx_bytes(kv: &KeyValue) -> usize {
+    let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(Value::StringValue(s)) => s.len(),
+        _ => 0,
+    };
+    32 + kv.key.len() + value
+}
+
 /// One attribute.
 pub(crate) fn kv(key: &'static str, value: Value) -> KeyValue {
     KeyValue {

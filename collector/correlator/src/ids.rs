@@ -6,6 +6,8 @@
 //!
 //! * trace id = XXH3-128 of `"hermes.trace\0" + top-level turn_id`
 //! * span id  = XXH3-64 of `"hermes.span\0" + kind + ("\0" + part)*`
+//! * a top-level turn whose id another shim instance already holds gets
+//!   [`scoped_trace_id`] instead (see `docs/TRACE_MODEL.md`, "Ids").
 //!
 //! where `kind` is `turn`, `chat`, `tool`, `subagent` or `approval` and the
 //! parts are the ids that identify the span (see [`SpanKey`]). XXH3 is a
@@ -48,6 +50,23 @@ pub enum SpanKey<'a> {
 /// Trace id of the trace rooted at a top-level turn.
 pub fn trace_id(top_level_turn_id: &str) -> TraceId {
     let h = separated(b"hermes.trace", &[top_level_turn_id.as_bytes()], xxh3_128);
+    if h == 0 {
+        1u128.to_be_bytes()
+    } else {
+        h.to_be_bytes()
+    }
+}
+
+/// Trace id of a top-level turn whose id another agent process (shim
+/// instance) already holds: scoped by the instance, so that the two turns'
+/// spans never share a trace id and span id. XXH3-128 of
+/// `"hermes.trace.scoped\0" + instance_id + "\0" + turn_id`.
+pub fn scoped_trace_id(instance_id: &str, top_level_turn_id: &str) -> TraceId {
+    let h = separated(
+        b"hermes.trace.scoped",
+        &[instance_id.as_bytes(), top_level_turn_id.as_bytes()],
+        xxh3_128,
+    );
     if h == 0 {
         1u128.to_be_bytes()
     } else {

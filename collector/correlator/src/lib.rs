@@ -18,9 +18,16 @@
 //! * State is bounded: `max_open_turns` open turns; everything else hangs off
 //!   a turn or expires with `state_ttl`. Evictions are counted in [`Stats`]
 //!   and flushed as spans with `hermes.incomplete=true`, never dropped.
+//! * State belongs to the shim instance that opened it ([`fair`]): another
+//!   instance's events never touch it, and each instance's turns, sessions
+//!   and bytes are budgeted, so one agent only ever evicts its own state
+//!   (or, over a global budget, the heaviest agent's).
+//! * A turn is exported once: later events of a turn already closed are
+//!   dropped and counted ([`Stats::late_events_dropped`]).
 
 mod attrs;
 mod content;
+mod fair;
 pub mod ids;
 pub mod sequencer;
 
@@ -36,7 +43,8 @@ use hermes_span::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span, stat
 
 pub use attrs::Attrs;
 use attrs::Interner;
-use ids::{SpanId, SpanKey, TraceId, span_id, trace_id};
+use fair::{Closed, Ledger, RECORD_BYTES, TURN_BYTES, key};
+use ids::{SpanId, SpanKey, TraceId, scoped_trace_id, span_id, trace_id};
 
 /// The correlator's and the sequencer's maps, keyed by ids from the agents:
 /// foldhash's quality hasher, randomly seeded per map, is faster than std's
@@ -58,6 +66,23 @@ pub struct Config {
     /// opening one more closes that agent's oldest as incomplete, so one
     /// agent cannot evict the others' turns.
     pub max_open_turns_per_agent: usize,
+    /// Most session records (session starts waiting for their first turn,
+    /// subagent links) for one agent process; past it, that agent's oldest
+    /// is forgotten.
+    pub max_sessions_per_agent: usize,
+    /// Most session records in all; past it, the oldest of the agent holding
+    /// the most is forgotten.
+    pub max_sessions: usize,
+    /// Approximate bytes of open state (ids, held content, span events) one
+    /// agent process may hold; past it, that agent's oldest turn is closed
+    /// as incomplete.
+    pub max_bytes_per_agent: usize,
+    /// Approximate bytes of open state in all; past it, the oldest turn of
+    /// the agent holding the most is closed as incomplete.
+    pub max_bytes: usize,
+    /// How many closed turns are remembered, so that a later event of one
+    /// is dropped rather than exporting the turn a second time.
+    pub remembered_closed_turns: usize,
     /// A turn, subagent or pending record with no event for this long is
     /// closed as incomplete (turns) or forgotten (links, pending records).
     pub state_ttl_nanos: u64,
@@ -74,6 +99,11 @@ impl Default for Config {
         Self {
             max_open_turns: 10_000,
             max_open_turns_per_agent: 1_000,
+            max_sessions_per_agent: 1_000,
+            max_sessions: 10_000,
+            max_bytes_per_agent: 64 << 20,
+            max_bytes: 256 << 20,
+            remembered_closed_turns: 16_384,
             state_ttl_nanos: 3600 * NANOS_PER_SEC,
             turn_end_grace_nanos: 2 * NANOS_PER_SEC,
             sdk_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -93,13 +123,38 @@ pub struct FinishedSpan {
 pub struct Stats {
     pub events: u64,
     pub spans: u64,
-    /// Turns closed because `max_open_turns` was reached.
+    /// Turns closed as incomplete by a limit: open turns, bytes held, or
+    /// the persistent queue's room.
     pub turns_evicted: u64,
+    /// Of `turns_evicted`, those closed by `max_bytes_per_agent` or
+    /// `max_bytes`.
+    pub turns_evicted_for_bytes: u64,
+    /// Session records forgotten by `max_sessions_per_agent` or
+    /// `max_sessions`.
+    pub sessions_evicted: u64,
+    /// Events of a turn already closed (ended, expired or evicted): dropped,
+    /// so that no turn is exported twice.
+    pub late_events_dropped: u64,
+    /// Turns opened with a turn id another shim instance holds: they get a
+    /// trace id scoped by their instance.
+    pub cross_instance_turns: u64,
     /// Turns, subagents or pending records closed by `state_ttl_nanos`.
     pub expired: u64,
     /// Events of hooks this version does not model (kept as turn events when
     /// their turn is known).
     pub unknown_hooks: u64,
+}
+
+/// How much state the correlator holds now.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Gauges {
+    pub open_turns: u64,
+    /// Session starts waiting for a turn and subagent links.
+    pub sessions: u64,
+    /// Approximate bytes of open state.
+    pub held_bytes: u64,
+    /// Shim instances holding any state.
+    pub agents: u64,
 }
 
 /// Identity of one agent process, as the spans' resource.
@@ -131,6 +186,30 @@ struct OpenApproval {
     command: String,
 }
 
+// Approximate bytes each open record holds (`fair::Usage::bytes`).
+impl OpenAttempt {
+    fn bytes(&self) -> usize {
+        RECORD_BYTES
+            + self.model.len()
+            + self.provider.len()
+            + self.base_url.len()
+            + self.input.0.as_ref().map_or(0, String::len)
+            + self.input.1.as_ref().map_or(0, String::len)
+    }
+}
+
+impl OpenTool {
+    fn bytes(&self) -> usize {
+        RECORD_BYTES + self.name.len() + self.arguments.as_ref().map_or(0, String::len)
+    }
+}
+
+impl OpenApproval {
+    fn bytes(&self) -> usize {
+        RECORD_BYTES + self.surface.len() + self.command.len()
+    }
+}
+
 /// An open turn: the root of a trace, or a subagent's turn inside its
 /// parent's trace.
 struct Turn {
@@ -138,6 +217,15 @@ struct Turn {
     span_id: SpanId,
     parent: Option<SpanId>,
     resource: Arc<Resource>,
+    /// The shim instance that opened it: only its events touch the turn.
+    instance: Str,
+    /// Whether it holds its turn id's plain trace id (else its trace id is
+    /// scoped by the instance, or it is a subagent's turn).
+    plain: bool,
+    /// Approximate bytes it holds, and how many of them its instance's
+    /// usage has been charged.
+    held: usize,
+    charged: usize,
     // Shared: every span of the turn carries them (`Turn::common`).
     turn_id: Str,
     task_id: Str,
@@ -188,6 +276,9 @@ struct Turn {
 /// What a subagent's turns hang from.
 #[derive(Clone)]
 struct SubagentLink {
+    instance: Str,
+    /// Charged to the instance (the link and its open subagent).
+    bytes: usize,
     trace_id: TraceId,
     span_id: SpanId,
     root_session_id: Str,
@@ -200,12 +291,15 @@ struct OpenSubagent {
     resource: Arc<Resource>,
     common: Attrs,
     start: u64,
+    child_session_id: String,
     child_subagent_id: String,
     goal: String,
     min_lsn: u64,
 }
 
 struct PendingSessionStart {
+    instance: Str,
+    bytes: usize,
     at: u64,
     model: String,
     platform: String,
@@ -230,9 +324,14 @@ pub enum Expiry {
 pub struct Correlator {
     config: Config,
     resources: Map<String, ResourceEntry>,
+    /// Open turns, by [`fair::key`] (instance, turn id); likewise the
+    /// links, subagents (instance, child session id) and pending starts
+    /// (instance, session id).
     turns: Map<String, Turn>,
-    /// Open turns per shim instance.
-    turns_per_agent: Map<String, usize>,
+    /// What each instance holds.
+    ledger: Ledger,
+    /// Turns closed recently, and the owners of plain trace ids.
+    closed: Closed,
     links: Map<String, SubagentLink>,
     subagents: Map<String, OpenSubagent>,
     pending_starts: Map<String, PendingSessionStart>,
@@ -251,7 +350,8 @@ impl Correlator {
             config,
             resources: Map::default(),
             turns: Map::default(),
-            turns_per_agent: Map::default(),
+            ledger: Ledger::default(),
+            closed: Closed::default(),
             links: Map::default(),
             subagents: Map::default(),
             pending_starts: Map::default(),
@@ -269,6 +369,27 @@ impl Correlator {
     /// Number of turns currently open.
     pub fn open_turns(&self) -> usize {
         self.turns.len()
+    }
+
+    /// How much state is held now, for the metrics.
+    pub fn gauges(&self) -> Gauges {
+        Gauges {
+            open_turns: self.turns.len() as u64,
+            sessions: self.ledger.sessions as u64,
+            held_bytes: self.ledger.bytes as u64,
+            agents: self.ledger.agents.len() as u64,
+        }
+    }
+
+    /// Open turns, session records and bytes `instance_id` holds now.
+    pub fn agent_usage(&self, instance_id: &str) -> (usize, usize, usize) {
+        let u = self.ledger.of(instance_id);
+        (u.turns, u.sessions, u.bytes)
+    }
+
+    /// Closed turns remembered (at most `remembered_closed_turns`).
+    pub fn remembered_closed_turns(&self) -> usize {
+        self.closed.len()
     }
 
     /// When [`Correlator::expire`] next has something to do, as of its last
@@ -318,6 +439,7 @@ impl Correlator {
         self.stats.events += 1;
         let before = out.len();
         let resource = self.resource(shim, &event.schema_version);
+        let instance = shim.instance_id.as_str();
         let no_ids;
         let ids = match &event.ids {
             Some(ids) => ids,
@@ -339,11 +461,11 @@ impl Correlator {
                     Some(Body::Session(s)) => (s.model.clone(), s.platform.clone()),
                     _ => Default::default(),
                 };
-                self.session_start(&ids.session_id, t, model, platform);
+                self.session_start(instance, &ids.session_id, t, model, platform);
             }
             (hooks::PRE_LLM_CALL, body) => {
-                self.close_superseded(ids, &shim.instance_id, out);
-                let turn = self.turn_with(ids, &resource, t, platform, out);
+                self.close_superseded(ids, instance, out);
+                let turn = self.turn_with(instance, ids, &resource, t, platform, out);
                 if let Some(turn) = turn {
                     if !turn.started {
                         // pre_llm_call is the turn's real start, whatever
@@ -357,67 +479,84 @@ impl Correlator {
                         turn.model = b.model.as_str().into();
                     }
                     if let Some(text) = event.content.get(content::USER_MESSAGE) {
-                        turn.user_message = Some(content::text(text));
+                        let text = content::text(text);
+                        turn.held += text.len();
+                        if let Some(old) = turn.user_message.replace(text) {
+                            turn.held = turn.held.saturating_sub(old.len());
+                        }
                     }
                 }
-                self.attach_session_start(&ids.session_id);
+                self.attach_session_start(instance, &ids.session_id);
             }
             (hooks::POST_LLM_CALL, _) => {
                 let clock = self.clock;
-                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
                     turn.end = Some(turn.end.map_or(t, |e| e.max(t)));
                     turn.end_seen = t.max(clock);
                     if let Some(text) = event.content.get(content::ASSISTANT_RESPONSE) {
-                        turn.final_answer = Some(content::text(text));
+                        let text = content::text(text);
+                        turn.held += text.len();
+                        if let Some(old) = turn.final_answer.replace(text) {
+                            turn.held = turn.held.saturating_sub(old.len());
+                        }
                     }
                 }
             }
             (hooks::ON_SESSION_END, body) => {
                 if ids.turn_id.is_empty() {
                     // Shutdown variant: no turn id; closes the session.
-                    self.close_session(&ids.session_id, &shim.instance_id, t, out);
-                } else if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
+                    self.close_session(&ids.session_id, instance, t, out);
+                } else if let Some(turn) =
+                    self.turn_with(instance, ids, &resource, t, platform, out)
+                {
                     if let Some(Body::Turn(b)) = body {
                         turn.completed = b.completed;
                         turn.interrupted = b.interrupted;
                         turn.end_reason = b.reason.clone();
                     }
                     let end = turn.end.unwrap_or(t);
-                    if let Some(turn) = self.take_turn(&ids.turn_id) {
+                    if let Some(turn) = self.take_turn(&key(instance, &ids.turn_id)) {
                         self.emit_turn(turn, end, false, out);
                     }
                 }
             }
             (hooks::ON_SESSION_FINALIZE | hooks::ON_SESSION_RESET, _) => {
-                self.close_session(&ids.session_id, &shim.instance_id, t, out);
+                self.close_session(&ids.session_id, instance, t, out);
             }
             (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => {
-                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
                     let start = if api.attempt <= 1 && api.started_at_unix_nano > 0 {
                         api.started_at_unix_nano
                     } else {
                         t
                     };
-                    turn.attempts.insert(
-                        (ids.api_request_id.clone(), api.attempt.max(1)),
-                        OpenAttempt {
-                            start,
-                            model: api.model.clone(),
-                            provider: api.provider.clone(),
-                            base_url: api.base_url.clone(),
-                            api_call_count: api.api_call_count,
-                            max_tokens: api.max_tokens,
-                            input: event
-                                .content
-                                .get(content::REQUEST)
-                                .map_or((None, None), |r| content::chat_input(r)),
-                        },
-                    );
+                    let attempt = OpenAttempt {
+                        start,
+                        model: api.model.clone(),
+                        provider: api.provider.clone(),
+                        base_url: api.base_url.clone(),
+                        api_call_count: api.api_call_count,
+                        max_tokens: api.max_tokens,
+                        input: event
+                            .content
+                            .get(content::REQUEST)
+                            .map_or((None, None), |r| content::chat_input(r)),
+                    };
+                    turn.held += attempt.bytes() + ids.api_request_id.len();
+                    let old = turn
+                        .attempts
+                        .insert((ids.api_request_id.clone(), api.attempt.max(1)), attempt);
+                    if let Some(old) = old {
+                        turn.held = turn
+                            .held
+                            .saturating_sub(old.bytes() + ids.api_request_id.len());
+                    }
                 }
             }
             (hooks::POST_API_REQUEST | hooks::API_REQUEST_ERROR, Some(Body::Api(api))) => {
                 let failed = event.hook == hooks::API_REQUEST_ERROR;
-                if let Some((turn, values)) = self.turn_and_values(ids, &resource, t, platform, out)
+                if let Some((turn, values)) =
+                    self.turn_and_values(instance, ids, &resource, t, platform, out)
                 {
                     let span = close_attempt(
                         turn,
@@ -432,20 +571,23 @@ impl Correlator {
                 }
             }
             (hooks::PRE_TOOL_CALL, body) => {
-                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
                     let name = match body {
                         Some(Body::Tool(b)) => b.tool_name.clone(),
                         _ => String::new(),
                     };
                     let arguments = event.content.get(content::ARGS).cloned();
-                    turn.tools.insert(
-                        ids.tool_call_id.clone(),
-                        OpenTool {
-                            start: t,
-                            name,
-                            arguments,
-                        },
-                    );
+                    let tool = OpenTool {
+                        start: t,
+                        name,
+                        arguments,
+                    };
+                    turn.held += tool.bytes() + ids.tool_call_id.len();
+                    if let Some(old) = turn.tools.insert(ids.tool_call_id.clone(), tool) {
+                        turn.held = turn
+                            .held
+                            .saturating_sub(old.bytes() + ids.tool_call_id.len());
+                    }
                 }
             }
             (hooks::POST_TOOL_CALL, body) => {
@@ -457,9 +599,13 @@ impl Correlator {
                         &no_tool
                     }
                 };
-                if let Some((turn, values)) = self.turn_and_values(ids, &resource, t, platform, out)
+                if let Some((turn, values)) =
+                    self.turn_and_values(instance, ids, &resource, t, platform, out)
                 {
                     let open = turn.tools.remove(&ids.tool_call_id);
+                    if let Some(o) = &open {
+                        turn.held = turn.held.saturating_sub(o.bytes() + ids.tool_call_id.len());
+                    }
                     let mut span = close_tool(turn, values, &ids.tool_call_id, open, tool, t);
                     if let Some(result) = event.content.get(content::RESULT) {
                         span.span.attributes.push(attrs::kv(
@@ -479,7 +625,7 @@ impl Correlator {
                         &no_sub
                     }
                 };
-                self.subagent_start(ids, sub, &resource, t, out);
+                self.subagent_start(instance, ids, sub, &resource, t, out);
             }
             (hooks::SUBAGENT_STOP, body) => {
                 let no_sub;
@@ -490,7 +636,7 @@ impl Correlator {
                         &no_sub
                     }
                 };
-                self.subagent_stop(ids, sub, t, out);
+                self.subagent_stop(instance, ids, sub, &resource, t, out);
             }
             (hooks::PRE_APPROVAL_REQUEST, body) => {
                 let no_appr;
@@ -501,15 +647,20 @@ impl Correlator {
                         &no_appr
                     }
                 };
-                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
-                    turn.approvals.insert(
-                        (ids.tool_call_id.clone(), appr.pattern_key.clone()),
-                        OpenApproval {
-                            start: t,
-                            surface: appr.surface.clone(),
-                            command: appr.command.clone(),
-                        },
-                    );
+                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                    let open = OpenApproval {
+                        start: t,
+                        surface: appr.surface.clone(),
+                        command: appr.command.clone(),
+                    };
+                    let bytes = open.bytes() + ids.tool_call_id.len() + appr.pattern_key.len();
+                    turn.held += bytes;
+                    let old = turn
+                        .approvals
+                        .insert((ids.tool_call_id.clone(), appr.pattern_key.clone()), open);
+                    if old.is_some() {
+                        turn.held = turn.held.saturating_sub(bytes);
+                    }
                 }
             }
             (hooks::POST_APPROVAL_RESPONSE, body) => {
@@ -521,14 +672,18 @@ impl Correlator {
                         &no_appr
                     }
                 };
-                if let Some(turn) = self.turn_with(ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
                     let span = close_approval(turn, ids, appr, t, false);
                     out.push(span);
                 }
             }
             (hook, body) => {
                 self.stats.unknown_hooks += 1;
-                if let Some(turn) = self.turns.get_mut(&ids.turn_id) {
+                let turn_key = key(instance, &ids.turn_id);
+                if self.closed.contains(&turn_key) {
+                    self.stats.late_events_dropped += 1;
+                }
+                if let Some(turn) = self.turns.get_mut(&turn_key) {
                     let mut attrs = Attrs::default();
                     if let Some(Body::Other(other)) = body {
                         let mut keys: Vec<_> = other.fields.keys().collect();
@@ -541,6 +696,9 @@ impl Correlator {
                     }
                     turn.last_seen = turn.last_seen.max(t);
                     turn.min_lsn = turn.min_lsn.min(self.lsn);
+                    turn.held += RECORD_BYTES
+                        + hook.len()
+                        + attrs.0.iter().map(attrs::approx_bytes).sum::<usize>();
                     turn.events.push(span::Event {
                         time_unix_nano: t,
                         name: format!("hermes.hook.{hook}").into(),
@@ -550,6 +708,14 @@ impl Correlator {
                 }
             }
         }
+        // Charge what the event added, then hold every budget.
+        if !ids.turn_id.is_empty() {
+            self.charge_turn(&key(instance, &ids.turn_id));
+        }
+        if !ids.parent_turn_id.is_empty() {
+            self.charge_turn(&key(instance, &ids.parent_turn_id));
+        }
+        self.enforce_budgets(instance, out);
         self.stats.spans += (out.len() - before) as u64;
     }
 
@@ -593,9 +759,17 @@ impl Correlator {
         }
         // A link lives as long as its subagent is open (its span needs it).
         let open = &self.subagents;
-        self.links
-            .retain(|child, l| open.contains_key(child) || now.abs_diff(l.last_seen) < ttl);
-        self.pending_starts.retain(|_, p| now.abs_diff(p.at) < ttl);
+        let mut stale: Vec<String> = self
+            .links
+            .iter()
+            .filter(|(child, l)| !open.contains_key(*child) && now.abs_diff(l.last_seen) >= ttl)
+            .map(|(k, _)| k.clone())
+            .collect();
+        stale.sort();
+        for k in stale {
+            self.remove_link(&k);
+        }
+        self.drop_pending_starts(|p| now.abs_diff(p.at) >= ttl);
         self.resources
             .retain(|_, r| Arc::strong_count(&r.resource) > 1);
         self.stats.spans += (out.len() - before) as u64;
@@ -631,7 +805,7 @@ impl Correlator {
             let end = self.subagents.get(&child).map_or(0, |s| s.start);
             self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
         }
-        self.pending_starts.retain(|_, p| p.min_lsn >= lsn);
+        self.drop_pending_starts(|p| p.min_lsn < lsn);
         self.stats.spans += (out.len() - before) as u64;
     }
 
@@ -691,28 +865,31 @@ impl Correlator {
         resource
     }
 
-    /// The open turn of `ids.turn_id`, opened (synthesized) if unknown.
-    /// `None` when the event carries no turn id.
+    /// The open turn of `ids.turn_id` of `instance`, opened (synthesized)
+    /// if unknown. `None` when the event carries no turn id, or when that
+    /// turn was closed already (the event is counted as late).
     fn turn(
         &mut self,
+        instance: &str,
         ids: &v1::Ids,
         resource: &Arc<Resource>,
         t: u64,
         out: &mut Vec<FinishedSpan>,
     ) -> Option<&mut Turn> {
-        self.turn_with(ids, resource, t, "", out)
+        self.turn_with(instance, ids, resource, t, "", out)
     }
 
     /// As [`Self::turn`], also recording the platform the event names.
     fn turn_with(
         &mut self,
+        instance: &str,
         ids: &v1::Ids,
         resource: &Arc<Resource>,
         t: u64,
         platform: &str,
         out: &mut Vec<FinishedSpan>,
     ) -> Option<&mut Turn> {
-        self.turn_and_values(ids, resource, t, platform, out)
+        self.turn_and_values(instance, ids, resource, t, platform, out)
             .map(|(turn, _)| turn)
     }
 
@@ -720,6 +897,7 @@ impl Correlator {
     /// span that the event closes.
     fn turn_and_values(
         &mut self,
+        instance: &str,
         ids: &v1::Ids,
         resource: &Arc<Resource>,
         t: u64,
@@ -729,29 +907,28 @@ impl Correlator {
         if ids.turn_id.is_empty() {
             return None;
         }
-        if !self.turns.contains_key(&ids.turn_id) {
-            let agent = resource_instance(resource).unwrap_or_default().to_owned();
-            if self.turns_per_agent.get(&agent).copied().unwrap_or(0)
-                >= self.config.max_open_turns_per_agent
-            {
-                self.evict_oldest_turn(Some(&agent), out);
+        let k = key(instance, &ids.turn_id);
+        if !self.turns.contains_key(&k) {
+            if self.closed.contains(&k) {
+                self.stats.late_events_dropped += 1;
+                return None;
             }
-            if self.turns.len() >= self.config.max_open_turns {
-                self.evict_oldest_turn(None, out);
-            }
-            let turn = self.new_turn(ids, resource, t);
-            self.turns.insert(ids.turn_id.clone(), turn);
-            *self.turns_per_agent.entry(agent).or_default() += 1;
+            self.make_room_for_turn(instance, out);
+            let turn = self.new_turn(instance, ids, resource, t);
+            self.ledger.add(instance, 1, 0, turn.charged);
+            self.turns.insert(k.clone(), turn);
         }
         let lsn = self.lsn;
-        let turn = self.turns.get_mut(&ids.turn_id)?;
+        let turn = self.turns.get_mut(&k)?;
         turn.last_seen = turn.last_seen.max(t);
         turn.min_lsn = turn.min_lsn.min(lsn);
         if turn.platform.is_empty() && !platform.is_empty() {
             turn.platform = platform.into();
+            turn.held += platform.len();
         }
         if turn.task_id.is_empty() && !ids.task_id.is_empty() {
             turn.task_id = ids.task_id.as_str().into();
+            turn.held += ids.task_id.len();
         }
         if t < turn.start && !turn.started {
             turn.start = t;
@@ -759,11 +936,22 @@ impl Correlator {
         Some((turn, &mut self.values))
     }
 
-    fn new_turn(&mut self, ids: &v1::Ids, resource: &Arc<Resource>, t: u64) -> Turn {
-        let link = self.links.get_mut(&ids.session_id).map(|l| {
-            l.last_seen = l.last_seen.max(t);
-            l.clone()
-        });
+    fn new_turn(
+        &mut self,
+        instance: &str,
+        ids: &v1::Ids,
+        resource: &Arc<Resource>,
+        t: u64,
+    ) -> Turn {
+        let link = self
+            .links
+            .get_mut(&key(instance, &ids.session_id))
+            .map(|l| {
+                l.last_seen = l.last_seen.max(t);
+                l.clone()
+            });
+        let instance: Str = instance.into();
+        let mut plain = false;
         let (trace, parent, root_session, agent_name) = match &link {
             Some(l) => (
                 l.trace_id,
@@ -771,13 +959,25 @@ impl Correlator {
                 l.root_session_id.clone(),
                 l.role.clone(),
             ),
-            None => (
-                trace_id(&ids.turn_id),
-                None,
-                ids.session_id.as_str().into(),
-                Str::from_static("hermes"),
-            ),
+            None => {
+                // The first instance to open a turn id gets its plain trace
+                // id; another one, a trace id of its own.
+                plain = self.closed.claim(&ids.turn_id, &instance);
+                let trace = if plain {
+                    trace_id(&ids.turn_id)
+                } else {
+                    self.stats.cross_instance_turns += 1;
+                    scoped_trace_id(&instance, &ids.turn_id)
+                };
+                (
+                    trace,
+                    None,
+                    ids.session_id.as_str().into(),
+                    Str::from_static("hermes"),
+                )
+            }
         };
+        let held = TURN_BYTES + 2 * ids.turn_id.len() + ids.session_id.len() + ids.task_id.len();
         Turn {
             trace_id: trace,
             span_id: span_id(SpanKey::Turn {
@@ -785,6 +985,10 @@ impl Correlator {
             }),
             parent,
             resource: resource.clone(),
+            instance,
+            plain,
+            held,
+            charged: held,
             turn_id: ids.turn_id.as_str().into(),
             task_id: ids.task_id.as_str().into(),
             session_id: ids.session_id.as_str().into(),
@@ -818,95 +1022,110 @@ impl Correlator {
         }
     }
 
-    /// Removes an open turn, keeping the per-agent count.
-    fn take_turn(&mut self, id: &str) -> Option<Turn> {
-        let turn = self.turns.remove(id)?;
-        let agent = resource_instance(&turn.resource).unwrap_or_default();
-        if let Some(n) = self.turns_per_agent.get_mut(agent) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.turns_per_agent.remove(agent);
-            }
-        }
+    /// Removes an open turn by its key: its instance is refunded, and the
+    /// turn is remembered as closed.
+    fn take_turn(&mut self, k: &str) -> Option<Turn> {
+        let turn = self.turns.remove(k)?;
+        self.ledger.sub(&turn.instance, 1, 0, turn.charged);
+        let plain = turn
+            .plain
+            .then(|| (turn.turn_id.as_str().to_owned(), turn.instance.clone()));
+        self.closed
+            .push(k.to_owned(), plain, self.config.remembered_closed_turns);
         Some(turn)
     }
 
-    /// Closes the least recently active turn (of `agent` when given) as
-    /// incomplete.
-    fn evict_oldest_turn(&mut self, agent: Option<&str>, out: &mut Vec<FinishedSpan>) {
-        let oldest = self
-            .turns
-            .iter()
-            .filter(|(_, t)| agent.is_none_or(|a| resource_instance(&t.resource) == Some(a)))
-            .min_by(|a, b| (a.1.last_seen, a.0).cmp(&(b.1.last_seen, b.0)))
-            .map(|(id, _)| id.clone());
-        if let Some(turn) = oldest.and_then(|id| self.take_turn(&id)) {
-            self.stats.turns_evicted += 1;
-            let end = turn.end.unwrap_or(turn.last_seen);
-            self.emit_turn(turn, end, true, out);
-        }
-    }
-
-    fn session_start(&mut self, session_id: &str, t: u64, model: String, platform: String) {
+    fn session_start(
+        &mut self,
+        instance: &str,
+        session_id: &str,
+        t: u64,
+        model: String,
+        platform: String,
+    ) {
         if session_id.is_empty() {
             return;
         }
+        let k = key(instance, session_id);
+        self.drop_pending_start(&k);
+        let bytes = RECORD_BYTES + k.len() + model.len() + platform.len();
+        self.ledger.add(instance, 0, 1, bytes);
         self.pending_starts.insert(
-            session_id.to_owned(),
+            k,
             PendingSessionStart {
+                instance: instance.into(),
+                bytes,
                 at: t,
                 model,
                 platform,
                 min_lsn: self.lsn,
             },
         );
-        self.attach_session_start(session_id);
+        self.attach_session_start(instance, session_id);
+    }
+
+    /// Forgets the pending session starts `stale` picks.
+    fn drop_pending_starts(&mut self, stale: impl Fn(&PendingSessionStart) -> bool) {
+        let mut keys: Vec<String> = self
+            .pending_starts
+            .iter()
+            .filter(|(_, p)| stale(p))
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort();
+        for k in keys {
+            self.drop_pending_start(&k);
+        }
     }
 
     /// Attaches a pending `on_session_start` as an event on the session's
-    /// earliest open turn.
-    fn attach_session_start(&mut self, session_id: &str) {
-        if !self.pending_starts.contains_key(session_id) {
+    /// earliest open turn of the same instance.
+    fn attach_session_start(&mut self, instance: &str, session_id: &str) {
+        let k = key(instance, session_id);
+        if !self.pending_starts.contains_key(&k) {
             return;
         }
         let first = self
             .turns
-            .iter_mut()
-            .filter(|(_, t)| t.session_id == session_id)
+            .iter()
+            .filter(|(_, t)| t.session_id == session_id && t.instance == instance)
             .min_by(|a, b| (a.1.start, a.0).cmp(&(b.1.start, b.0)))
-            .map(|(_, t)| t);
-        if let Some(turn) = first
-            && let Some(p) = self.pending_starts.remove(session_id)
-        {
-            {
-                let mut a = Attrs::default();
-                a.str("gen_ai.request.model", &p.model)
-                    .str("hermes.platform", &p.platform);
-                turn.events.push(span::Event {
-                    time_unix_nano: p.at,
-                    name: Str::from_static("hermes.session.start"),
-                    attributes: a.0,
-                    dropped_attributes_count: 0,
-                });
-                turn.start = turn.start.min(p.at);
-            }
+            .map(|(k, _)| k.clone());
+        let Some(turn_key) = first else {
+            return;
+        };
+        let Some(p) = self.pending_starts.remove(&k) else {
+            return;
+        };
+        self.ledger.sub(instance, 0, 1, p.bytes);
+        if let Some(turn) = self.turns.get_mut(&turn_key) {
+            let mut a = Attrs::default();
+            a.str("gen_ai.request.model", &p.model)
+                .str("hermes.platform", &p.platform);
+            turn.held += RECORD_BYTES + p.model.len() + p.platform.len();
+            turn.events.push(span::Event {
+                time_unix_nano: p.at,
+                name: Str::from_static("hermes.session.start"),
+                attributes: a.0,
+                dropped_attributes_count: 0,
+            });
+            turn.start = turn.start.min(p.at);
         }
+        self.charge_turn(&turn_key);
     }
 
     /// A new turn of a session starts: an agent runs its turns one after the
     /// other, so a turn of the same session and agent process still open
     /// ended without `on_session_end` (Hermes' failure paths fire none).
     fn close_superseded(&mut self, ids: &v1::Ids, instance_id: &str, out: &mut Vec<FinishedSpan>) {
-        if ids.session_id.is_empty() || self.turns.contains_key(&ids.turn_id) {
+        let k = key(instance_id, &ids.turn_id);
+        if ids.session_id.is_empty() || self.turns.contains_key(&k) || self.closed.contains(&k) {
             return;
         }
         let mut ended: Vec<String> = self
             .turns
             .iter()
-            .filter(|(_, turn)| {
-                turn.session_id == ids.session_id
-                    && resource_instance(&turn.resource) == Some(instance_id)
-            })
+            .filter(|(_, turn)| turn.session_id == ids.session_id && turn.instance == instance_id)
             .map(|(id, _)| id.clone())
             .collect();
         ended.sort();
@@ -920,8 +1139,8 @@ impl Correlator {
     }
 
     /// `on_session_finalize`/`reset` (or the shutdown `on_session_end`): closes
-    /// every open turn of the session (of the shim instance when the session
-    /// id is absent).
+    /// every open turn of the session of the shim instance (every turn of
+    /// the instance when the session id is absent).
     fn close_session(
         &mut self,
         session_id: &str,
@@ -933,11 +1152,8 @@ impl Correlator {
             .turns
             .iter()
             .filter(|(_, turn)| {
-                if session_id.is_empty() {
-                    resource_instance(&turn.resource) == Some(instance_id)
-                } else {
-                    turn.session_id == session_id
-                }
+                turn.instance == instance_id
+                    && (session_id.is_empty() || turn.session_id == session_id)
             })
             .map(|(id, _)| id.clone())
             .collect();
@@ -953,6 +1169,7 @@ impl Correlator {
 
     fn subagent_start(
         &mut self,
+        instance: &str,
         ids: &v1::Ids,
         sub: &v1::Subagent,
         resource: &Arc<Resource>,
@@ -964,9 +1181,10 @@ impl Correlator {
         // second start for a child whose subagent is still open is ignored
         // too: the child's turns already hang from the first one, in its
         // trace, and moving the link would orphan them.
+        let child_key = key(instance, &ids.child_session_id);
         if ids.child_session_id.is_empty()
             || ids.child_session_id == ids.parent_session_id
-            || self.subagents.contains_key(&ids.child_session_id)
+            || self.subagents.contains_key(&child_key)
         {
             self.stats.unknown_hooks += 1;
             return;
@@ -976,7 +1194,7 @@ impl Correlator {
             turn_id: ids.parent_turn_id.clone(),
             ..Default::default()
         };
-        let Some(parent_turn) = self.turn(&parent_ids, resource, t, out) else {
+        let Some(parent_turn) = self.turn(instance, &parent_ids, resource, t, out) else {
             return;
         };
         let delegates: Vec<&String> = parent_turn
@@ -1013,9 +1231,20 @@ impl Correlator {
         let span = span_id(SpanKey::Subagent {
             child_session_id: &ids.child_session_id,
         });
+        self.remove_link(&child_key);
+        let bytes = 2 * RECORD_BYTES
+            + 3 * ids.child_session_id.len()
+            + ids.parent_turn_id.len()
+            + ids.parent_session_id.len()
+            + ids.child_subagent_id.len()
+            + sub.child_goal.len()
+            + role.len();
+        self.ledger.add(instance, 0, 1, bytes);
         self.links.insert(
-            ids.child_session_id.clone(),
+            child_key.clone(),
             SubagentLink {
+                instance: instance.into(),
+                bytes,
                 trace_id: trace,
                 span_id: span,
                 root_session_id: root_session,
@@ -1024,12 +1253,13 @@ impl Correlator {
             },
         );
         self.subagents.insert(
-            ids.child_session_id.clone(),
+            child_key,
             OpenSubagent {
                 parent,
                 resource: resource.clone(),
                 common,
                 start: t,
+                child_session_id: ids.child_session_id.clone(),
                 child_subagent_id: ids.child_subagent_id.clone(),
                 goal: sub.child_goal.clone(),
                 min_lsn: self.lsn,
@@ -1039,25 +1269,24 @@ impl Correlator {
 
     fn subagent_stop(
         &mut self,
+        instance: &str,
         ids: &v1::Ids,
         sub: &v1::Subagent,
+        resource: &Arc<Resource>,
         t: u64,
         out: &mut Vec<FinishedSpan>,
     ) {
-        if !self.subagents.contains_key(&ids.child_session_id) {
+        let child_key = key(instance, &ids.child_session_id);
+        if !self.subagents.contains_key(&child_key) {
             // Missing start: build the span from the stop event and its duration.
             let start =
                 t.saturating_sub(sub.duration_ms.unwrap_or(0).saturating_mul(NANOS_PER_MILLI));
-            let resource = self.resources.values().next().map(|r| r.resource.clone());
-            if let Some(resource) = resource {
-                let mut start_ids = ids.clone();
-                start_ids.child_subagent_id.clear();
-                self.subagent_start(&start_ids, sub, &resource, start, out);
-            }
+            let mut start_ids = ids.clone();
+            start_ids.child_subagent_id.clear();
+            self.subagent_start(instance, &start_ids, sub, resource, start, out);
         }
-        self.subagent_stop_at(&ids.child_session_id, sub, t, false, out);
+        self.subagent_stop_at(&child_key, sub, t, false, out);
     }
-
     fn subagent_stop_at(
         &mut self,
         child: &str,
@@ -1075,7 +1304,7 @@ impl Correlator {
         let mut a = open.common.clone();
         a.fixed("gen_ai.operation.name", "invoke_agent")
             .str("gen_ai.agent.id", &open.child_subagent_id)
-            .str("hermes.child_session_id", child)
+            .str("hermes.child_session_id", &open.child_session_id)
             .str("hermes.subagent.status", &sub.child_status)
             .str(
                 "hermes.subagent.goal",
@@ -1285,6 +1514,9 @@ fn close_attempt(
 ) -> FinishedSpan {
     let attempt = api.attempt.max(1);
     let open = turn.attempts.remove(&(api_request_id.to_owned(), attempt));
+    if let Some(o) = &open {
+        turn.held = turn.held.saturating_sub(o.bytes() + api_request_id.len());
+    }
     let end = if api.ended_at_unix_nano > 0 {
         api.ended_at_unix_nano
     } else {
@@ -1303,7 +1535,13 @@ fn close_attempt(
                 end
             }),
     };
-    turn.last_attempt_end.insert(api_request_id.to_owned(), end);
+    if turn
+        .last_attempt_end
+        .insert(api_request_id.to_owned(), end)
+        .is_none()
+    {
+        turn.held += RECORD_BYTES / 2 + api_request_id.len();
+    }
     turn.api_attempts += 1;
     // The post (or error) event's value, else the pre event's: borrowed,
     // the attributes copy them once.
@@ -1514,6 +1752,11 @@ fn close_approval(
 ) -> FinishedSpan {
     let key = (ids.tool_call_id.clone(), appr.pattern_key.clone());
     let open = turn.approvals.remove(&key);
+    if let Some(o) = &open {
+        turn.held = turn
+            .held
+            .saturating_sub(o.bytes() + key.0.len() + key.1.len());
+    }
     let turn_id = turn.turn_id.clone();
     let start = open.as_ref().map_or(t, |o| o.start);
     let surface = open.as_ref().map_or(appr.surface.clone(), |o| {
@@ -1600,17 +1843,6 @@ fn scalar_kv(key: &str, v: v1::scalar::Value) -> KeyValue {
         key: key.into(),
         value: Some(AnyValue { value: Some(value) }),
     }
-}
-
-fn resource_instance(resource: &Resource) -> Option<&str> {
-    resource
-        .attributes
-        .iter()
-        .find(|kv| kv.key == "service.instance.id")
-        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
-            any_value::Value::StringValue(s) => Some(s.as_str()),
-            _ => None,
-        })
 }
 
 /// Host and port of an `http(s)://host[:port]/...` base URL.

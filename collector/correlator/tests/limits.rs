@@ -8,9 +8,14 @@
 //! - the sequencer holds at most `max_held` events per instance, for at most
 //!   `max_instances` instances; timer ticks past the gap timeout release
 //!   everything (one hole per instance and tick), and `flush_all` empties it;
-//! - the correlator keeps at most `max_open_turns` turns open, `expire` past
-//!   the TTL closes every turn when the events carried sane times, and
-//!   `flush_all` closes everything; every span has well-formed ids.
+//! - the correlator keeps at most `max_open_turns` turns open, at most
+//!   `max_sessions` session records (`max_sessions_per_agent` per instance)
+//!   and at most `max_bytes` held (`max_bytes_per_agent` per instance);
+//!   `expire` past the TTL closes every turn when the events carried sane
+//!   times, and `flush_all` closes everything and refunds every byte; every
+//!   span has well-formed ids, and no two turn spans share a trace id and
+//!   span id (an evicted turn's late events are dropped, another instance's
+//!   turn of the same id gets its own trace id).
 //!
 //! Durations and token counts stay plausible here (below 2^40);
 //! `hostile_values_never_panic_and_every_parent_is_emitted` takes any value.
@@ -35,6 +40,10 @@ const MAX_OPEN_TURNS: usize = 3;
 const MAX_HELD: usize = 4;
 const MAX_INSTANCES: usize = 2;
 const TTL_MS: u64 = 5_000;
+const MAX_SESSIONS_PER_AGENT: usize = 2;
+const MAX_SESSIONS: usize = 4;
+const MAX_BYTES_PER_AGENT: usize = 4_096;
+const MAX_BYTES: usize = 8_192;
 
 /// Every hook, plus one Hermes has that the collector does not use and none.
 fn hook_pool() -> Vec<&'static str> {
@@ -245,6 +254,10 @@ impl Pipeline {
             }),
             correlator: Correlator::new(Config {
                 max_open_turns: MAX_OPEN_TURNS,
+                max_sessions_per_agent: MAX_SESSIONS_PER_AGENT,
+                max_sessions: MAX_SESSIONS,
+                max_bytes_per_agent: MAX_BYTES_PER_AGENT,
+                max_bytes: MAX_BYTES,
                 state_ttl_nanos: TTL_MS * MS,
                 turn_end_grace_nanos: 500 * MS,
                 ..Config::default()
@@ -293,6 +306,14 @@ impl Pipeline {
             "{} turns open",
             self.correlator.open_turns()
         );
+        let gauges = self.correlator.gauges();
+        assert!(gauges.sessions <= MAX_SESSIONS as u64, "{gauges:?}");
+        assert!(gauges.held_bytes <= MAX_BYTES as u64, "{gauges:?}");
+        for instance in 0..3 {
+            let (_, sessions, bytes) = self.correlator.agent_usage(&format!("inst-{instance}"));
+            assert!(sessions <= MAX_SESSIONS_PER_AGENT, "{sessions} sessions");
+            assert!(bytes <= MAX_BYTES_PER_AGENT, "{bytes} bytes");
+        }
     }
 }
 
@@ -309,6 +330,27 @@ fn assert_well_formed(spans: &[FinishedSpan]) {
             assert!(
                 emitted.contains(&(s.span.trace_id.as_slice(), s.span.parent_span_id.as_slice())),
                 "span {:?} has no emitted parent",
+                s.span.name
+            );
+        }
+    }
+}
+
+/// No two turn spans share a trace id and span id: a turn is exported
+/// once, and another instance's turn of the same id is in a trace of its
+/// own.
+fn assert_turns_unique(spans: &[FinishedSpan]) {
+    let mut seen = HashSet::new();
+    for s in spans {
+        let is_turn = s
+            .span
+            .attributes
+            .iter()
+            .any(|kv| kv.key == "hermes.turn.api_attempts");
+        if is_turn {
+            assert!(
+                seen.insert((s.span.trace_id.clone(), s.span.span_id.clone())),
+                "turn span {:?} exported twice",
                 s.span.name
             );
         }
@@ -355,12 +397,15 @@ fn run(steps: &[Step]) -> Result<Vec<FinishedSpan>, TestCaseError> {
         p.correlator.expire(p.now, &mut p.spans);
         prop_assert_eq!(p.sequencer.held(), 0);
         prop_assert_eq!(p.correlator.open_turns(), 0);
+        // Every byte and session charged is refunded once all expired.
+        prop_assert_eq!(p.correlator.gauges(), Default::default());
     }
     p.sequencer.flush_all(&mut p.ready);
     p.correlate_ready();
     p.correlator.flush_all(&mut p.spans);
     prop_assert_eq!(p.sequencer.held(), 0);
     prop_assert_eq!(p.correlator.open_turns(), 0);
+    assert_turns_unique(&p.spans);
     Ok(p.spans)
 }
 

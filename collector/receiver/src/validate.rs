@@ -13,12 +13,22 @@
 //!    (read while decoding: [`ReceivedBatch::largest_event`]);
 //! 4. seqs strictly increase within the batch, and none is `u64::MAX` (a
 //!    shim counts from 1 and never gets there; the sequencer's "next seq"
-//!    after it would not exist).
+//!    after it would not exist);
+//! 5. no correlation id (the shim's `instance_id`, and each event's
+//!    `session_id`, `turn_id`, `api_request_id`, `tool_call_id`, …) is
+//!    longer than [`MAX_ID_BYTES`]: the correlator keeps them as keys of
+//!    its open state, and Hermes' own are under 64 bytes. A refused batch
+//!    stays at the head of its shim's buffer until the shim evicts it (as
+//!    for `max_event_bytes`), so a shim that sent one would resend it
+//!    until then; Hermes never makes such ids.
 
 use hermes_proto::received::ReceivedBatch;
 use tonic::Status;
 
 use crate::Limits;
+
+/// Longest correlation id accepted, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
 
 /// Why a batch is refused. Every refusal ends its stream with
 /// [`Refusal::status`].
@@ -38,6 +48,13 @@ pub enum Refusal {
     SeqNotIncreasing,
     /// A seq of `u64::MAX`: `INVALID_ARGUMENT`.
     SeqOutOfRange,
+    /// A correlation id longer than [`MAX_ID_BYTES`]: `INVALID_ARGUMENT`
+    /// naming the field.
+    IdTooLong {
+        seq: u64,
+        field: &'static str,
+        bytes: usize,
+    },
 }
 
 impl Refusal {
@@ -59,6 +76,9 @@ impl Refusal {
             Self::SeqOutOfRange => {
                 Status::invalid_argument("event seq out of range (at most 2^64 - 2)")
             }
+            Self::IdTooLong { seq, field, bytes } => Status::invalid_argument(format!(
+                "event seq {seq}: {field} is {bytes} bytes, more than the limit of {MAX_ID_BYTES}"
+            )),
         }
     }
 }
@@ -91,6 +111,39 @@ pub fn check_batch(received: &ReceivedBatch, limits: &Limits) -> Result<(), Refu
     // Increasing: only the last can be u64::MAX.
     if batch.events.last().is_some_and(|e| e.seq == u64::MAX) {
         return Err(Refusal::SeqOutOfRange);
+    }
+    if let Some(shim) = &batch.shim
+        && shim.instance_id.len() > MAX_ID_BYTES
+    {
+        return Err(Refusal::IdTooLong {
+            seq: batch.events.first().map_or(0, |e| e.seq),
+            field: "shim.instance_id",
+            bytes: shim.instance_id.len(),
+        });
+    }
+    for event in &batch.events {
+        let Some(ids) = &event.ids else {
+            continue;
+        };
+        let fields = [
+            ("session_id", &ids.session_id),
+            ("task_id", &ids.task_id),
+            ("turn_id", &ids.turn_id),
+            ("api_request_id", &ids.api_request_id),
+            ("tool_call_id", &ids.tool_call_id),
+            ("parent_session_id", &ids.parent_session_id),
+            ("parent_turn_id", &ids.parent_turn_id),
+            ("parent_subagent_id", &ids.parent_subagent_id),
+            ("child_session_id", &ids.child_session_id),
+            ("child_subagent_id", &ids.child_subagent_id),
+        ];
+        if let Some((field, id)) = fields.into_iter().find(|(_, id)| id.len() > MAX_ID_BYTES) {
+            return Err(Refusal::IdTooLong {
+                seq: event.seq,
+                field,
+                bytes: id.len(),
+            });
+        }
     }
     Ok(())
 }
@@ -151,6 +204,27 @@ mod tests {
         assert_eq!(
             check_batch(&batch(&[(1, 1), (u64::MAX, 1)]), &limits),
             Err(Refusal::SeqOutOfRange)
+        );
+        let with_turn_id = |len: usize| {
+            let mut b = batch(&[(1, 1), (2, 1)]).batch;
+            b.events[1].ids = Some(Box::new(hermes_proto::v1::Ids {
+                turn_id: "t".repeat(len),
+                ..Default::default()
+            }));
+            ReceivedBatch::new(b)
+        };
+        let limits_ids = Limits::default();
+        let refusal = check_batch(&with_turn_id(MAX_ID_BYTES + 1), &limits_ids).unwrap_err();
+        let status = refusal.status();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(
+            status.message().contains("turn_id") && status.message().contains("256"),
+            "{status:?}"
+        );
+        assert_eq!(
+            check_batch(&with_turn_id(MAX_ID_BYTES), &limits_ids),
+            Ok(()),
+            "the limit itself is fine"
         );
         let mut anonymous = batch(&[(1, 1)]);
         anonymous.batch.shim = None;

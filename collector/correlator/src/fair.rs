@@ -1,0 +1,318 @@
+//! Per-agent ownership and budgets of the correlation state.
+//!
+//! Owns what keeps one agent process (shim instance) from reaching into or
+//! crowding out another's state:
+//!
+//! * every map of correlation state is keyed by [`key`] (instance, id), so
+//!   an event only ever touches what its own instance opened;
+//! * [`Usage`] per instance: open turns, sessions (pending session starts
+//!   and subagent links) and approximate bytes held. An instance over its
+//!   own budget loses its own oldest state; over a global budget, the
+//!   instance holding the most loses its oldest, never a lighter one;
+//! * [`Closed`], the turns closed recently (bounded): a later event of one
+//!   is dropped and counted, so a turn is never exported twice with
+//!   different content;
+//! * the owner of each turn id's plain (unscoped) trace id: a second
+//!   instance opening a turn with the same id gets a trace id scoped by its
+//!   instance ([`crate::ids::scoped_trace_id`]), so no two spans ever share
+//!   a trace id and span id.
+
+use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
+
+use hermes_span::Str;
+
+use crate::{Correlator, FinishedSpan, Map};
+
+/// Bytes a turn, attempt, tool, approval, event or session record costs
+/// besides its strings (the maps' slots and the structs): an estimate, so
+/// that a flood of empty ids still counts.
+pub(crate) const RECORD_BYTES: usize = 128;
+/// A turn's own struct and maps.
+pub(crate) const TURN_BYTES: usize = 1024;
+
+/// The key of an instance's state for `id`: the instance's length, so
+/// that no pair of strings can make another pair's key.
+pub(crate) fn key(instance: &str, id: &str) -> String {
+    let mut k = String::with_capacity(instance.len() + id.len() + 8);
+    k.push_str(&instance.len().to_string());
+    k.push(':');
+    k.push_str(instance);
+    k.push_str(id);
+    k
+}
+
+/// What one instance holds.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Usage {
+    pub turns: usize,
+    pub sessions: usize,
+    pub bytes: usize,
+}
+
+impl Usage {
+    fn is_empty(&self) -> bool {
+        self.turns == 0 && self.sessions == 0 && self.bytes == 0
+    }
+}
+
+/// The usage of every instance holding something, and the totals.
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    pub agents: Map<String, Usage>,
+    pub sessions: usize,
+    pub bytes: usize,
+}
+
+impl Ledger {
+    pub fn of(&self, instance: &str) -> Usage {
+        self.agents.get(instance).copied().unwrap_or_default()
+    }
+
+    pub fn add(&mut self, instance: &str, turns: usize, sessions: usize, bytes: usize) {
+        let u = match self.agents.get_mut(instance) {
+            Some(u) => u,
+            None => self.agents.entry(instance.to_owned()).or_default(),
+        };
+        u.turns += turns;
+        u.sessions += sessions;
+        u.bytes += bytes;
+        self.sessions += sessions;
+        self.bytes += bytes;
+    }
+
+    pub fn sub(&mut self, instance: &str, turns: usize, sessions: usize, bytes: usize) {
+        if let Some(u) = self.agents.get_mut(instance) {
+            u.turns = u.turns.saturating_sub(turns);
+            u.sessions = u.sessions.saturating_sub(sessions);
+            u.bytes = u.bytes.saturating_sub(bytes);
+            if u.is_empty() {
+                self.agents.remove(instance);
+            }
+        }
+        self.sessions = self.sessions.saturating_sub(sessions);
+        self.bytes = self.bytes.saturating_sub(bytes);
+    }
+
+    /// The instance holding the most by `measure` (ties: the smallest id,
+    /// so that the choice does not depend on the map's order).
+    pub fn heaviest(&self, measure: impl Fn(&Usage) -> usize) -> Option<String> {
+        self.agents
+            .iter()
+            .filter(|(_, u)| measure(u) > 0)
+            .max_by(|a, b| measure(a.1).cmp(&measure(b.1)).then_with(|| b.0.cmp(a.0)))
+            .map(|(i, _)| i.clone())
+    }
+}
+
+/// Turns closed recently, by [`key`], oldest first; and which instance owns
+/// each turn id's plain trace id while its turn is open or remembered here.
+#[derive(Debug, Default)]
+pub(crate) struct Closed {
+    order: VecDeque<(String, Option<(String, Str)>)>,
+    keys: Map<String, ()>,
+    owners: Map<String, Str>,
+}
+
+impl Closed {
+    pub fn contains(&self, key: &str) -> bool {
+        self.keys.contains_key(key)
+    }
+
+    /// Whether `instance` may use `turn_id`'s plain ids, claiming them when
+    /// nobody holds them.
+    pub fn claim(&mut self, turn_id: &str, instance: &Str) -> bool {
+        match self.owners.get(turn_id) {
+            Some(owner) => owner == instance,
+            None => {
+                self.owners.insert(turn_id.to_owned(), instance.clone());
+                true
+            }
+        }
+    }
+
+    /// Remembers a closed turn; forgets the oldest past `cap`. `plain`:
+    /// the turn id whose plain ids the turn held, and its instance.
+    pub fn push(&mut self, key: String, plain: Option<(String, Str)>, cap: usize) {
+        if let Entry::Vacant(v) = self.keys.entry(key.clone()) {
+            v.insert(());
+            self.order.push_back((key, plain));
+        }
+        while self.order.len() > cap {
+            let Some((old, plain)) = self.order.pop_front() else {
+                break;
+            };
+            self.keys.remove(&old);
+            if let Some((turn_id, instance)) = plain
+                && self.owners.get(&turn_id) == Some(&instance)
+            {
+                self.owners.remove(&turn_id);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+}
+
+/// Which budget an eviction enforces (its counter).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Reason {
+    Turns,
+    Bytes,
+}
+
+impl Correlator {
+    /// Enforces the session and byte budgets after an event of `instance`:
+    /// the instance over its own budget loses its own oldest state; over a
+    /// global one, the instance holding the most loses its oldest.
+    pub(crate) fn enforce_budgets(&mut self, instance: &str, out: &mut Vec<FinishedSpan>) {
+        let c = &self.config;
+        let (per_sessions, all_sessions) = (c.max_sessions_per_agent, c.max_sessions);
+        let (per_bytes, all_bytes) = (c.max_bytes_per_agent, c.max_bytes);
+        while self.ledger.of(instance).sessions > per_sessions {
+            if !self.evict_oldest_session(instance, out) {
+                break;
+            }
+        }
+        while self.ledger.sessions > all_sessions {
+            let Some(heaviest) = self.ledger.heaviest(|u| u.sessions) else {
+                break;
+            };
+            if !self.evict_oldest_session(&heaviest, out) {
+                break;
+            }
+        }
+        while self.ledger.of(instance).bytes > per_bytes {
+            if !self.evict_oldest_state(instance, out) {
+                break;
+            }
+        }
+        while self.ledger.bytes > all_bytes {
+            let Some(heaviest) = self.ledger.heaviest(|u| u.bytes) else {
+                break;
+            };
+            if !self.evict_oldest_state(&heaviest, out) {
+                break;
+            }
+        }
+    }
+
+    /// Makes room for one more turn of `instance`: its own oldest when it is
+    /// at its limit; at the global limit, the oldest of the instance with
+    /// the most open turns.
+    pub(crate) fn make_room_for_turn(&mut self, instance: &str, out: &mut Vec<FinishedSpan>) {
+        if self.ledger.of(instance).turns >= self.config.max_open_turns_per_agent {
+            self.evict_oldest_turn(instance, Reason::Turns, out);
+        }
+        if self.turns.len() >= self.config.max_open_turns
+            && let Some(heaviest) = self.ledger.heaviest(|u| u.turns)
+        {
+            self.evict_oldest_turn(&heaviest, Reason::Turns, out);
+        }
+    }
+
+    /// Evicts `instance`'s least recently active turn, else its oldest
+    /// session record. False when it holds neither.
+    fn evict_oldest_state(&mut self, instance: &str, out: &mut Vec<FinishedSpan>) -> bool {
+        self.evict_oldest_turn(instance, Reason::Bytes, out)
+            || self.evict_oldest_session(instance, out)
+    }
+
+    /// Closes `instance`'s least recently active turn as incomplete.
+    pub(crate) fn evict_oldest_turn(
+        &mut self,
+        instance: &str,
+        reason: Reason,
+        out: &mut Vec<FinishedSpan>,
+    ) -> bool {
+        let oldest = self
+            .turns
+            .iter()
+            .filter(|(_, t)| t.instance == instance)
+            .min_by(|a, b| (a.1.last_seen, a.0).cmp(&(b.1.last_seen, b.0)))
+            .map(|(k, _)| k.clone());
+        let Some(turn) = oldest.and_then(|k| self.take_turn(&k)) else {
+            return false;
+        };
+        self.stats.turns_evicted += 1;
+        if reason == Reason::Bytes {
+            self.stats.turns_evicted_for_bytes += 1;
+        }
+        let end = turn.end.unwrap_or(turn.last_seen);
+        self.emit_turn(turn, end, true, out);
+        true
+    }
+
+    /// Forgets `instance`'s oldest session record: a session start not
+    /// attached yet, or a subagent link (its subagent, when still open, is
+    /// closed as incomplete first, so its span is emitted).
+    fn evict_oldest_session(&mut self, instance: &str, out: &mut Vec<FinishedSpan>) -> bool {
+        let start = self
+            .pending_starts
+            .iter()
+            .filter(|(_, p)| p.instance == instance)
+            .map(|(k, p)| (p.at, k.clone()))
+            .min();
+        let link = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.instance == instance)
+            .map(|(k, l)| (l.last_seen, k.clone()))
+            .min();
+        let taken = match (start, link) {
+            (Some(s), Some(l)) if l < s => self.drop_link(&l.1, out),
+            (Some(s), _) => self.drop_pending_start(&s.1),
+            (None, Some(l)) => self.drop_link(&l.1, out),
+            (None, None) => false,
+        };
+        if taken {
+            self.stats.sessions_evicted += 1;
+        }
+        taken
+    }
+
+    fn drop_link(&mut self, key: &str, out: &mut Vec<FinishedSpan>) -> bool {
+        if let Some(end) = self.subagents.get(key).map(|s| s.start) {
+            self.subagent_stop_at(key, &Default::default(), end, true, out);
+        }
+        self.remove_link(key)
+    }
+
+    pub(crate) fn drop_pending_start(&mut self, key: &str) -> bool {
+        match self.pending_starts.remove(key) {
+            Some(p) => {
+                self.ledger.sub(&p.instance, 0, 1, p.bytes);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn remove_link(&mut self, key: &str) -> bool {
+        match self.links.remove(key) {
+            Some(l) => {
+                self.ledger.sub(&l.instance, 0, 1, l.bytes);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Charges the turn under `key` for what it grew by since it was last
+    /// charged.
+    pub(crate) fn charge_turn(&mut self, key: &str) {
+        if let Some(turn) = self.turns.get_mut(key)
+            && turn.held != turn.charged
+        {
+            let instance = turn.instance.clone();
+            if turn.held > turn.charged {
+                self.ledger.add(&instance, 0, 0, turn.held - turn.charged);
+            } else {
+                self.ledger.sub(&instance, 0, 0, turn.charged - turn.held);
+            }
+            turn.charged = turn.held;
+        }
+    }
+}

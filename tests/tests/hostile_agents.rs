@@ -1,0 +1,346 @@
+//! Agents against agents, at the collector binary with a raw gRPC client:
+//! - an intruder sending events under its own shim instance id with a
+//!   victim's session and turn ids does not change the victim's exported
+//!   trace (the same spans as without the intruder), and its own spans land
+//!   in a trace of their own;
+//! - an agent sending ids longer than the limit is refused with
+//!   `INVALID_ARGUMENT` naming the field, and an agent flooding turns and
+//!   sessions evicts only its own state (counted, bounded gauges) while
+//!   another agent's batch is acknowledged (never `UNAVAILABLE`) and its
+//!   turn arrives whole.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use hermes_collector_shim::attempts::AttemptTracker;
+use hermes_collector_shim::config::CaptureLevel;
+use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
+use hermes_e2e::{AttrsExt as _, ChildGuard, OtlpReceiver, cargo_bin, free_port};
+use hermes_proto::v1::event_ingest_client::EventIngestClient;
+use hermes_proto::v1::{Event, EventBatch, Ids, ShimInfo};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use serde_json::Value as Json;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hermes-0.19.0/basic.jsonl")
+}
+
+/// The basic fixture (one turn: two chats, one tool call) as wire events,
+/// converted exactly as the shim does.
+fn basic_events() -> Vec<Event> {
+    let text = std::fs::read_to_string(fixture()).unwrap();
+    let level = CaptureLevel::Metadata;
+    let mut tracker = AttemptTracker::new(64);
+    let mut events = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let r: Json = serde_json::from_str(line).unwrap();
+        let hook = r["hook"].as_str().unwrap();
+        if !level.hooks().contains(&hook) {
+            continue;
+        }
+        let stamp = Stamp {
+            seq: events.len() as u64 + 1,
+            hook,
+            time_unix_nano: (r["t_wall"].as_f64().unwrap() * 1e9) as u64,
+            mono_nano: (r["t_mono"].as_f64().unwrap() * 1e9) as u64,
+            thread: r["thread"].as_str().unwrap_or(""),
+        };
+        let mut event = to_event(&stamp, &JsonKwargs(r["kwargs"].as_object().unwrap()), level);
+        tracker.stamp(&mut event);
+        events.push(event);
+    }
+    events
+}
+
+fn batch_of(instance_id: &str, events: Vec<Event>) -> EventBatch {
+    EventBatch {
+        shim: Some(ShimInfo {
+            instance_id: instance_id.into(),
+            service_name: "hostile-test".into(),
+            host_name: "host".into(),
+            pid: 1,
+            shim_version: "test".into(),
+            capture: "metadata".into(),
+        }),
+        events,
+        ..Default::default()
+    }
+}
+
+/// Opens one stream to `endpoint`, sends `batches` and returns the last seqs
+/// of the acks, or the status the stream ended with.
+fn exchange(endpoint: &str, batches: Vec<EventBatch>) -> Result<Vec<u64>, tonic::Status> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect {endpoint}: {e:?}"));
+        let mut client = EventIngestClient::new(channel);
+        let expected = batches.len();
+        let request = tonic::Request::new(tokio_stream::iter(batches));
+        let mut acks = client.stream(request).await?.into_inner();
+        let mut seqs = Vec::new();
+        while seqs.len() < expected {
+            match tokio::time::timeout(WAIT, acks.message()).await {
+                Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
+                Ok(Ok(None)) => break,
+                Ok(Err(status)) => return Err(status),
+                Err(_) => panic!("no answer from {endpoint} within {WAIT:?}"),
+            }
+        }
+        Ok(seqs)
+    })
+}
+
+/// A collector binary listening on `port`, with `correlator` as its
+/// correlator section, exporting to `otlp`.
+fn start_collector(work: &Path, port: u16, correlator: &str, otlp: &OtlpReceiver) -> ChildGuard {
+    let config = work.join("collector.yaml");
+    let yaml = format!(
+        "receiver:\n  listen: 127.0.0.1:{port}\ncorrelator:\n{correlator}\nexporters:\n  otlp:\n    endpoint: {}\nbatch:\n  timeout_ms: 50\n",
+        otlp.endpoint()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+    cmd.arg("--config")
+        .arg(&config)
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut collector = ChildGuard::spawn_named("hermes-collector", &mut cmd).unwrap();
+    assert!(
+        collector.wait_for_stderr(WAIT, |e| e.contains("receiving Hermes events")),
+        "collector did not start:\n{}",
+        collector.stderr_text()
+    );
+    collector
+}
+
+/// `name value` of a metric on the collector's `/metrics`.
+fn metric(collector: &ChildGuard, name: &str) -> Option<u64> {
+    let text = hermes_e2e::collector::admin_get(collector, "/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+fn instance(resource: &Resource) -> &str {
+    resource.str_attr("service.instance.id").unwrap_or_default()
+}
+
+/// The spans of `instance_id` at `otlp`, sorted by trace and span id.
+fn spans_of(otlp: &OtlpReceiver, instance_id: &str) -> Vec<Span> {
+    let mut spans: Vec<Span> = otlp
+        .spans()
+        .into_iter()
+        .filter(|(r, _)| instance(r) == instance_id)
+        .map(|(_, s)| s)
+        .collect();
+    spans.sort_by(|a, b| (&a.trace_id, &a.span_id).cmp(&(&b.trace_id, &b.span_id)));
+    spans
+}
+
+/// Waits until `instance_id` has `n` spans at `otlp`, then a little for
+/// stragglers.
+fn wait_for_spans_of(otlp: &OtlpReceiver, instance_id: &str, n: usize, collector: &ChildGuard) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while spans_of(otlp, instance_id).len() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{instance_id}'s spans did not arrive:\n{}",
+            collector.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+#[test]
+fn an_intruder_with_the_victims_ids_does_not_alter_its_trace() {
+    let events = basic_events();
+    let n = events.len();
+    // The victim alone.
+    let alone = {
+        let work = tempfile::tempdir().unwrap();
+        let otlp = OtlpReceiver::start();
+        let port = free_port();
+        let collector = start_collector(work.path(), port, "  tick_ms: 50", &otlp);
+        let endpoint = format!("http://127.0.0.1:{port}");
+        assert_eq!(
+            exchange(&endpoint, vec![batch_of("victim", events.clone())]).unwrap(),
+            vec![n as u64]
+        );
+        wait_for_spans_of(&otlp, "victim", 4, &collector);
+        spans_of(&otlp, "victim")
+    };
+    assert_eq!(alone.len(), 4);
+
+    // The victim's first half, then an intruder replaying the victim's
+    // events (its session, turn, request and tool ids) under its own
+    // instance, ending and finalizing the session; then the victim's rest.
+    let work = tempfile::tempdir().unwrap();
+    let otlp = OtlpReceiver::start();
+    let port = free_port();
+    let collector = start_collector(work.path(), port, "  tick_ms: 50", &otlp);
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let half = n / 2;
+    assert_eq!(
+        exchange(&endpoint, vec![batch_of("victim", events[..half].to_vec())]).unwrap(),
+        vec![half as u64]
+    );
+    let session = events[0].ids.as_ref().unwrap().session_id.clone();
+    let mut intrusion = events.clone();
+    intrusion.push(Event {
+        seq: n as u64 + 1,
+        hook: "on_session_finalize".into(),
+        time_unix_nano: events[half].time_unix_nano,
+        ids: Some(Box::new(Ids {
+            session_id: session,
+            ..Default::default()
+        })),
+        ..Default::default()
+    });
+    assert_eq!(
+        exchange(&endpoint, vec![batch_of("intruder", intrusion)]).unwrap(),
+        vec![n as u64 + 1]
+    );
+    assert_eq!(
+        exchange(&endpoint, vec![batch_of("victim", events[half..].to_vec())]).unwrap(),
+        vec![n as u64]
+    );
+    wait_for_spans_of(&otlp, "victim", 4, &collector);
+    wait_for_spans_of(&otlp, "intruder", 4, &collector);
+    assert_eq!(
+        spans_of(&otlp, "victim"),
+        alone,
+        "the victim's trace is untouched"
+    );
+    let victim_trace = &alone[0].trace_id;
+    for span in spans_of(&otlp, "intruder") {
+        assert_ne!(&span.trace_id, victim_trace, "{}", span.name);
+    }
+    assert_eq!(
+        metric(
+            &collector,
+            "hermes_collector_correlator_cross_instance_turns_total"
+        ),
+        Some(1)
+    );
+}
+
+#[test]
+fn a_flooding_agent_does_not_lock_out_another() {
+    let work = tempfile::tempdir().unwrap();
+    let otlp = OtlpReceiver::start();
+    let port = free_port();
+    let collector = start_collector(
+        work.path(),
+        port,
+        "  max_open_turns_per_agent: 500\n  max_sessions_per_agent: 200\n  tick_ms: 50",
+        &otlp,
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+
+    // Ids of 100 KB: refused, naming the field and the limit.
+    let long = Event {
+        seq: 1,
+        hook: "pre_llm_call".into(),
+        time_unix_nano: 1,
+        ids: Some(Box::new(Ids {
+            session_id: "s".into(),
+            turn_id: "t".repeat(100_000),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let refused = exchange(&endpoint, vec![batch_of("flood", vec![long])]).unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("turn_id") && refused.message().contains("256"),
+        "{refused:?}"
+    );
+
+    // 5 000 open turns and 20 000 sessions from one agent.
+    // Now, so that the TTL closes none of it during the test.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let mut seq = 0;
+    let mut event = |hook: &str, session: String, turn: String| {
+        seq += 1;
+        Event {
+            seq,
+            hook: hook.into(),
+            time_unix_nano: now + seq,
+            ids: Some(Box::new(Ids {
+                session_id: session,
+                turn_id: turn,
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+    };
+    let mut flood = Vec::new();
+    for b in 0..25 {
+        let events = (0..1_000)
+            .map(|i| {
+                let n = b * 1_000 + i;
+                if n < 5_000 {
+                    event("pre_llm_call", format!("fs-{n}"), format!("ft-{n}"))
+                } else {
+                    event("on_session_start", format!("fs-{n}"), String::new())
+                }
+            })
+            .collect();
+        flood.push(batch_of("flood", events));
+    }
+    let acks = exchange(&endpoint, flood).expect("the flood is accepted");
+    assert_eq!(acks.last(), Some(&25_000));
+
+    // Another agent: acknowledged, and its turn arrives whole.
+    let events = basic_events();
+    let n = events.len() as u64;
+    assert_eq!(
+        exchange(&endpoint, vec![batch_of("honest", events)]).unwrap(),
+        vec![n]
+    );
+    wait_for_spans_of(&otlp, "honest", 4, &collector);
+    let honest = spans_of(&otlp, "honest");
+    let mut names: Vec<&str> = honest.iter().map(|s| s.name.as_str()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "chat fake-model-1",
+            "chat fake-model-1",
+            "execute_tool terminal",
+            "invoke_agent hermes"
+        ]
+    );
+    assert!(honest.iter().all(|s| !s.has_attr("hermes.incomplete")));
+
+    let gauge = |name: &str| metric(&collector, name).unwrap_or(u64::MAX);
+    let open = gauge("hermes_collector_correlator_open_turns");
+    assert!(open <= 500, "{open} open turns");
+    let sessions = gauge("hermes_collector_correlator_sessions");
+    assert!(sessions <= 200, "{sessions} sessions");
+    let evicted = gauge("hermes_collector_correlator_evicted_turns_total");
+    assert!(evicted >= 4_500, "{evicted} evicted turns");
+    let forgotten = gauge("hermes_collector_correlator_evicted_sessions_total");
+    assert!(forgotten >= 19_800, "{forgotten} evicted sessions");
+    assert_eq!(gauge("hermes_collector_receiver_memory_refusals_total"), 0);
+}
