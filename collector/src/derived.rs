@@ -18,9 +18,14 @@
 //! out of the OTLP attributes, as the semantic conventions want for
 //! conditional attributes; Prometheus keeps the label, empty.
 //!
-//! One observation per span, recorded before processing (so redaction and
-//! truncation never change them). Labels are bounded by the agents'
-//! configuration (models, providers, tool names), never ids.
+//! One observation per span, recorded after processing: the labels are
+//! the exported values, redacted and cut as the spans are, so no secret the
+//! processor removes from a span reaches `/metrics` or the OTLP metrics.
+//! Processing leaves the numbers alone: the durations come from the span's
+//! times and the token counts from `gen_ai.usage.*_tokens`, which no default
+//! redaction rule matches (a key rule of the operator's that matches one
+//! removes that count from the metrics as from the span). Labels are never
+//! ids.
 //!
 //! Export ([`OtlpMetricsExport`]): the SDK's periodic reader collects every
 //! `interval_ms` on a thread of its own and hands the batch to the OTLP
