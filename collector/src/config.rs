@@ -57,6 +57,9 @@ pub struct Config {
     pub receiver: ReceiverConfig,
     /// Health probes and Prometheus metrics over HTTP.
     pub admin: AdminConfig,
+    /// Bounds of the labels of the metrics derived from the spans (on
+    /// `/metrics` and `exporters.otlp_metrics`).
+    pub metrics: MetricsConfig,
     /// Correlation limits and timers.
     pub correlator: CorrelatorConfig,
     /// Batching in front of the exporters.
@@ -247,6 +250,81 @@ impl Default for AdminConfig {
         Self {
             listen: "127.0.0.1:13133".to_owned(),
         }
+    }
+}
+
+/// Bounds of the derived metrics' labels. Their values come from the agents
+/// (tool names, models, providers, error types, tool statuses); these keep
+/// `/metrics`, the OTLP metrics and the collector's memory bounded whatever
+/// the agents send. Values past a bound are recorded as `other` and counted
+/// (`hermes_collector_metrics_label_overflows_total`).
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Longest label value, bytes; longer ones are cut (on a UTF-8
+    /// character boundary).
+    #[schemars(range(min = 1, max = MAX_LABEL_VALUE_BYTES))]
+    pub max_label_value_bytes: usize,
+    /// Most distinct values of one label of one metric; further values are
+    /// recorded as `other`.
+    #[schemars(range(min = 1, max = MAX_LABEL_VALUES))]
+    pub max_label_values: usize,
+    /// Most label sets (series) of one metric; further ones are recorded in
+    /// one series whose labels are all `other` (over OTLP: the attribute
+    /// `otel.metric.overflow=true`, the SDK's cardinality limit).
+    #[schemars(range(min = 1, max = MAX_SERIES))]
+    pub max_series: usize,
+}
+
+/// Upper bounds of [`MetricsConfig`]: beyond them `/metrics` could reach
+/// hundreds of megabytes.
+const MAX_LABEL_VALUE_BYTES: usize = 1024;
+const MAX_LABEL_VALUES: usize = 10_000;
+const MAX_SERIES: usize = 10_000;
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        let bounds = crate::series::Bounds::default();
+        Self {
+            max_label_value_bytes: bounds.max_value_bytes,
+            max_label_values: bounds.max_values,
+            max_series: bounds.max_series,
+        }
+    }
+}
+
+impl MetricsConfig {
+    /// The bounds the derived metrics apply.
+    pub fn bounds(&self) -> crate::series::Bounds {
+        crate::series::Bounds {
+            max_value_bytes: self.max_label_value_bytes,
+            max_values: self.max_label_values,
+            max_series: self.max_series,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (key, value, max) in [
+            (
+                "metrics.max_label_value_bytes",
+                self.max_label_value_bytes,
+                MAX_LABEL_VALUE_BYTES,
+            ),
+            (
+                "metrics.max_label_values",
+                self.max_label_values,
+                MAX_LABEL_VALUES,
+            ),
+            ("metrics.max_series", self.max_series, MAX_SERIES),
+        ] {
+            if !(1..=max).contains(&value) {
+                return Err(ConfigError::new(
+                    key,
+                    format!("must be between 1 and {max}"),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -773,6 +851,7 @@ impl Config {
                 format!("`{}` is not host:port ({e})", self.admin.listen),
             )
         })?;
+        self.metrics.validate()?;
         positive(
             "receiver.max_message_bytes",
             self.receiver.max_message_bytes as u64,
@@ -1279,6 +1358,47 @@ mod tests {
         assert!(e.reason.contains("does not exist"), "{e}");
         let e = Config::from_yaml("receiver:\n  listen: 'unix:'\n").unwrap_err();
         assert_eq!(e.path, "receiver.listen");
+    }
+
+    #[test]
+    fn metric_label_bounds_are_checked() {
+        let c = Config::parse_yaml("").unwrap();
+        assert_eq!(c.metrics.bounds(), crate::series::Bounds::default());
+        for (yaml, path) in [
+            (
+                "metrics:\n  max_label_value_bytes: 0\n",
+                "metrics.max_label_value_bytes",
+            ),
+            (
+                "metrics:\n  max_label_values: 0\n",
+                "metrics.max_label_values",
+            ),
+            ("metrics:\n  max_series: 0\n", "metrics.max_series"),
+            ("metrics:\n  max_series: 10001\n", "metrics.max_series"),
+            (
+                "metrics:\n  max_label_value_bytes: 1025\n",
+                "metrics.max_label_value_bytes",
+            ),
+        ] {
+            let e = Config::parse_yaml(yaml)
+                .unwrap()
+                .validate_with(&no_env)
+                .unwrap_err();
+            assert_eq!(e.path, path, "{yaml}");
+        }
+        let c = Config::parse_yaml(
+            "metrics:\n  max_label_value_bytes: 64\n  max_label_values: 20\n  max_series: 50\n",
+        )
+        .unwrap();
+        c.validate_with(&no_env).unwrap();
+        assert_eq!(
+            c.metrics.bounds(),
+            crate::series::Bounds {
+                max_value_bytes: 64,
+                max_values: 20,
+                max_series: 50
+            }
+        );
     }
 }
 

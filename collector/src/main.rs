@@ -17,6 +17,7 @@ mod derived;
 mod interpolate;
 mod persist;
 mod pipeline;
+mod series;
 mod view;
 
 use std::net::SocketAddr;
@@ -465,20 +466,21 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     });
     let pipeline_stats = Arc::new(pipeline::PipelineStats::default());
     // The derived metrics, also pushed over OTLP when configured.
+    let bounds = config.metrics.bounds();
     let (metrics_export, derived) = match &config.exporters.otlp_metrics {
         Some(otlp) => {
             let tls = otlp.tls_settings()?;
-            let (export, meter) =
-                derived::OtlpMetricsExport::start(otlp, tls).context("OTLP metrics exporter")?;
+            let (export, meter) = derived::OtlpMetricsExport::start(otlp, tls, bounds.max_series)
+                .context("OTLP metrics exporter")?;
             tracing::info!(
                 endpoint = %otlp.endpoint,
                 interval_ms = otlp.interval_ms,
                 "exporting the derived metrics over OTLP"
             );
-            let derived = derived::DerivedMetrics::default().with_meter(&meter);
+            let derived = derived::DerivedMetrics::new(bounds).with_meter(&meter);
             (Some(export), derived)
         }
-        None => (None, derived::DerivedMetrics::default()),
+        None => (None, derived::DerivedMetrics::new(bounds)),
     };
     let sequencer = Sequencer::new(SequencerConfig {
         gap_timeout_nanos: config.correlator.gap_timeout_ms.saturating_mul(1_000_000),
