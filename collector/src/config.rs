@@ -184,35 +184,46 @@ pub struct AuthConfig {
 }
 
 impl AuthConfig {
-    /// Reads the token, if one is configured, looking environment variables
-    /// up through `env`. Errors name the key; they never contain the token.
+    /// Reads the ingest token (`receiver.auth`), if one is configured; see
+    /// [`AuthConfig::token_at`].
     pub fn token(
         &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<BearerToken>, ConfigError> {
+        self.token_at("receiver.auth", env)
+    }
+
+    /// Reads the token of the section at `key`, if one is configured,
+    /// looking environment variables up through `env`. Errors name the key;
+    /// they never contain the token.
+    pub fn token_at(
+        &self,
+        key: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Option<BearerToken>, ConfigError> {
         match (&self.token_file, &self.token_env) {
             (None, None) => Ok(None),
             (Some(_), Some(_)) => Err(ConfigError::new(
-                "receiver.auth",
+                key,
                 "set token_file or token_env, not both",
             )),
             (Some(path), None) => {
-                const KEY: &str = "receiver.auth.token_file";
+                let key = format!("{key}.token_file");
                 let text = std::fs::read_to_string(path).map_err(|e| {
-                    ConfigError::new(KEY, format!("cannot read {}: {e}", path.display()))
+                    ConfigError::new(&key, format!("cannot read {}: {e}", path.display()))
                 })?;
                 BearerToken::new(&text)
                     .map(Some)
-                    .map_err(|e| ConfigError::new(KEY, format!("{}: {e}", path.display())))
+                    .map_err(|e| ConfigError::new(&key, format!("{}: {e}", path.display())))
             }
             (None, Some(name)) => {
-                const KEY: &str = "receiver.auth.token_env";
+                let key = format!("{key}.token_env");
                 let text = env(name).ok_or_else(|| {
-                    ConfigError::new(KEY, format!("the environment variable {name} is not set"))
+                    ConfigError::new(&key, format!("the environment variable {name} is not set"))
                 })?;
                 BearerToken::new(&text)
                     .map(Some)
-                    .map_err(|e| ConfigError::new(KEY, format!("{name}: {e}")))
+                    .map_err(|e| ConfigError::new(&key, format!("{name}: {e}")))
             }
         }
     }
@@ -243,12 +254,18 @@ pub struct AdminConfig {
     /// Address of the admin server. Use `0.0.0.0:13133` in containers so
     /// the kubelet's probes reach it.
     pub listen: String,
+    /// Bearer token a scrape of `/metrics` must present (`Authorization:
+    /// Bearer <token>`), from a file or an environment variable, as
+    /// `receiver.auth`; a scrape without it gets 401. None by default.
+    /// `/livez` and `/readyz` stay open for the probes.
+    pub metrics_auth: AuthConfig,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:13133".to_owned(),
+            metrics_auth: AuthConfig::default(),
         }
     }
 }
@@ -851,6 +868,9 @@ impl Config {
                 format!("`{}` is not host:port ({e})", self.admin.listen),
             )
         })?;
+        self.admin
+            .metrics_auth
+            .token_at("admin.metrics_auth", env)?;
         self.metrics.validate()?;
         positive(
             "receiver.max_message_bytes",
@@ -1358,6 +1378,30 @@ mod tests {
         assert!(e.reason.contains("does not exist"), "{e}");
         let e = Config::from_yaml("receiver:\n  listen: 'unix:'\n").unwrap_err();
         assert_eq!(e.path, "receiver.listen");
+    }
+
+    #[test]
+    fn the_metrics_token_follows_the_ingest_token_rules_under_its_own_key() {
+        let c =
+            Config::parse_yaml("admin:\n  metrics_auth:\n    token_env: SCRAPE_TOKEN\n").unwrap();
+        let e = c.validate_with(&no_env).unwrap_err();
+        assert_eq!(e.path, "admin.metrics_auth.token_env");
+        let set = |name: &str| (name == "SCRAPE_TOKEN").then(|| "scr4pe".to_owned());
+        c.validate_with(&set).unwrap();
+        let spaced = |_: &str| Some("two words".to_owned());
+        let e = c.validate_with(&spaced).unwrap_err();
+        assert_eq!(e.path, "admin.metrics_auth.token_env");
+        assert!(!e.to_string().contains("two words"), "{e}");
+        let c = Config::parse_yaml(
+            "admin:\n  metrics_auth:\n    token_file: /nonexistent/token\n    token_env: X\n",
+        )
+        .unwrap();
+        let e = c.validate_with(&|_| Some("x".into())).unwrap_err();
+        assert_eq!(e.path, "admin.metrics_auth");
+        let c = Config::parse_yaml("admin:\n  metrics_auth:\n    token_file: /nonexistent/token\n")
+            .unwrap();
+        let e = c.validate_with(&no_env).unwrap_err();
+        assert_eq!(e.path, "admin.metrics_auth.token_file");
     }
 
     #[test]

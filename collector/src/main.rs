@@ -363,6 +363,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .receiver
         .auth
         .token(&|name| std::env::var(name).ok())?;
+    let metrics_token = config
+        .admin
+        .metrics_auth
+        .token_at("admin.metrics_auth", &|name| std::env::var(name).ok())?;
+    let metrics_authenticated = metrics_token.is_some();
     let tls = match &config.receiver.tls {
         Some(tls) => Some(tls.server_config()?),
         None => None,
@@ -557,14 +562,20 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         queues,
         &derived,
         persistent_stats,
-    );
+    )
+    .with_metrics_token(metrics_token);
     let admin_local = admin_listener.local_addr().context("admin address")?;
     let admin_task = tokio::spawn(admin::serve(
         admin_listener,
         admin_state,
         admin_shutdown.clone(),
     ));
-    tracing::info!(listen = %admin_local, "serving /livez, /readyz, /metrics");
+    // `listen` last: tests read the address to the end of the line.
+    tracing::info!(
+        metrics_auth = metrics_authenticated,
+        listen = %admin_local,
+        "serving /livez, /readyz, /metrics"
+    );
     let local = listener.local_addr().context("listener address")?;
     readiness.set_receiver_bound(true);
     tracing::info!(
