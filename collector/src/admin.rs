@@ -2,7 +2,7 @@
 //!
 //! | path | answer |
 //! |---|---|
-//! | `GET /metrics` | Prometheus text exposition (0.0.4; OpenMetrics when the `Accept` header asks for it) |
+//! | `GET /metrics` | Prometheus text exposition (0.0.4; OpenMetrics when the `Accept` header asks for it); with `admin.metrics_auth`, `401` without `Authorization: Bearer <token>` |
 //! | `GET /livez` | `200` while the process runs |
 //! | `GET /readyz` | `200` (`ready`) once the ingest listener is bound and the exporter stage runs with its queue open; `503` (`not ready: <why>`) before that, when the ingest stopped or the exporter queue closed, and from the start of the drain |
 //! | any other path | `404`; a known path with a method other than `GET`/`HEAD`: `405` |
@@ -13,6 +13,8 @@
 //!   channels' capacities at scrape time, by one [`Collector`].
 //! - Bounded labels: only the exporter (sink) name and the queue name, both
 //!   fixed by the configuration; never a session, shim, connection or trace.
+//!   The metrics derived from the spans carry agents' values (tool names,
+//!   models), redacted and bounded in length and number (`series.rs`).
 //! - Bounded request handling: request bodies are never read, request heads
 //!   are capped in size and in time, at most [`MAX_CONNECTIONS`] connections
 //!   are served at once (more are closed at once) and each lives at most
@@ -28,14 +30,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hermes_exporter::ExporterStats;
-use hermes_receiver::ReceiverStats;
+use hermes_receiver::{BearerToken, ReceiverStats};
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
@@ -213,6 +215,10 @@ impl fmt::Debug for QueueProbe {
 pub struct AdminState {
     readiness: Arc<Readiness>,
     registry: Arc<Registry>,
+    /// The bearer token `/metrics` requires, if any.
+    metrics_token: Option<BearerToken>,
+    /// Scrapes of `/metrics` refused for a missing or wrong token.
+    auth_failures: Counter,
 }
 
 impl AdminState {
@@ -249,6 +255,12 @@ impl AdminState {
             "Build information of the collector",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
+        let auth_failures = Counter::default();
+        registry.register(
+            "admin_auth_failures",
+            "Scrapes of /metrics refused for a missing or wrong bearer token (admin.metrics_auth)",
+            auth_failures.clone(),
+        );
         registry.register_collector(Box::new(StatsCollector {
             receiver,
             pipeline,
@@ -259,7 +271,16 @@ impl AdminState {
         Self {
             readiness,
             registry: Arc::new(root),
+            metrics_token: None,
+            auth_failures,
         }
+    }
+
+    /// Requires `token` (`Authorization: Bearer <token>`) on `/metrics`;
+    /// `/livez` and `/readyz` stay open for the probes.
+    pub fn with_metrics_token(mut self, token: Option<BearerToken>) -> Self {
+        self.metrics_token = token;
+        self
     }
 
     /// The metrics in the Prometheus text format (0.0.4).
@@ -716,10 +737,39 @@ fn respond(state: &AdminState, request: &Request<Incoming>) -> Response<Full<Byt
                 format!("not ready: {why}\n"),
             ),
         },
-        _ => metrics(state, request),
+        _ => refusal(state, request).unwrap_or_else(|| metrics(state, request)),
     };
     // hyper sends the head only for HEAD, with the body's length.
     response
+}
+
+/// The answer to a `/metrics` request without the bearer token it requires,
+/// checked as the ingest's (constant-time comparison, scheme
+/// case-insensitive): a 401 with `WWW-Authenticate: Bearer`, counted and
+/// logged at the 1st, 2nd, 4th, … one. None when the request may scrape.
+fn refusal<B>(state: &AdminState, request: &Request<B>) -> Option<Response<Full<Bytes>>> {
+    let token = state.metrics_token.as_ref()?;
+    let mut headers = http::HeaderMap::new();
+    if let Some(value) = request.headers().get(header::AUTHORIZATION) {
+        headers.insert(header::AUTHORIZATION, value.clone());
+    }
+    let failure = token
+        .check(&tonic::metadata::MetadataMap::from_headers(headers))
+        .err()?;
+    let failures = state.auth_failures.inc() + 1;
+    if failures.is_power_of_two() {
+        tracing::warn!(
+            auth_failures = failures,
+            reason = failure.message(),
+            "/metrics scrape refused (admin.metrics_auth)"
+        );
+    }
+    let mut response = text(StatusCode::UNAUTHORIZED, format!("{}\n", failure.message()));
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    Some(response)
 }
 
 fn metrics(state: &AdminState, request: &Request<Incoming>) -> Response<Full<Bytes>> {

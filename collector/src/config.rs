@@ -59,6 +59,9 @@ pub struct Config {
     pub receiver: ReceiverConfig,
     /// Health probes and Prometheus metrics over HTTP.
     pub admin: AdminConfig,
+    /// Bounds of the labels of the metrics derived from the spans (on
+    /// `/metrics` and `exporters.otlp_metrics`).
+    pub metrics: MetricsConfig,
     /// Correlation limits and timers.
     pub correlator: CorrelatorConfig,
     /// Batching in front of the exporters.
@@ -201,34 +204,45 @@ pub struct AuthConfig {
 }
 
 impl AuthConfig {
-    /// Reads the token, if one is configured, looking environment variables
-    /// up through `env`. Errors name the key; they never contain the token.
+    /// Reads the ingest token (`receiver.auth`), if one is configured; see
+    /// [`AuthConfig::token_at`].
     pub fn token(
         &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<BearerToken>, ConfigError> {
+        self.token_at("receiver.auth", env)
+    }
+
+    /// Reads the token of the section at `key`, if one is configured,
+    /// looking environment variables up through `env`. Errors name the key;
+    /// they never contain the token.
+    pub fn token_at(
+        &self,
+        key: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Option<BearerToken>, ConfigError> {
         match (&self.token_file, &self.token_env) {
             (None, None) => Ok(None),
             (Some(_), Some(_)) => Err(ConfigError::new(
-                "receiver.auth",
+                key,
                 "set token_file or token_env, not both",
             )),
             (Some(path), None) => {
-                const KEY: &str = "receiver.auth.token_file";
+                let key = format!("{key}.token_file");
                 let text =
-                    crate::files::read_limited_text(KEY, path, crate::files::SECRET_FILE_LIMIT)?;
+                    crate::files::read_limited_text(&key, path, crate::files::SECRET_FILE_LIMIT)?;
                 BearerToken::new(&text)
                     .map(Some)
-                    .map_err(|e| ConfigError::new(KEY, format!("{}: {e}", path.display())))
+                    .map_err(|e| ConfigError::new(&key, format!("{}: {e}", path.display())))
             }
             (None, Some(name)) => {
-                const KEY: &str = "receiver.auth.token_env";
+                let key = format!("{key}.token_env");
                 let text = env(name).ok_or_else(|| {
-                    ConfigError::new(KEY, format!("the environment variable {name} is not set"))
+                    ConfigError::new(&key, format!("the environment variable {name} is not set"))
                 })?;
                 BearerToken::new(&text)
                     .map(Some)
-                    .map_err(|e| ConfigError::new(KEY, format!("{name}: {e}")))
+                    .map_err(|e| ConfigError::new(&key, format!("{name}: {e}")))
             }
         }
     }
@@ -262,13 +276,94 @@ pub struct AdminConfig {
     /// Address of the admin server. Use `0.0.0.0:13133` in containers so
     /// the kubelet's probes reach it.
     pub listen: String,
+    /// Bearer token a scrape of `/metrics` must present (`Authorization:
+    /// Bearer <token>`), from a file or an environment variable, as
+    /// `receiver.auth`; a scrape without it gets 401. None by default.
+    /// `/livez` and `/readyz` stay open for the probes.
+    pub metrics_auth: AuthConfig,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:13133".to_owned(),
+            metrics_auth: AuthConfig::default(),
         }
+    }
+}
+
+/// Bounds of the derived metrics' labels. Their values come from the agents
+/// (tool names, models, providers, error types, tool statuses); these keep
+/// `/metrics`, the OTLP metrics and the collector's memory bounded whatever
+/// the agents send. Values past a bound are recorded as `other` and counted
+/// (`hermes_collector_metrics_label_overflows_total`).
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Longest label value, bytes; longer ones are cut (on a UTF-8
+    /// character boundary).
+    #[schemars(range(min = 1, max = MAX_LABEL_VALUE_BYTES))]
+    pub max_label_value_bytes: usize,
+    /// Most distinct values of one label of one metric; further values are
+    /// recorded as `other`.
+    #[schemars(range(min = 1, max = MAX_LABEL_VALUES))]
+    pub max_label_values: usize,
+    /// Most label sets (series) of one metric; further ones are recorded in
+    /// one series whose labels are all `other` (over OTLP: the attribute
+    /// `otel.metric.overflow=true`, the SDK's cardinality limit).
+    #[schemars(range(min = 1, max = MAX_SERIES))]
+    pub max_series: usize,
+}
+
+/// Upper bounds of [`MetricsConfig`]: beyond them `/metrics` could reach
+/// hundreds of megabytes.
+const MAX_LABEL_VALUE_BYTES: usize = 1024;
+const MAX_LABEL_VALUES: usize = 10_000;
+const MAX_SERIES: usize = 10_000;
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        let bounds = crate::series::Bounds::default();
+        Self {
+            max_label_value_bytes: bounds.max_value_bytes,
+            max_label_values: bounds.max_values,
+            max_series: bounds.max_series,
+        }
+    }
+}
+
+impl MetricsConfig {
+    /// The bounds the derived metrics apply.
+    pub fn bounds(&self) -> crate::series::Bounds {
+        crate::series::Bounds {
+            max_value_bytes: self.max_label_value_bytes,
+            max_values: self.max_label_values,
+            max_series: self.max_series,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (key, value, max) in [
+            (
+                "metrics.max_label_value_bytes",
+                self.max_label_value_bytes,
+                MAX_LABEL_VALUE_BYTES,
+            ),
+            (
+                "metrics.max_label_values",
+                self.max_label_values,
+                MAX_LABEL_VALUES,
+            ),
+            ("metrics.max_series", self.max_series, MAX_SERIES),
+        ] {
+            if !(1..=max).contains(&value) {
+                return Err(ConfigError::new(
+                    key,
+                    format!("must be between 1 and {max}"),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -852,6 +947,10 @@ impl Config {
                 ),
             ));
         }
+        self.admin
+            .metrics_auth
+            .token_at("admin.metrics_auth", env)?;
+        self.metrics.validate()?;
         positive(
             "receiver.max_message_bytes",
             self.receiver.max_message_bytes as u64,
@@ -1399,6 +1498,71 @@ mod tests {
         assert!(e.reason.contains("does not exist"), "{e}");
         let e = Config::from_yaml("receiver:\n  listen: 'unix:'\n").unwrap_err();
         assert_eq!(e.path, "receiver.listen");
+    }
+
+    #[test]
+    fn the_metrics_token_follows_the_ingest_token_rules_under_its_own_key() {
+        let c =
+            Config::parse_yaml("admin:\n  metrics_auth:\n    token_env: SCRAPE_TOKEN\n").unwrap();
+        let e = c.validate_with(&no_env).unwrap_err();
+        assert_eq!(e.path, "admin.metrics_auth.token_env");
+        let set = |name: &str| (name == "SCRAPE_TOKEN").then(|| "scr4pe".to_owned());
+        c.validate_with(&set).unwrap();
+        let spaced = |_: &str| Some("two words".to_owned());
+        let e = c.validate_with(&spaced).unwrap_err();
+        assert_eq!(e.path, "admin.metrics_auth.token_env");
+        assert!(!e.to_string().contains("two words"), "{e}");
+        let c = Config::parse_yaml(
+            "admin:\n  metrics_auth:\n    token_file: /nonexistent/token\n    token_env: X\n",
+        )
+        .unwrap();
+        let e = c.validate_with(&|_| Some("x".into())).unwrap_err();
+        assert_eq!(e.path, "admin.metrics_auth");
+        let c = Config::parse_yaml("admin:\n  metrics_auth:\n    token_file: /nonexistent/token\n")
+            .unwrap();
+        let e = c.validate_with(&no_env).unwrap_err();
+        assert_eq!(e.path, "admin.metrics_auth.token_file");
+    }
+
+    #[test]
+    fn metric_label_bounds_are_checked() {
+        let c = Config::parse_yaml("").unwrap();
+        assert_eq!(c.metrics.bounds(), crate::series::Bounds::default());
+        for (yaml, path) in [
+            (
+                "metrics:\n  max_label_value_bytes: 0\n",
+                "metrics.max_label_value_bytes",
+            ),
+            (
+                "metrics:\n  max_label_values: 0\n",
+                "metrics.max_label_values",
+            ),
+            ("metrics:\n  max_series: 0\n", "metrics.max_series"),
+            ("metrics:\n  max_series: 10001\n", "metrics.max_series"),
+            (
+                "metrics:\n  max_label_value_bytes: 1025\n",
+                "metrics.max_label_value_bytes",
+            ),
+        ] {
+            let e = Config::parse_yaml(yaml)
+                .unwrap()
+                .validate_with(&no_env)
+                .unwrap_err();
+            assert_eq!(e.path, path, "{yaml}");
+        }
+        let c = Config::parse_yaml(
+            "metrics:\n  max_label_value_bytes: 64\n  max_label_values: 20\n  max_series: 50\n",
+        )
+        .unwrap();
+        c.validate_with(&no_env).unwrap();
+        assert_eq!(
+            c.metrics.bounds(),
+            crate::series::Bounds {
+                max_value_bytes: 64,
+                max_values: 20,
+                max_series: 50
+            }
+        );
     }
 }
 

@@ -18,9 +18,17 @@
 //! out of the OTLP attributes, as the semantic conventions want for
 //! conditional attributes; Prometheus keeps the label, empty.
 //!
-//! One observation per span, recorded before processing (so redaction and
-//! truncation never change them). Labels are bounded by the agents'
-//! configuration (models, providers, tool names), never ids.
+//! One observation per span, recorded after processing: the labels are
+//! the exported values, redacted and cut as the spans are, so no secret the
+//! processor removes from a span reaches `/metrics` or the OTLP metrics.
+//! Processing leaves the numbers alone: the durations come from the span's
+//! times and the token counts from `gen_ai.usage.*_tokens`, which no default
+//! redaction rule matches (a key rule of the operator's that matches one
+//! removes that count from the metrics as from the span). Labels are never
+//! ids, and are bounded whatever the agents send (`series.rs`: values cut
+//! to `metrics.max_label_value_bytes`, at most `metrics.max_label_values`
+//! per label and `metrics.max_series` per instrument, the rest recorded as
+//! `other` and counted).
 //!
 //! Export ([`OtlpMetricsExport`]): the SDK's periodic reader collects every
 //! `interval_ms` on a thread of its own and hands the batch to the OTLP
@@ -35,9 +43,7 @@
 //! `OTEL_EXPORTER_OTLP_*` header variables; the configuration wins for
 //! everything else.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::hash::BuildHasher as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -50,12 +56,17 @@ use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicCo
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Stream, Temporality};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::config::{CompressionConfig, MetricsTemporality, OtlpMetricsConfig, OtlpProtocol};
+use crate::series::{BoundCounters, Bounds, Series};
+
+/// The OTLP attribute of an instrument's overflow series (the SDK's, for
+/// its cardinality limit).
+const OVERFLOW_ATTRIBUTE: &str = "otel.metric.overflow";
 
 /// `gen_ai.client.token.usage` bucket boundaries (semconv).
 pub const TOKEN_BUCKETS: [f64; 14] = [
@@ -125,7 +136,7 @@ pub struct Instrument {
 
 /// Which instrument: an index into [`INSTRUMENTS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Kind {
+pub(crate) enum Kind {
     TokenUsage = 0,
     OperationDuration = 1,
     ToolDuration = 2,
@@ -133,19 +144,19 @@ enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 4] = [
+    pub(crate) const ALL: [Kind; 4] = [
         Kind::TokenUsage,
         Kind::OperationDuration,
         Kind::ToolDuration,
         Kind::TurnDuration,
     ];
 
-    fn def(self) -> &'static Instrument {
+    pub(crate) fn def(self) -> &'static Instrument {
         &INSTRUMENTS[self as usize]
     }
 
     /// The Prometheus label set of `values`, in the instrument's order.
-    fn labels(self, values: impl IntoIterator<Item = String>) -> Labels {
+    pub(crate) fn labels(self, values: impl IntoIterator<Item = String>) -> Labels {
         self.def()
             .labels
             .iter()
@@ -211,123 +222,52 @@ pub const INSTRUMENTS: [Instrument; 4] = [
 ];
 
 /// Prometheus labels: (label, value) in the instrument's order.
-type Labels = Vec<(&'static str, String)>;
+pub(crate) type Labels = Vec<(&'static str, String)>;
 
 /// One Prometheus histogram per label set.
-type PrometheusHistograms = Family<Labels, Histogram, fn() -> Histogram>;
+pub(crate) type PrometheusHistograms = Family<Labels, Histogram, fn() -> Histogram>;
 
-/// The derived metrics. Cheap to clone (the histograms share their state).
+/// The derived metrics. Cheap to clone (the histograms and counters share
+/// their state).
 #[derive(Clone, Debug)]
 pub struct DerivedMetrics {
     prometheus: [PrometheusHistograms; 4],
     otlp: Option<[opentelemetry::metrics::Histogram<f64>; 4]>,
-    found: Found,
+    series: Series,
+    counters: BoundCounters,
 }
 
 impl Default for DerivedMetrics {
     fn default() -> Self {
-        Self {
-            prometheus: Kind::ALL
-                .map(|kind| Family::new_with_constructor(kind.def().buckets.histogram())),
-            otlp: None,
-            found: Found::default(),
-        }
-    }
-}
-
-/// The Prometheus histograms already looked up, by kind and label values.
-///
-/// `Family::get_or_create` wants the owned label set (an allocation per
-/// label) and hashes it with SipHash; here the borrowed values are hashed
-/// with foldhash and compared in place, so a label set seen before costs no
-/// allocation. The two label sets each kind found last are compared first,
-/// without hashing: a chat span records input and output tokens under the
-/// same model, and one model and provider serve most spans. The histograms
-/// are clones of the family's (shared state), and the family never removes
-/// one, so an entry stays the registered series. Bounded as the family is,
-/// by the agents' models, providers, tools.
-#[derive(Clone, Debug, Default)]
-struct Found {
-    entries: Vec<FoundEntry>,
-    /// Indices into `entries` by the seeded hash of (kind, values); entries
-    /// whose hashes collide share the vector.
-    by_hash: HashMap<u64, Vec<usize>, foldhash::fast::FixedState>,
-    /// Per kind, the indices of the entries found last, the latest first
-    /// (an index of another kind's entry, as at the start, just misses).
-    recent: [[usize; 2]; 4],
-    // Seeded per process: the label values come from the agents.
-    hasher: foldhash::fast::RandomState,
-}
-
-#[derive(Clone, Debug)]
-struct FoundEntry {
-    kind: Kind,
-    values: Box<[String]>,
-    histogram: Histogram,
-}
-
-impl FoundEntry {
-    fn is<const N: usize>(&self, kind: Kind, values: [&str; N]) -> bool {
-        self.kind == kind && self.values.iter().map(String::as_str).eq(values)
-    }
-}
-
-impl Found {
-    fn get_or_insert<const N: usize>(
-        &mut self,
-        kind: Kind,
-        values: [&str; N],
-        family: &PrometheusHistograms,
-    ) -> &Histogram {
-        let k = kind as usize;
-        let entries = &self.entries;
-        let hit = self.recent[k]
-            .iter()
-            .position(|&at| entries.get(at).is_some_and(|e| e.is(kind, values)));
-        let at = match hit {
-            Some(slot) => {
-                self.recent[k].swap(0, slot);
-                self.recent[k][0]
-            }
-            None => {
-                let at = self.find_or_insert(kind, values, family);
-                self.recent[k] = [at, self.recent[k][0]];
-                at
-            }
-        };
-        &self.entries[at].histogram
-    }
-
-    /// The entry of (kind, values) by hash, made if new; its index.
-    fn find_or_insert<const N: usize>(
-        &mut self,
-        kind: Kind,
-        values: [&str; N],
-        family: &PrometheusHistograms,
-    ) -> usize {
-        let hash = self.hasher.hash_one((kind, values));
-        let indices = self.by_hash.entry(hash).or_default();
-        if let Some(&at) = indices
-            .iter()
-            .find(|&&at| self.entries.get(at).is_some_and(|e| e.is(kind, values)))
-        {
-            return at;
-        }
-        let histogram = family
-            .get_or_create(&kind.labels(values.map(str::to_owned)))
-            .clone();
-        self.entries.push(FoundEntry {
-            kind,
-            values: values.map(str::to_owned).into(),
-            histogram,
-        });
-        let at = self.entries.len() - 1;
-        indices.push(at);
-        at
+        Self::new(Bounds::default())
     }
 }
 
 impl DerivedMetrics {
+    /// The metrics with their labels held within `bounds`.
+    pub fn new(bounds: Bounds) -> Self {
+        let counters = BoundCounters::default();
+        Self {
+            prometheus: Kind::ALL
+                .map(|kind| Family::new_with_constructor(kind.def().buckets.histogram())),
+            otlp: None,
+            series: Series::new(bounds, counters.clone()),
+            counters,
+        }
+    }
+
+    /// How many series there are.
+    #[cfg(test)]
+    pub(crate) fn series_len(&self) -> usize {
+        self.series.len()
+    }
+
+    /// The Prometheus families, shared with `self`.
+    #[cfg(test)]
+    pub(crate) fn prometheus_families(&self) -> [PrometheusHistograms; 4] {
+        self.prometheus.clone()
+    }
+
     /// Also records into histograms of `meter` (OTLP export), from now on.
     /// Call before cloning.
     pub fn with_meter(mut self, meter: &Meter) -> Self {
@@ -359,26 +299,31 @@ impl DerivedMetrics {
                 self.prometheus[kind as usize].clone(),
             );
         }
+        self.counters.register(registry);
     }
 
     /// Feeds one value of `kind`, with its label values in the instrument's
-    /// order, to every output.
+    /// order, to every output, in the series the bounds choose.
     fn observe<const N: usize>(&mut self, kind: Kind, values: [&str; N], value: f64) {
         let def = kind.def();
         debug_assert_eq!(def.labels.len(), N, "{}", def.otel_name);
+        let entry = self
+            .series
+            .get(kind, values, &self.prometheus[kind as usize]);
+        entry.histogram().observe(value);
         if let Some(otlp) = &self.otlp {
-            let attributes: Vec<KeyValue> = def
-                .labels
-                .iter()
-                .zip(values)
-                .filter(|(_, v)| !v.is_empty())
-                .map(|((key, _), v)| KeyValue::new(*key, v.to_owned()))
-                .collect();
+            let attributes: Vec<KeyValue> = if entry.is_overflow() {
+                vec![KeyValue::new(OVERFLOW_ATTRIBUTE, true)]
+            } else {
+                def.labels
+                    .iter()
+                    .zip(entry.values())
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|((key, _), v)| KeyValue::new(*key, v.clone()))
+                    .collect()
+            };
             otlp[kind as usize].record(value, &attributes);
         }
-        self.found
-            .get_or_insert(kind, values, &self.prometheus[kind as usize])
-            .observe(value);
     }
 
     /// Records what `span` contributes.
@@ -445,9 +390,12 @@ impl OtlpMetricsExport {
     /// Builds the exporter and starts the periodic reader (a thread of the
     /// SDK). Call it inside the collector's runtime: the exports run on it.
     /// Returns the meter to record with ([`DerivedMetrics::with_meter`]).
+    /// `max_series` is the series bound ([`Bounds::max_series`]), which
+    /// becomes the SDK's cardinality limit.
     pub fn start(
         config: &OtlpMetricsConfig,
         tls: Option<hermes_exporter::TlsSettings>,
+        max_series: usize,
     ) -> anyhow::Result<(Self, Meter)> {
         let runtime = tokio::runtime::Handle::current();
         let timeout = Duration::from_millis(config.timeout_ms);
@@ -522,6 +470,7 @@ impl OtlpMetricsExport {
         let provider = SdkMeterProvider::builder()
             .with_resource(resource)
             .with_reader(reader)
+            .with_view(cardinality_view(max_series))
             .build();
         let meter = opentelemetry::metrics::MeterProvider::meter_with_scope(
             &provider,
@@ -559,8 +508,21 @@ impl OtlpMetricsExport {
     }
 }
 
-/// `{endpoint}/v1/metrics`, or `endpoint` itself when it already ends so
-/// (as the traces exporter does with `/v1/traces`).
+/// The SDK view giving every instrument the cardinality limit the series
+/// bounds let through (`max_series` label sets and the overflow series), so
+/// the SDK's own overflow (to `otel.metric.overflow=true` as well) never
+/// comes before ours; its default, 2 000, would cut a larger `max_series`.
+fn cardinality_view(
+    max_series: usize,
+) -> impl Fn(&opentelemetry_sdk::metrics::Instrument) -> Option<Stream> + Send + Sync + 'static {
+    move |_| {
+        Stream::builder()
+            .with_cardinality_limit(max_series.saturating_add(1))
+            .build()
+            .ok()
+    }
+}
+
 /// The host of `endpoint` (validated as a URL with a host before).
 fn endpoint_host(endpoint: &str) -> anyhow::Result<String> {
     let uri: http::Uri = endpoint.parse()?;
@@ -569,6 +531,8 @@ fn endpoint_host(endpoint: &str) -> anyhow::Result<String> {
         .ok_or_else(|| anyhow::anyhow!("`{endpoint}` has no host"))
 }
 
+/// `{endpoint}/v1/metrics`, or `endpoint` itself when it already ends so
+/// (as the traces exporter does with `/v1/traces`).
 fn metrics_url(endpoint: &str) -> String {
     const PATH: &str = "/v1/metrics";
     let trimmed = endpoint.trim_end_matches('/');
@@ -794,49 +758,7 @@ mod tests {
         }
         // One cached histogram per label set: 2 token types, 1 chat
         // duration, 2 tools, 1 turn outcome.
-        assert_eq!(m.found.entries.len(), 6);
-        let indexed: usize = m.found.by_hash.values().map(Vec::len).sum();
-        assert_eq!(indexed, 6);
-    }
-
-    #[test]
-    fn every_label_set_finds_its_own_histogram() {
-        // Label sets of two kinds with the same labels, in an order that
-        // hits, misses and reorders the recently found ones.
-        let families = DerivedMetrics::default().prometheus;
-        let mut found = Found::default();
-        let mut expected: HashMap<(usize, [String; 4]), u64> = HashMap::new();
-        let mut record = |kind: Kind, values: [&str; 4]| {
-            found
-                .get_or_insert(kind, values, &families[kind as usize])
-                .observe(1.0);
-            *expected
-                .entry((kind as usize, values.map(str::to_owned)))
-                .or_default() += 1;
-        };
-        // The first entry of one kind is not another kind's recent one.
-        record(Kind::TokenUsage, ["chat", "p", "m1", ""]);
-        record(Kind::OperationDuration, ["chat", "p", "m1", ""]);
-        let mut state = 7u64;
-        for _ in 0..500 {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1);
-            let pick = |shift: u32, n: u64| ((state >> shift) % n) as usize;
-            let kind = [Kind::TokenUsage, Kind::OperationDuration][pick(33, 2)];
-            let values = [
-                "chat",
-                ["p", "q"][pick(40, 2)],
-                ["m1", "m2", "m3"][pick(45, 3)],
-                ["input", "output", ""][pick(50, 3)],
-            ];
-            record(kind, values);
-        }
-        assert_eq!(found.entries.len(), expected.len());
-        for ((kind, values), count) in expected {
-            let histogram = families[kind].get_or_create(&Kind::ALL[kind].labels(values));
-            assert_eq!(histogram.count(), count);
-        }
+        assert_eq!(m.series.len(), 6);
     }
 
     /// One exported histogram point, flattened.
@@ -901,8 +823,9 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_same_observations_reach_the_otel_meter() {
+    /// Records `spans` under `bounds` into both outputs, the SDK's provider
+    /// built with the collector's cardinality view; the exported points.
+    async fn exported(bounds: Bounds, spans: Vec<Span>) -> (DerivedMetrics, Vec<Point>) {
         let capture = Capture::default();
         let reader = PeriodicReader::builder(OnRuntime {
             inner: capture.clone(),
@@ -910,10 +833,13 @@ mod tests {
         })
         .with_interval(Duration::from_secs(3600))
         .build();
-        let provider = SdkMeterProvider::builder().with_reader(reader).build();
+        let provider = SdkMeterProvider::builder()
+            .with_reader(reader)
+            .with_view(cardinality_view(bounds.max_series))
+            .build();
         let meter = opentelemetry::metrics::MeterProvider::meter(&provider, "test");
-        let mut m = DerivedMetrics::default().with_meter(&meter);
-        for span in sample_spans() {
+        let mut m = DerivedMetrics::new(bounds).with_meter(&meter);
+        for span in spans {
             m.record(&span);
         }
         // The SDK's flush blocks: never on a runtime worker.
@@ -926,6 +852,66 @@ mod tests {
         .unwrap();
         flushed.unwrap();
         let points = capture.0.lock().unwrap().clone();
+        (m, points)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn labels_past_the_bounds_reach_the_otel_meter_as_other_and_overflow() {
+        let tool = |name: &str, status: &str| {
+            let mut span = sample_spans().swap_remove(1);
+            span.attributes[1] = kv("gen_ai.tool.name", Value::StringValue(name.into()));
+            span.attributes[2] = kv("hermes.tool.status", Value::StringValue(status.into()));
+            span
+        };
+        let bounds = Bounds {
+            max_value_bytes: 4,
+            max_values: 2,
+            max_series: 3,
+        };
+        // `terminal` is cut, `grep` is a third tool name, and (`read`,
+        // `error`) a fourth label set.
+        let spans = vec![
+            tool("read", "ok"),
+            tool("terminal", "ok"),
+            tool("grep", "ok"),
+            tool("read", "error"),
+        ];
+        let (_, points) = exported(bounds, spans).await;
+        let mut tools: Vec<(Vec<(String, String)>, u64)> = points
+            .into_iter()
+            .filter(|p| p.name == "hermes.tool.duration")
+            .map(|p| (p.attributes, p.count))
+            .collect();
+        tools.sort();
+        let attrs = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            tools,
+            [
+                (
+                    attrs(&[("gen_ai.tool.name", "other"), ("hermes.tool.status", "ok")]),
+                    1
+                ),
+                (
+                    attrs(&[("gen_ai.tool.name", "read"), ("hermes.tool.status", "ok")]),
+                    1
+                ),
+                (
+                    attrs(&[("gen_ai.tool.name", "term"), ("hermes.tool.status", "ok")]),
+                    1
+                ),
+                (attrs(&[("otel.metric.overflow", "true")]), 1),
+            ]
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_same_observations_reach_the_otel_meter() {
+        let (m, points) = exported(Bounds::default(), sample_spans()).await;
         let find = |name: &str, attr: (&str, &str)| -> Point {
             points
                 .iter()

@@ -19,6 +19,7 @@ mod files;
 mod interpolate;
 mod persist;
 mod pipeline;
+mod series;
 mod view;
 mod yaml_depth;
 
@@ -403,6 +404,11 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
         .receiver
         .auth
         .token(&|name| std::env::var(name).ok())?;
+    let metrics_token = config
+        .admin
+        .metrics_auth
+        .token_at("admin.metrics_auth", &|name| std::env::var(name).ok())?;
+    let metrics_authenticated = metrics_token.is_some();
     let tls = match &config.receiver.tls {
         Some(tls) => Some(tls.server_config()?),
         None => None,
@@ -530,20 +536,21 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
     });
     let pipeline_stats = Arc::new(pipeline::PipelineStats::default());
     // The derived metrics, also pushed over OTLP when configured.
+    let bounds = config.metrics.bounds();
     let (metrics_export, derived) = match &config.exporters.otlp_metrics {
         Some(otlp) => {
             let tls = otlp.tls_settings()?;
-            let (export, meter) =
-                derived::OtlpMetricsExport::start(otlp, tls).context("OTLP metrics exporter")?;
+            let (export, meter) = derived::OtlpMetricsExport::start(otlp, tls, bounds.max_series)
+                .context("OTLP metrics exporter")?;
             tracing::info!(
                 endpoint = %config.shown(&otlp.endpoint),
                 interval_ms = otlp.interval_ms,
                 "exporting the derived metrics over OTLP"
             );
-            let derived = derived::DerivedMetrics::default().with_meter(&meter);
+            let derived = derived::DerivedMetrics::new(bounds).with_meter(&meter);
             (Some(export), derived)
         }
-        None => (None, derived::DerivedMetrics::default()),
+        None => (None, derived::DerivedMetrics::new(bounds)),
     };
     let sequencer = Sequencer::new(SequencerConfig {
         gap_timeout_nanos: config.correlator.gap_timeout_ms.saturating_mul(1_000_000),
@@ -633,14 +640,17 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
         queues,
         &derived,
         persistent_stats,
-    );
+    )
+    .with_metrics_token(metrics_token);
     let admin_local = admin_listener.local_addr().context("admin address")?;
     let admin_task = tokio::spawn(admin::serve(
         admin_listener,
         admin_state,
         admin_shutdown.clone(),
     ));
+    // `listen` last: tests read the address to the end of the line.
     tracing::info!(
+        metrics_auth = metrics_authenticated,
         listen = %config.shown(&admin_local.to_string()),
         "serving /livez, /readyz, /metrics"
     );

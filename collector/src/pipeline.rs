@@ -67,8 +67,8 @@ pub struct PipelineStats {
 }
 
 /// What the stage runs, in order: events through the sequencer and the
-/// correlator; finished spans recorded in the derived metrics, then through
-/// the processor.
+/// correlator; finished spans through the processor, then recorded in the
+/// derived metrics.
 pub struct Steps {
     pub sequencer: Sequencer,
     pub correlator: Correlator,
@@ -488,18 +488,23 @@ fn publish(sequencer: &Sequencer, correlator: &Correlator, stats: &PipelineStats
         .store(sequencer.held() as u64, Ordering::Relaxed);
 }
 
-/// Records the derived metrics, groups spans by resource and applies
-/// attribute sets, redaction and truncation.
+/// Groups spans by resource, applies attribute sets, redaction and
+/// truncation, then records the derived metrics from the processed spans:
+/// their labels are the redacted, cut values the spans are exported with.
 fn processed(
     processor: &mut SpanProcessor,
     derived: &mut DerivedMetrics,
     spans: Vec<FinishedSpan>,
 ) -> Vec<ResourceSpans> {
-    for finished in &spans {
-        derived.record(&finished.span);
-    }
     let mut batch = to_resource_spans(spans);
     processor.process(&mut batch);
+    for span in batch
+        .iter()
+        .flat_map(|rs| &rs.scope_spans)
+        .flat_map(|ss| &ss.spans)
+    {
+        derived.record(span);
+    }
     batch
 }
 
@@ -507,4 +512,141 @@ fn now_unix_nanos() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use hermes_processor::{AttributeSet, MIN_ATTRIBUTE_BYTES, ProcessorConfig};
+    use hermes_span::common::v1::{AnyValue, KeyValue, any_value::Value};
+    use hermes_span::resource::v1::Resource;
+    use hermes_span::trace::v1::Span;
+    use prometheus_client::registry::Registry;
+
+    const KEY: &str = "sk-proj-Q3vT9xLmN2bR7kWp4ZsY8aDf";
+
+    fn kv(key: &str, value: Value) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value: Some(AnyValue { value: Some(value) }),
+        }
+    }
+
+    /// A 0.3 s chat of `model` with 1212/17 tokens, a 50 ms call of `tool`,
+    /// a 1 s turn.
+    fn spans(tool: &str, model: &str) -> Vec<FinishedSpan> {
+        let s = |text: &str| Value::StringValue(text.into());
+        let resource = Arc::new(Resource::default());
+        [
+            Span {
+                start_time_unix_nano: 0,
+                end_time_unix_nano: 300_000_000,
+                attributes: vec![
+                    kv("gen_ai.operation.name", s("chat")),
+                    kv("gen_ai.request.model", s(model)),
+                    kv("gen_ai.provider.name", s("custom")),
+                    kv("gen_ai.usage.input_tokens", Value::IntValue(1212)),
+                    kv("gen_ai.usage.output_tokens", Value::IntValue(17)),
+                ],
+                ..Default::default()
+            },
+            Span {
+                end_time_unix_nano: 50_000_000,
+                attributes: vec![
+                    kv("gen_ai.operation.name", s("execute_tool")),
+                    kv("gen_ai.tool.name", s(tool)),
+                    kv("hermes.tool.status", s("ok")),
+                ],
+                ..Default::default()
+            },
+            Span {
+                end_time_unix_nano: 1_000_000_000,
+                attributes: vec![
+                    kv("gen_ai.operation.name", s("invoke_agent")),
+                    kv("hermes.turn.api_attempts", Value::IntValue(1)),
+                    kv("hermes.turn.completed", Value::BoolValue(true)),
+                ],
+                ..Default::default()
+            },
+        ]
+        .into_iter()
+        .map(|span| FinishedSpan {
+            resource: resource.clone(),
+            span,
+        })
+        .collect()
+    }
+
+    fn text(metrics: &DerivedMetrics) -> String {
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn processing_changes_no_number_of_the_derived_metrics() {
+        // Every step of the processor on, truncation at its tightest.
+        let mut processor = SpanProcessor::new(&ProcessorConfig {
+            attribute_sets: vec![AttributeSet::OpenInference, AttributeSet::Langfuse],
+            max_attribute_bytes: Some(MIN_ATTRIBUTE_BYTES),
+            ..ProcessorConfig::default()
+        })
+        .unwrap();
+        let mut after = DerivedMetrics::default();
+        let batch = processed(&mut processor, &mut after, spans("terminal", "gpt-4o"));
+        assert!(
+            batch[0].scope_spans[0].spans[0]
+                .attributes
+                .iter()
+                .any(|kv| kv.key.starts_with("llm.")),
+            "the processor ran"
+        );
+        let mut before = DerivedMetrics::default();
+        for finished in spans("terminal", "gpt-4o") {
+            before.record(&finished.span);
+        }
+        let out = text(&after);
+        assert!(
+            out.contains(
+                "hermes_tool_duration_seconds_count{gen_ai_tool_name=\"terminal\",status=\"ok\"} 1"
+            ),
+            "{out}"
+        );
+        // The same text, but for the order of the overflow counters.
+        let sorted = |text: &str| {
+            let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+            lines.sort();
+            lines
+        };
+        assert!(sorted(&out) == sorted(&text(&before)), "{out}");
+    }
+
+    #[test]
+    fn labels_on_the_metrics_are_the_redacted_values() {
+        let mut processor = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
+        let mut metrics = DerivedMetrics::default();
+        processed(
+            &mut processor,
+            &mut metrics,
+            spans(&format!("tool-{KEY}"), &format!("model {KEY}")),
+        );
+        let out = text(&metrics);
+        assert!(!out.contains(&KEY[8..]), "{out}");
+        assert!(
+            out.contains("gen_ai_tool_name=\"tool-<redacted>\""),
+            "{out}"
+        );
+        assert!(
+            out.contains("gen_ai_request_model=\"model <redacted>\""),
+            "{out}"
+        );
+        assert!(
+            out.contains("gen_ai_client_token_usage_token_sum{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"custom\",gen_ai_request_model=\"model <redacted>\",gen_ai_token_type=\"input\"} 1212.0"),
+            "{out}"
+        );
+    }
 }

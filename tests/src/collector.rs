@@ -95,6 +95,12 @@ impl Collector {
 /// `GET path` on the admin server of a collector process (address from its
 /// log line `serving /livez ... listen=`).
 pub fn admin_get(collector: &ChildGuard, path: &str) -> String {
+    admin_request(collector, path, &[])
+}
+
+/// `GET path` with the extra request `headers` on the admin server of a
+/// collector process; the whole HTTP response.
+pub fn admin_request(collector: &ChildGuard, path: &str, headers: &[(&str, &str)]) -> String {
     use std::io::{Read, Write};
     let log = collector.stderr_text();
     let addr = log
@@ -106,9 +112,13 @@ pub fn admin_get(collector: &ChildGuard, path: &str) -> String {
     let mut stream =
         std::net::TcpStream::connect(&addr).unwrap_or_else(|e| panic!("connect admin: {e}"));
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\n\r\n"
     )
     .unwrap_or_else(|e| panic!("admin request: {e}"));
     let mut response = String::new();
