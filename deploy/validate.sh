@@ -111,8 +111,16 @@ EOF
 while IFS= read -r f; do CONFIGS+=("$f"); done < <(find "$WORK/readme" -name '*.yaml' | sort)
 
 log "hermes-collector validate: ${#CONFIGS[@]} configurations"
+# `validate` checks the span file's directory on the machine it runs on; the
+# configurations name the image's /var/lib/hermes-collector, so each is
+# checked with that directory mapped into a scratch root that has it, as the
+# image does (deploy/Dockerfile).
+ROOT="$WORK/image-root"
+mkdir -p "$ROOT/var/lib/hermes-collector" "$WORK/mapped"
 for f in "${CONFIGS[@]}"; do
-    "$BIN" validate --config "$f" >/dev/null || fail "$f is not a valid collector configuration"
+    mapped="$WORK/mapped/$(basename "$f")"
+    sed "s#/var/lib/hermes-collector#$ROOT/var/lib/hermes-collector#g" "$f" >"$mapped"
+    "$BIN" validate --config "$mapped" >/dev/null || fail "$f is not a valid collector configuration"
     printf '  ok %s\n' "$f"
 done
 

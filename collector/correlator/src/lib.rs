@@ -248,6 +248,11 @@ struct Turn {
     /// Latest end of any child span: the turn never ends before it.
     max_child_end: u64,
     last_seen: u64,
+    /// When the turn last had an event: the later of its capture time and
+    /// the collector's clock at the time. The TTL runs from here, so a turn
+    /// whose events carry old capture times (a replayed spool, a backlog)
+    /// is not expired while its events still arrive.
+    active_seen: u64,
     clock_adjusted: bool,
     completed: Option<bool>,
     interrupted: Option<bool>,
@@ -695,6 +700,7 @@ impl Correlator {
                         }
                     }
                     turn.last_seen = turn.last_seen.max(t);
+                    turn.active_seen = turn.active_seen.max(t).max(self.clock);
                     turn.min_lsn = turn.min_lsn.min(self.lsn);
                     turn.held += RECORD_BYTES
                         + hook.len()
@@ -732,7 +738,7 @@ impl Correlator {
             .iter()
             .filter_map(|(id, turn)| match turn.end {
                 Some(_) if now.saturating_sub(turn.end_seen) >= grace => Some((id.clone(), false)),
-                _ if now.abs_diff(turn.last_seen) >= ttl => Some((id.clone(), true)),
+                _ if now.abs_diff(turn.active_seen) >= ttl => Some((id.clone(), true)),
                 _ => None,
             })
             .collect();
@@ -919,8 +925,10 @@ impl Correlator {
             self.turns.insert(k.clone(), turn);
         }
         let lsn = self.lsn;
+        let clock = self.clock;
         let turn = self.turns.get_mut(&k)?;
         turn.last_seen = turn.last_seen.max(t);
+        turn.active_seen = turn.active_seen.max(t).max(clock);
         turn.min_lsn = turn.min_lsn.min(lsn);
         if turn.platform.is_empty() && !platform.is_empty() {
             turn.platform = platform.into();
@@ -1002,6 +1010,7 @@ impl Correlator {
             end_seen: 0,
             max_child_end: 0,
             last_seen: t,
+            active_seen: t.max(self.clock),
             clock_adjusted: false,
             completed: None,
             interrupted: None,

@@ -973,6 +973,33 @@ fn a_backlog_does_not_split_a_turn_at_the_end_grace() {
 }
 
 #[test]
+fn a_turn_replayed_with_old_capture_times_lives_while_its_events_arrive() {
+    let mut f = Feed::new();
+    let ttl = Config::default().state_ttl_nanos;
+    // The events were captured two TTLs ago (a spool replayed after a long
+    // outage): the clock is far past them, but they arrive now.
+    let now = T0 + 2 * ttl;
+    f.c.expire(now, &mut f.out);
+    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    f.c.expire(now + 500 * MS, &mut f.out);
+    assert!(
+        f.out.is_empty(),
+        "expired between two batches of its events"
+    );
+    f.ev("post_llm_call", 100, ids(TURN), turn_body());
+    f.ev("on_session_end", 101, ids(TURN), end_body(true, false));
+    assert_eq!(f.names(), ["invoke_agent hermes"]);
+    assert_eq!(boolean(&f.out[0].span, "hermes.incomplete"), None);
+    // Still closed by the TTL once its events stop.
+    let mut g = Feed::new();
+    g.c.expire(now, &mut g.out);
+    g.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    g.c.expire(now + ttl, &mut g.out);
+    assert_eq!(g.names(), ["invoke_agent hermes"]);
+    assert_eq!(boolean(&g.out[0].span, "hermes.incomplete"), Some(true));
+}
+
+#[test]
 fn one_agent_cannot_evict_the_turns_of_another() {
     let mut c = Correlator::new(Config {
         max_open_turns_per_agent: 2,
