@@ -631,13 +631,14 @@ mod tests {
         let long = "k".repeat(300);
         assert_eq!(r.rewrite_key(&long).map(|k| k.len()), Some(MAX_NAME_BYTES));
         assert_eq!(r.rewrite_key("gen_ai.usage.input_tokens"), None);
-        let mut cfg = RedactionConfig::default();
-        cfg.key_names = vec!["*_note".into()];
-        let r = Redactor::new(&cfg).unwrap();
-        // The e-mail pattern stops at `_`: the rewritten key ends `_note`.
-        assert!(
-            r.key_verdict("x.a@b.co_note", &mut Scratch::default())
-                .secret
-        );
+        // A rule only the rewritten key matches: judged secret already.
+        let r = Redactor::new(&RedactionConfig {
+            key_names: vec!["<redacted>*".into()],
+            ..RedactionConfig::default()
+        })
+        .unwrap();
+        let v = r.key_verdict("a@b.co", &mut Scratch::default());
+        assert!(v.secret && v.rewrite);
+        assert!(r.key_verdict("<redacted>", &mut Scratch::default()).secret);
     }
 }
