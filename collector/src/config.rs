@@ -1215,14 +1215,17 @@ struct ProcessingSchema {
     /// derived from the `gen_ai.*` ones, so those backends display the spans
     /// natively.
     attribute_sets: Vec<AttributeSetSchema>,
-    /// Rules that replace secrets and personal data in every attribute value
-    /// (span, event, link, scope and resource attributes, JSON text included)
-    /// before export.
+    /// Rules that replace secrets and personal data in every string a span
+    /// exports (attribute values and keys of spans, events, links, scopes
+    /// and resources, JSON text included; span and event names; status
+    /// messages; the scope's name and version) before export.
     redaction: RedactionSchema,
-    /// Longest string attribute value in bytes; longer values are cut on a
-    /// UTF-8 character boundary, JSON values so that they stay valid JSON, and
-    /// the span lists the cut keys in `hermes.truncated_attributes`. `null`
-    /// means unlimited. Minimum 32 (Tempo's default limit is 2048).
+    /// Longest string attribute value and status message in bytes; longer
+    /// ones are cut on a UTF-8 character boundary, JSON values so that they
+    /// stay valid JSON, and the span lists the cut attribute keys in
+    /// `hermes.truncated_attributes`. `null` means unlimited. Minimum 32
+    /// (Tempo's default limit is 2048). Span, event and scope names and
+    /// attribute keys are cut to 256 bytes whatever this says.
     #[schemars(range(min = 32))]
     max_attribute_bytes: Option<usize>,
 }
@@ -1277,12 +1280,23 @@ struct RedactionSchema {
     /// matches `authorization`), key-value list keys, and object keys inside
     /// JSON text. Compared ignoring case, `-` and `_` (`API-Key`, `api_key`
     /// and `apiKey` are the same key); `*` matches any run of characters.
+    /// The defaults are the names secret scanners treat as secrets
+    /// (authorization, cookies, tokens but not token counts, API keys,
+    /// passwords, passphrases, secrets, credentials, private keys,
+    /// connection strings, DSNs).
     key_names: Vec<String>,
     /// Regular expressions (Rust `regex` syntax) whose matches are replaced
-    /// inside every string value, and inside every string and object key of
-    /// JSON text. A pattern must not match the empty string. The defaults
-    /// find bearer tokens, OpenAI/Anthropic (`sk-…`), AWS (`AKIA…`), GitHub
-    /// (`gh?_…`) and Slack (`xox?-…`) keys, e-mail addresses.
+    /// inside every exported string (attribute values and keys, span and
+    /// event names, status messages), and inside every string and object key
+    /// of JSON text. A pattern must not match the empty string, and should
+    /// contain a literal every match holds (without one, every string goes
+    /// through the regular expressions). The defaults find what secret
+    /// scanners find: bearer tokens, `Authorization:` values, URL and
+    /// connection-string credentials, JWTs, PEM private keys, `NAME=value`
+    /// and `--flag value` assignments of secret-looking names, Azure account
+    /// keys, the prefixed keys of OpenAI/Anthropic, AWS, Google, GitHub,
+    /// GitLab, Slack, Stripe, SendGrid, Hugging Face, npm and PyPI, and
+    /// e-mail addresses.
     value_patterns: Vec<String>,
     /// What a redacted value or match becomes.
     replacement: String,

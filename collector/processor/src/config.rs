@@ -24,15 +24,18 @@ pub struct ProcessorConfig {
     /// derived from the `gen_ai.*` ones, so those backends display the spans
     /// natively. Default: `[gen_ai]`.
     pub attribute_sets: Vec<AttributeSet>,
-    /// Rules that replace secrets and personal data in every attribute value
-    /// (span, event, link, scope and resource attributes, JSON text included)
-    /// before export.
+    /// Rules that replace secrets and personal data in every string a span
+    /// exports (attribute values and keys of spans, events, links, scopes
+    /// and resources, JSON text included; span and event names; status
+    /// messages; the scope's name and version) before export.
     pub redaction: RedactionConfig,
-    /// Longest string attribute value in bytes; longer values are cut on a
-    /// UTF-8 character boundary, JSON values so that they stay valid JSON, and
-    /// the span lists the cut keys in `hermes.truncated_attributes`. `null`
-    /// means unlimited. Minimum 32. Default: 4096 (Tempo's default limit is
-    /// 2048).
+    /// Longest string attribute value and status message in bytes; longer
+    /// ones are cut on a UTF-8 character boundary, JSON values so that they
+    /// stay valid JSON, and the span lists the cut attribute keys in
+    /// `hermes.truncated_attributes`. `null` means unlimited. Minimum 32.
+    /// Default: 4096 (Tempo's default limit is 2048). Span, event and scope
+    /// names and attribute keys are cut to [`crate::MAX_NAME_BYTES`] (256)
+    /// whatever this says.
     pub max_attribute_bytes: Option<usize>,
 }
 
@@ -80,41 +83,69 @@ pub struct RedactionConfig {
     /// matches `authorization`), key-value list keys, and object keys inside
     /// JSON text. Compared ignoring case, `-` and `_` (`API-Key`, `api_key`
     /// and `apiKey` are the same key); `*` matches any run of characters.
-    /// Default: `api_key`, `authorization`, `proxy_authorization`, `cookie`,
-    /// `set_cookie`, `password`, `secret`, `token`, `access_token`,
-    /// `refresh_token`, `*_api_key`, `*_token`, `*_secret`.
+    /// Default: `authorization`, `proxy_authorization`, `cookie`,
+    /// `set_cookie`, `token`, `*_token`, `*apikey*`, `*password*`,
+    /// `*passwd*`, `*passphrase*`, `*secret*`, `*credential*`,
+    /// `*private*key*`, `*connection_string*`, `dsn`, `*_dsn` (so
+    /// `db_password`, `privateKey`, `credentials`, `AWS_SECRET_ACCESS_KEY`
+    /// and `x-api-key` match, `max_tokens` and `input_tokens` do not).
     pub key_names: Vec<String>,
     /// Regular expressions (Rust `regex` syntax) whose matches are replaced
-    /// inside every string value, and inside every string and object key of
-    /// JSON text. A pattern must not match the empty string. Default: bearer
-    /// tokens, OpenAI/Anthropic (`sk-…`), AWS (`AKIA…`), GitHub (`gh?_…`) and
-    /// Slack (`xox?-…`) keys, e-mail addresses.
+    /// inside every exported string (attribute values and keys, span and
+    /// event names, status messages), and inside every string and object
+    /// key of JSON text. A pattern must not match the empty string, and
+    /// should contain a literal every match holds (a pattern without one
+    /// makes every string go through the regular expressions). Default:
+    /// bearer tokens, `Authorization:` header values (Basic included), URL
+    /// credentials (`scheme://user:password@`, connection strings
+    /// included), JWTs, PEM private key blocks, `VAR=value`,
+    /// `VAR: value` and `--flag value` assignments of secret-looking names
+    /// (`PGPASSWORD=…`, `AWS_SECRET_ACCESS_KEY=…`, `api_key: …`,
+    /// `--password …`), Azure `AccountKey=`/`SharedAccessKey=`, and the keys
+    /// and tokens of OpenAI/Anthropic (`sk-…`), AWS (`AKIA…`), Google
+    /// (`AIza…`, `ya29.…`), GitHub (`gh?_…`, `github_pat_…`), GitLab
+    /// (`glpat-…`), Slack (`xox?-…`), Stripe (`sk_live_…`, `rk_test_…`),
+    /// SendGrid (`SG.…`), Hugging Face (`hf_…`), npm (`npm_…`) and PyPI
+    /// (`pypi-…`); e-mail addresses.
     pub value_patterns: Vec<String>,
     /// What a redacted value or match becomes. Default: `<redacted>`.
     pub replacement: String,
 }
 
-/// The default `redaction.key_names`.
+/// The default `redaction.key_names`: the names secret scanners
+/// (gitleaks, trufflehog, detect-secrets) treat as holding a secret. `token`
+/// and `*_token` rather than `*token*`, so that token counts
+/// (`max_tokens`, `gen_ai.usage.input_tokens`, `tokens_used`) stay.
 pub const DEFAULT_KEY_NAMES: &[&str] = &[
-    "api_key",
     "authorization",
     "proxy_authorization",
     "cookie",
     "set_cookie",
-    "password",
-    "secret",
     "token",
-    "access_token",
-    "refresh_token",
-    "*_api_key",
     "*_token",
-    "*_secret",
+    "*apikey*",
+    "*password*",
+    "*passwd*",
+    "*passphrase*",
+    "*secret*",
+    "*credential*",
+    "*private*key*",
+    "*connection_string*",
+    "dsn",
+    "*_dsn",
 ];
 
 /// The default `redaction.value_patterns`. The word-boundary anchors keep
 /// ordinary words (`task-…`, `mask-…`) from matching the key prefixes; they
 /// are ASCII ones (`(?-u:\b)`) because a Unicode `\b` makes the regex engine
-/// fall back to a slower matcher on non-ASCII text.
+/// fall back to a slower matcher on non-ASCII text. No pattern ends with an
+/// anchor, so cutting a string after redaction cannot make a new match.
+/// Every pattern holds a literal that each of its matches contains (`sk-`,
+/// `://`, `eyJ`, `password`, ...), which the prefilter (`prefilter.rs`)
+/// searches before running the regex. Case-insensitive words are ASCII-only
+/// (`(?-u:…)`): Unicode case folding would also match `ſ` for `s` and the
+/// Kelvin sign for `k`, which no ASCII literal finds, and so would switch
+/// the prefilter off.
 pub const DEFAULT_VALUE_PATTERNS: &[&str] = &[
     // Authorization header values.
     r"(?i)(?-u:\b)bearer\s+[a-z0-9._~+/-]+=*",
@@ -129,6 +160,40 @@ pub const DEFAULT_VALUE_PATTERNS: &[&str] = &[
     r"(?-u:\b)xox[abpr]-[A-Za-z0-9-]{10,}",
     // E-mail addresses.
     r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
+    // The value of an Authorization (or Proxy-Authorization) header in
+    // text, whatever its scheme: `Authorization: Basic dXNlcjpwYXNz`.
+    r#"(?i)(?-u:\b)authorization["']?\s*[:=]\s*["']?(?:[a-z]+\s+)?[^\s"',;]+"#,
+    // Credentials in a URL or connection string: `postgres://user:pw@`,
+    // `mongodb+srv://u:p@`, `redis://:pw@`.
+    r"(?i)(?-u:\b)[a-z][a-z0-9+.-]*://[^\s/?#@:]*:[^\s/?#@]+@",
+    // JSON Web Tokens (header and payload are base64url JSON: `eyJ`).
+    r"(?-u:\b)eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*",
+    // PEM private key blocks (RSA, EC, OPENSSH, ENCRYPTED, PKCS#8), up to
+    // their END line, or to the end of the text when it is missing.
+    r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----[^-]*(?:-----END[A-Z0-9 ]*PRIVATE KEY-----)?",
+    // `NAME=value`, `NAME: value`, `"name": "value"` where the name ends
+    // with a secret-looking word: `PGPASSWORD=x`, `export DB_PASSWORD=x`,
+    // `AWS_SECRET_ACCESS_KEY=x`, `privateKey: x`, `GITHUB_TOKEN=x`. The
+    // word must end the name, so `tokens_used=5` and `max_tokens: 9` stay.
+    r#"(?i)(?-u:\b)[a-z0-9_.-]*(?-u:password|passwd|passphrase|secret|token|api_key|apikey|access_key|accesskey|secret_key|secretkey|private_key|privatekey|credential|credentials)["']?\s*[:=]\s*(?:"[^"\n]*"?|'[^'\n]*'?|[^\s"',;&|]+)"#,
+    // Command-line flags: `--password x`, `--api-key=x`, `--token x`.
+    r#"(?i)--(?:[a-z0-9]+-)*(?-u:password|passwd|passphrase|secret|token|api-key|apikey)(?:=|\s+)[^\s"'-][^\s"']*"#,
+    // Azure storage and service bus connection string keys.
+    r"(?i)(?-u:\b)(?-u:AccountKey|SharedAccessKey)=[A-Za-z0-9+/=]{16,}",
+    // Google API keys and OAuth access tokens.
+    r"(?-u:\b)AIza[0-9A-Za-z_-]{35}",
+    r"(?-u:\b)ya29\.[0-9A-Za-z_-]{20,}",
+    // GitHub fine-grained and GitLab personal access tokens.
+    r"(?-u:\b)github_pat_[A-Za-z0-9_]{22,}",
+    r"(?-u:\b)glpat-[A-Za-z0-9_-]{20,}",
+    // Stripe secret and restricted keys.
+    r"(?-u:\b)(?:sk_live|sk_test|rk_live|rk_test)_[0-9A-Za-z]{16,}",
+    // SendGrid API keys.
+    r"(?-u:\b)SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}",
+    // Hugging Face, npm and PyPI tokens.
+    r"(?-u:\b)hf_[A-Za-z0-9]{30,}",
+    r"(?-u:\b)npm_[A-Za-z0-9]{36}",
+    r"(?-u:\b)pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_-]{16,}",
 ];
 
 /// The default `redaction.replacement`.

@@ -5,10 +5,13 @@
 //!    attributes derived from the `gen_ai.*` ones, so Arize Phoenix and
 //!    Langfuse display the spans natively (`sets.rs`);
 //! 2. **redaction** ([`RedactionConfig`]): key rules and value patterns over
-//!    every attribute value, inside JSON text too (`redact.rs`);
-//! 3. **truncation** (`max_attribute_bytes`): every string value cut to the
-//!    limit, JSON kept valid, the cut keys listed in
-//!    `hermes.truncated_attributes` (`truncate.rs`).
+//!    every string the span exports: attribute values (inside JSON text
+//!    too) and keys, span and event names, the status message, the scope's
+//!    name and version (`redact.rs`);
+//! 3. **truncation** (`max_attribute_bytes`): every string value and the
+//!    status message cut to the limit, JSON kept valid, the cut attribute
+//!    keys listed in `hermes.truncated_attributes` (`truncate.rs`); names
+//!    and keys are cut to [`MAX_NAME_BYTES`] whatever the limit.
 //!
 //! Sets run first so that their copies of content are redacted and cut like
 //! the originals; redaction runs before truncation so that a cut can never
@@ -53,6 +56,13 @@ use redact::Redactor;
 /// `{event name}/{key}`, link attributes as `link/{key}`.
 pub const TRUNCATED_ATTRIBUTES: &str = "hermes.truncated_attributes";
 
+/// Longest span name, event name, scope name or version and attribute key,
+/// in bytes: longer ones are cut on a UTF-8 character boundary, with or
+/// without `max_attribute_bytes`. Names and keys are labels that backends
+/// index and show in lists; the correlator's longest is well under 100
+/// bytes (a span name holds a tool or model name).
+pub const MAX_NAME_BYTES: usize = 256;
+
 /// A config compiled into what the processor runs.
 #[derive(Debug)]
 pub(crate) struct Compiled {
@@ -88,10 +98,13 @@ pub struct ProcessorStats {
 pub struct ProcessorStatsSnapshot {
     /// Spans processed.
     pub spans: u64,
-    /// Attributes (span, event, link, scope, resource) whose value a
-    /// redaction rule changed.
+    /// Attributes (span, event, link, scope, resource) whose value or key a
+    /// redaction rule changed, plus span and event names, status messages
+    /// and scope names and versions it changed.
     pub redacted_attributes: u64,
-    /// Attributes whose value was cut to `max_attribute_bytes`.
+    /// Attributes whose value was cut to `max_attribute_bytes` (or whose key
+    /// to [`MAX_NAME_BYTES`]), plus status messages cut to
+    /// `max_attribute_bytes` and names cut to [`MAX_NAME_BYTES`].
     pub truncated_attributes: u64,
 }
 
@@ -165,6 +178,8 @@ impl SpanProcessor {
                 }
                 for scope_spans in &mut resource_spans.scope_spans {
                     if let Some(scope) = scope_spans.scope.as_mut() {
+                        this.name(&mut scope.name, scratch);
+                        this.name(&mut scope.version, scratch);
                         this.attributes(&mut scope.attributes, None, &mut Vec::new(), scratch);
                     }
                     for span in &mut scope_spans.spans {
@@ -191,9 +206,14 @@ impl SpanProcessor {
     fn span(&self, span: &mut Span, scratch: &mut redact::Scratch) {
         let c = &self.compiled;
         sets::derive(span, c.openinference, c.langfuse);
+        self.name(&mut span.name, scratch);
+        if let Some(status) = span.status.as_mut() {
+            self.status_message(&mut status.message, scratch);
+        }
         let mut cut = Vec::new();
         self.attributes(&mut span.attributes, None, &mut cut, scratch);
         for event in &mut span.events {
+            self.name(&mut event.name, scratch);
             self.attributes(&mut event.attributes, Some(&event.name), &mut cut, scratch);
         }
         for link in &mut span.links {
@@ -201,6 +221,34 @@ impl SpanProcessor {
         }
         mark_truncated(&mut span.attributes, cut);
         self.stats.spans.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Redacts a name (span, event, scope name or version) with the value
+    /// patterns, then cuts it to [`MAX_NAME_BYTES`]. A static or shared
+    /// name found clean is remembered by address, so the correlator's fixed
+    /// and interned names are scanned once.
+    fn name(&self, name: &mut Str, scratch: &mut redact::Scratch) {
+        let redacted = self.compiled.redactor.redact_str_value(name, scratch);
+        ProcessorStats::add(&self.stats.redacted_attributes, u64::from(redacted));
+        if name.len() > MAX_NAME_BYTES {
+            let end = truncate::floor_char_boundary(name, MAX_NAME_BYTES);
+            *name = name[..end].to_owned().into();
+            ProcessorStats::add(&self.stats.truncated_attributes, 1);
+        }
+    }
+
+    /// Redacts a span's status message, then cuts it to
+    /// `max_attribute_bytes` like a string attribute value.
+    fn status_message(&self, message: &mut String, scratch: &mut redact::Scratch) {
+        let c = &self.compiled;
+        let redacted = c.redactor.redact_string(message, scratch);
+        ProcessorStats::add(&self.stats.redacted_attributes, u64::from(redacted));
+        if let Some(limit) = c.max_attribute_bytes
+            && let Some(cut) = truncate::truncate_str(message, limit)
+        {
+            *message = cut;
+            ProcessorStats::add(&self.stats.truncated_attributes, 1);
+        }
     }
 
     /// Redacts then truncates one attribute list; the keys of cut

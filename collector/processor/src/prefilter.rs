@@ -96,7 +96,7 @@ fn required(hir: &Hir) -> Option<Vec<Vec<u8>>> {
                 }
             };
             // Runs of consecutive fixed positions, each expanded.
-            let mut run: Vec<Vec<u8>> = Vec::new();
+            let mut run: Vec<Vec<Vec<u8>>> = Vec::new();
             for part in parts {
                 match positions(part) {
                     Some(p) => run.extend(p),
@@ -127,14 +127,20 @@ fn better(a: &[Vec<u8>], b: &[Vec<u8>]) -> bool {
     (shortest(a), std::cmp::Reverse(a.len())) > (shortest(b), std::cmp::Reverse(b.len()))
 }
 
-/// `hir` as a fixed sequence of positions, each the set of bytes it may be:
-/// a literal (one byte per position) or a small class of ASCII characters
-/// (e.g. `[pousr]`, or `[Bb]` from a case-insensitive `b`).
-fn positions(hir: &Hir) -> Option<Vec<Vec<u8>>> {
+/// `hir` as a fixed sequence of positions, each the set of strings it may
+/// be: a literal (one byte per position), a small class of ASCII characters
+/// (e.g. `[pousr]`, or `[Bb]` from a case-insensitive `b`), or an
+/// alternation of such sequences (`(?:live|test)`, and the factored forms
+/// the parser makes of `password|passwd|passphrase`) as one position
+/// holding every string it spells.
+fn positions(hir: &Hir) -> Option<Vec<Vec<Vec<u8>>>> {
     match hir.kind() {
-        HirKind::Literal(literal) => Some(literal.0.iter().map(|b| vec![*b]).collect()),
+        HirKind::Empty => Some(Vec::new()),
+        HirKind::Literal(literal) => Some(literal.0.iter().map(|b| vec![vec![*b]]).collect()),
         HirKind::Capture(capture) => positions(&capture.sub),
-        HirKind::Class(class) => class_bytes(class).map(|bytes| vec![bytes]),
+        HirKind::Class(class) => {
+            class_bytes(class).map(|bytes| vec![bytes.into_iter().map(|b| vec![b]).collect()])
+        }
         HirKind::Concat(parts) => {
             let mut all = Vec::new();
             for part in parts {
@@ -142,11 +148,37 @@ fn positions(hir: &Hir) -> Option<Vec<Vec<u8>>> {
             }
             Some(all)
         }
+        HirKind::Alternation(branches) => {
+            let mut union = Vec::new();
+            for branch in branches {
+                let p = positions(branch)?;
+                if count(&p) > MAX_LITERALS {
+                    return None;
+                }
+                union.extend(expand(&p));
+                if union.len() > MAX_LITERALS {
+                    return None;
+                }
+            }
+            union.sort();
+            union.dedup();
+            Some(vec![union])
+        }
         _ => None,
     }
 }
 
-/// The bytes of a class of at most [`MAX_CLASS_BYTES`] ASCII characters.
+/// How many literals `positions` spell.
+fn count(positions: &[Vec<Vec<u8>>]) -> usize {
+    positions
+        .iter()
+        .fold(1usize, |n, choices| n.saturating_mul(choices.len()))
+}
+
+/// The bytes of a class of at most [`MAX_CLASS_BYTES`] ASCII characters,
+/// lowercased and deduplicated: the search ignores ASCII case, so `[Bb]`
+/// (a case-insensitive `b`) is the one byte `b`, and a case-insensitive
+/// word is one literal instead of one per spelling.
 fn class_bytes(class: &Class) -> Option<Vec<u8>> {
     let mut bytes = Vec::new();
     let mut add = |start: u32, end: u32| -> Option<()> {
@@ -168,12 +200,15 @@ fn class_bytes(class: &Class) -> Option<Vec<u8>> {
             }
         }
     }
+    bytes.make_ascii_lowercase();
+    bytes.sort_unstable();
+    bytes.dedup();
     Some(bytes)
 }
 
 /// The best window of `run` expanded into its literals (at most
 /// [`MAX_LITERALS`]): the longest, then the one with fewest literals.
-fn expand_best(run: &[Vec<u8>]) -> Option<Vec<Vec<u8>>> {
+fn expand_best(run: &[Vec<Vec<u8>>]) -> Option<Vec<Vec<u8>>> {
     let mut best: Option<Vec<Vec<u8>>> = None;
     for start in 0..run.len() {
         let mut count = 1usize;
@@ -183,7 +218,9 @@ fn expand_best(run: &[Vec<u8>]) -> Option<Vec<Vec<u8>>> {
                 break;
             }
             let candidate = expand(&run[start..=end]);
-            if best.as_ref().is_none_or(|b| better(&candidate, b)) {
+            if candidate.iter().all(|l| !l.is_empty())
+                && best.as_ref().is_none_or(|b| better(&candidate, b))
+            {
                 best = Some(candidate);
             }
         }
@@ -192,20 +229,22 @@ fn expand_best(run: &[Vec<u8>]) -> Option<Vec<Vec<u8>>> {
 }
 
 /// Every literal the positions spell.
-fn expand(positions: &[Vec<u8>]) -> Vec<Vec<u8>> {
+fn expand(positions: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
     let mut literals = vec![Vec::new()];
     for choices in positions {
         literals = literals
             .iter()
             .flat_map(|prefix| {
-                choices.iter().map(move |b| {
+                choices.iter().map(move |piece| {
                     let mut literal = prefix.clone();
-                    literal.push(*b);
+                    literal.extend_from_slice(piece);
                     literal
                 })
             })
             .collect();
     }
+    literals.sort();
+    literals.dedup();
     literals
 }
 
@@ -237,23 +276,39 @@ mod tests {
     #[test]
     fn the_default_patterns_have_required_literals() {
         let d = defaults();
-        assert_eq!(literals_of(&d[1]).unwrap(), ["sk-ant-"]);
-        assert_eq!(literals_of(&d[2]).unwrap(), ["sk-"]);
-        assert_eq!(literals_of(&d[3]).unwrap(), ["AKIA"]);
-        assert_eq!(
-            literals_of(&d[4]).unwrap(),
-            ["gho_", "ghp_", "ghr_", "ghs_", "ghu_"]
-        );
-        assert_eq!(
-            literals_of(&d[5]).unwrap(),
-            ["xoxa-", "xoxb-", "xoxp-", "xoxr-"]
-        );
-        assert_eq!(literals_of(&d[6]).unwrap(), ["@"]);
-        // (?i)bearer: every case variant.
-        let bearer = literals_of(&d[0]).unwrap();
-        assert_eq!(bearer.len(), 64);
-        assert!(bearer.contains(&"BeArEr".to_owned()));
+        let all = d
+            .iter()
+            .map(|p| (p.as_str(), literals_of(p).unwrap_or_default()))
+            .collect::<Vec<_>>();
+        // Every pattern has a literal, and none is shorter than 2 bytes but
+        // the e-mail's `@` (a short literal lets most strings through).
+        for (pattern, literals) in &all {
+            assert!(!literals.is_empty(), "{pattern}: no required literal");
+            for l in literals {
+                assert!(l.len() >= 2 || l == "@", "{pattern}: {l:?}");
+            }
+        }
+        let of = |i: usize| all[i].1.clone();
+        assert_eq!(of(0), ["bearer"]);
+        assert_eq!(of(1), ["sk-ant-"]);
+        assert_eq!(of(2), ["sk-"]);
+        assert_eq!(of(3), ["AKIA"]);
+        assert_eq!(of(4), ["gho_", "ghp_", "ghr_", "ghs_", "ghu_"]);
+        assert_eq!(of(5), ["xoxa-", "xoxb-", "xoxp-", "xoxr-"]);
+        assert_eq!(of(6), ["@"]);
+        // Case-insensitive words are one literal each (the search ignores
+        // ASCII case).
+        assert_eq!(of(7), ["authorization"]);
+        assert_eq!(of(8), ["://"]);
         assert!(Prefilter::new(&d).is_some());
+    }
+
+    #[test]
+    #[ignore = "prints the literal sets; run with --ignored --nocapture"]
+    fn print_the_default_literals() {
+        for p in defaults() {
+            println!("{:?}\n    {:?}", p, literals_of(&p));
+        }
     }
 
     #[test]
@@ -282,13 +337,14 @@ mod tests {
         for s in [
             "fake-model-1",
             "chat_completions",
-            "http://127.0.0.1:45501/v1",
+            "127.0.0.1:45501",
             "20261129_200230_bbf019:944cce63-cb11-40a2-b2b0-df8cd6066fd5:1b06e77d",
             "tool_calls",
         ] {
             assert!(!p.may_match(s), "{s}");
         }
         assert!(p.may_match("Authorization: Bearer abc"));
+        assert!(p.may_match("PGPASSWORD=x psql"));
         assert!(p.may_match("mail me at a@b.io"));
     }
 

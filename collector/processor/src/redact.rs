@@ -13,6 +13,12 @@
 //! strings too, up to [`MAX_JSON_NESTING`] levels), then written back
 //! compact; a string that is not JSON gets the patterns over its text.
 //!
+//! Keys are exported text too: an attribute, key-value list or JSON member
+//! key that holds a pattern match gets the match replaced, and one longer
+//! than [`crate::MAX_NAME_BYTES`] is cut (on a character boundary). The key
+//! rules are judged on the key as it comes and as it is rewritten, so that a
+//! second pass, which sees the rewritten key, replaces nothing more.
+//!
 //! Invariants: a value that no rule touches is left exactly as it was (no
 //! re-serialization, no allocation beyond key normalization scratch); a
 //! redacted JSON value is still valid JSON; applying the rules twice gives
@@ -26,9 +32,11 @@ use hermes_span::Str;
 use hermes_span::common::v1::{AnyValue, KeyValue, any_value::Value};
 use regex::{NoExpand, Regex};
 
+use crate::MAX_NAME_BYTES;
 use crate::config::{ConfigError, RedactionConfig};
 use crate::json::{self, Json};
 use crate::prefilter::Prefilter;
+use crate::truncate::floor_char_boundary;
 
 /// How many levels of JSON text inside JSON strings are parsed (e.g. tool
 /// call arguments encoded as a string inside a message list).
@@ -110,6 +118,17 @@ impl KeyGlob {
     }
 }
 
+/// What the rules say of one key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct KeyVerdict {
+    /// A key rule matches the key or its rewritten form: the whole value is
+    /// replaced.
+    pub(crate) secret: bool,
+    /// The key holds a pattern match or is longer than
+    /// [`MAX_NAME_BYTES`]: it is rewritten ([`Redactor::rewrite_key`]).
+    pub(crate) rewrite: bool,
+}
+
 /// Working memory of one processing pass: the normalized-key buffer, the
 /// key rules' verdicts per key seen (spans of a batch share most of their
 /// attribute keys, so each is normalized and matched once per pass), and the
@@ -126,7 +145,7 @@ pub(crate) struct Scratch {
     normalized: String,
     /// foldhash: a key is hashed on every attribute, and SipHash (the
     /// std default, built against flooding) cost more than the rules.
-    verdicts: HashMap<String, bool, foldhash::fast::RandomState>,
+    verdicts: HashMap<String, KeyVerdict, foldhash::fast::RandomState>,
     statics: StaticMemo,
     clean_shared: HashMap<usize, Arc<str>, foldhash::fast::RandomState>,
 }
@@ -140,7 +159,7 @@ pub(crate) struct Scratch {
 /// string is one the program contains.
 #[derive(Debug, Default)]
 pub(crate) struct StaticMemo {
-    verdicts: HashMap<(usize, usize), bool, foldhash::fast::RandomState>,
+    verdicts: HashMap<(usize, usize), KeyVerdict, foldhash::fast::RandomState>,
     clean: HashSet<(usize, usize), foldhash::fast::RandomState>,
 }
 
@@ -256,23 +275,41 @@ impl Redactor {
         self.keys.is_empty() && self.values.is_none()
     }
 
-    /// Whether `key` (or its last dot-separated segment) matches a key rule.
-    /// `scratch` is reused for the normalized key.
-    pub(crate) fn key_matches(&self, key: &str, scratch: &mut Scratch) -> bool {
-        if self.keys.is_empty() {
-            return false;
-        }
+    /// The verdict on `key` (a JSON member key or a key that is not
+    /// static), remembered by its text for the pass.
+    pub(crate) fn key_verdict(&self, key: &str, scratch: &mut Scratch) -> KeyVerdict {
         if let Some(&known) = scratch.verdicts.get(key) {
             return known;
         }
-        let matches = self.key_matches_uncached(key, &mut scratch.normalized);
+        let verdict = self.key_verdict_uncached(key, &mut scratch.normalized);
         if scratch.verdicts.len() < Scratch::MAX_VERDICTS {
-            scratch.verdicts.insert(key.to_owned(), matches);
+            scratch.verdicts.insert(key.to_owned(), verdict);
         }
-        matches
+        verdict
     }
 
-    fn key_matches_uncached(&self, key: &str, normalized: &mut String) -> bool {
+    /// Whether `key` (or its last dot-separated segment) matches a key rule.
+    #[cfg(test)]
+    pub(crate) fn key_matches(&self, key: &str, scratch: &mut Scratch) -> bool {
+        self.key_verdict(key, scratch).secret
+    }
+
+    fn key_verdict_uncached(&self, key: &str, normalized: &mut String) -> KeyVerdict {
+        let rewritten = self.rewrite_key(key);
+        let secret = self.key_rule_matches(key, normalized)
+            || rewritten
+                .as_deref()
+                .is_some_and(|k| self.key_rule_matches(k, normalized));
+        KeyVerdict {
+            secret,
+            rewrite: rewritten.is_some(),
+        }
+    }
+
+    fn key_rule_matches(&self, key: &str, normalized: &mut String) -> bool {
+        if self.keys.is_empty() {
+            return false;
+        }
         normalize_into(key, normalized);
         if self.keys.iter().any(|g| g.matches(normalized)) {
             return true;
@@ -286,10 +323,30 @@ impl Redactor {
         }
     }
 
+    /// `key` with its pattern matches replaced and cut to
+    /// [`MAX_NAME_BYTES`], or `None` when it needs neither.
+    pub(crate) fn rewrite_key(&self, key: &str) -> Option<String> {
+        let redacted = self.apply_patterns(key);
+        let end = floor_char_boundary(&redacted, MAX_NAME_BYTES);
+        match redacted {
+            Cow::Borrowed(_) if end == key.len() => None,
+            Cow::Borrowed(k) => Some(k[..end].to_owned()),
+            Cow::Owned(mut k) => {
+                k.truncate(end);
+                Some(k)
+            }
+        }
+    }
+
     /// Redacts an attribute list in place; returns how many attributes
     /// changed.
     pub(crate) fn redact_attributes(&self, attrs: &mut [KeyValue], scratch: &mut Scratch) -> u64 {
         if self.is_noop() {
+            // No rule: only the keys' length limit, which redacts nothing.
+            for kv in attrs.iter_mut().filter(|kv| kv.key.len() > MAX_NAME_BYTES) {
+                let end = floor_char_boundary(&kv.key, MAX_NAME_BYTES);
+                kv.key = kv.key[..end].to_owned().into();
+            }
             return 0;
         }
         attrs
@@ -298,31 +355,37 @@ impl Redactor {
             .sum()
     }
 
-    /// [`Self::key_matches`] for an attribute key: a static key's verdict
-    /// is remembered by its address (not also by its text).
-    fn str_key_matches(&self, key: &Str, scratch: &mut Scratch) -> bool {
+    /// [`Self::key_verdict`] for an attribute key: a static key's verdict
+    /// is remembered by its address (not also by its text) for the
+    /// redactor's lifetime.
+    fn str_key_verdict(&self, key: &Str, scratch: &mut Scratch) -> KeyVerdict {
         let Str::Static(text) = key else {
-            return self.key_matches(key, scratch);
+            return self.key_verdict(key, scratch);
         };
-        if self.keys.is_empty() {
-            return false;
-        }
         if let Some(&known) = scratch.statics.verdicts.get(&static_id(text)) {
             return known;
         }
-        let matches = self.key_matches_uncached(text, &mut scratch.normalized);
-        scratch.statics.verdicts.insert(static_id(text), matches);
-        matches
+        let verdict = self.key_verdict_uncached(text, &mut scratch.normalized);
+        scratch.statics.verdicts.insert(static_id(text), verdict);
+        verdict
     }
 
     fn redact_key_value(&self, kv: &mut KeyValue, scratch: &mut Scratch) -> bool {
-        if self.str_key_matches(&kv.key, scratch) {
+        let verdict = self.str_key_verdict(&kv.key, scratch);
+        let mut changed = false;
+        if verdict.rewrite
+            && let Some(new) = self.rewrite_key(&kv.key)
+        {
+            kv.key = new.into();
+            changed = true;
+        }
+        if verdict.secret {
             let Some(value) = kv.value.as_mut() else {
-                return false;
+                return changed;
             };
             return match &value.value {
-                None => false,
-                Some(Value::StringValue(s)) if s.is_empty() || *s == self.replacement => false,
+                None => changed,
+                Some(Value::StringValue(s)) if s.is_empty() || *s == self.replacement => changed,
                 Some(_) => {
                     value.value = Some(Value::StringValue(self.replacement.clone().into()));
                     true
@@ -330,28 +393,48 @@ impl Redactor {
             };
         }
         match kv.value.as_mut() {
-            Some(v) => self.redact_any(v, scratch),
+            Some(v) => self.redact_any(v, scratch) || changed,
+            None => changed,
+        }
+    }
+
+    /// Redacts one string (an attribute value, or a span, event or scope
+    /// name) in place; returns whether it changed. Static and shared
+    /// strings found clean are remembered by address.
+    pub(crate) fn redact_str_value(&self, s: &mut Str, scratch: &mut Scratch) -> bool {
+        if self.is_noop() || scratch.known_clean(s) {
+            return false;
+        }
+        match self.redact_str(s, 0, scratch) {
+            Some(new) => {
+                *s = new.into();
+                true
+            }
+            None => {
+                scratch.remember_clean(s);
+                false
+            }
+        }
+    }
+
+    /// Redacts an owned string (a span's status message) in place; returns
+    /// whether it changed.
+    pub(crate) fn redact_string(&self, s: &mut String, scratch: &mut Scratch) -> bool {
+        if self.is_noop() || s.is_empty() {
+            return false;
+        }
+        match self.redact_str(s, 0, scratch) {
+            Some(new) => {
+                *s = new;
+                true
+            }
             None => false,
         }
     }
 
     fn redact_any(&self, v: &mut AnyValue, scratch: &mut Scratch) -> bool {
         match &mut v.value {
-            Some(Value::StringValue(s)) => {
-                if scratch.known_clean(s) {
-                    return false;
-                }
-                match self.redact_str(s, 0, scratch) {
-                    Some(new) => {
-                        *s = new.into();
-                        true
-                    }
-                    None => {
-                        scratch.remember_clean(s);
-                        false
-                    }
-                }
-            }
+            Some(Value::StringValue(s)) => self.redact_str_value(s, scratch),
             Some(Value::ArrayValue(array)) => {
                 let mut changed = false;
                 for item in &mut array.values {
@@ -414,7 +497,8 @@ impl Redactor {
             Json::Object(members) => {
                 let mut changed = false;
                 for (key, value) in members {
-                    if self.key_matches(key, scratch) {
+                    let verdict = self.key_verdict(key, scratch);
+                    if verdict.secret {
                         let already = match value {
                             Json::Null => true,
                             Json::String(s) => s.is_empty() || *s == self.replacement,
@@ -427,7 +511,9 @@ impl Redactor {
                     } else {
                         changed |= self.redact_json(value, depth, scratch);
                     }
-                    if let Cow::Owned(new_key) = self.apply_patterns(key) {
+                    if verdict.rewrite
+                        && let Some(new_key) = self.rewrite_key(key)
+                    {
                         *key = new_key;
                         changed = true;
                     }
@@ -467,6 +553,19 @@ mod tests {
             "client_secret",
             "Set-Cookie",
             "password",
+            "db_password",
+            "PGPASSWORD",
+            "privateKey",
+            "private_key",
+            "ssh_private_key",
+            "credentials",
+            "aws_credentials_file",
+            "AWS_SECRET_ACCESS_KEY",
+            "secret_key_base",
+            "mysql_passwd",
+            "key_passphrase",
+            "azure_storage_connection_string",
+            "sentry.dsn",
         ] {
             assert!(r.key_matches(key, &mut s), "{key} should match");
         }
@@ -477,8 +576,12 @@ mod tests {
             "hermes.turn_id",
             "session.id",
             "tokens",
-            "secretary",
+            "tokens_used",
+            "token_count",
             "gen_ai.tool.call.arguments",
+            "hermes.approval.pattern_key",
+            "public_key",
+            "primary_key",
         ] {
             assert!(!r.key_matches(key, &mut s), "{key} should not match");
         }
@@ -512,5 +615,30 @@ mod tests {
                 .as_deref(),
             Some("key <redacted> here")
         );
+    }
+
+    /// A key the patterns rewrite is judged by the key rules as rewritten
+    /// too, so that a second pass (which sees the rewritten key) finds
+    /// nothing more to do.
+    #[test]
+    fn keys_are_rewritten_and_judged_as_rewritten() {
+        let r = redactor();
+        let mut s = Scratch::default();
+        let key = "mail a@b.co_note";
+        let v = r.key_verdict(key, &mut s);
+        assert!(v.rewrite);
+        assert_eq!(r.rewrite_key(key).as_deref(), Some("mail <redacted>_note"));
+        let long = "k".repeat(300);
+        assert_eq!(r.rewrite_key(&long).map(|k| k.len()), Some(MAX_NAME_BYTES));
+        assert_eq!(r.rewrite_key("gen_ai.usage.input_tokens"), None);
+        // A rule only the rewritten key matches: judged secret already.
+        let r = Redactor::new(&RedactionConfig {
+            key_names: vec!["<redacted>*".into()],
+            ..RedactionConfig::default()
+        })
+        .unwrap();
+        let v = r.key_verdict("a@b.co", &mut Scratch::default());
+        assert!(v.secret && v.rewrite);
+        assert!(r.key_verdict("<redacted>", &mut Scratch::default()).secret);
     }
 }

@@ -41,7 +41,7 @@ pub(crate) fn truncate_str(s: &str, limit: usize) -> Option<String> {
 }
 
 /// The largest index ≤ `at` that is a character boundary of `s`.
-fn floor_char_boundary(s: &str, at: usize) -> usize {
+pub(crate) fn floor_char_boundary(s: &str, at: usize) -> usize {
     if at >= s.len() {
         return s.len();
     }

@@ -181,7 +181,7 @@ fn a_token_in_tool_arguments_never_survives() {
         let v: serde_json::Value = serde_json::from_str(get_str(sp, key)).unwrap();
         assert_eq!(v["headers"]["Authorization"], "<redacted>", "{key}");
         assert_eq!(
-            v["cmd"], "curl -H 'Authorization: <redacted>' https://api.example.com",
+            v["cmd"], "curl -H '<redacted>' https://api.example.com",
             "{key}"
         );
     }
