@@ -23,14 +23,24 @@ pub fn fixture(name: &str) -> PathBuf {
     crate::tests_dir().join(format!("fixtures/hermes-0.19.0/{name}.jsonl"))
 }
 
-/// The basic fixture as wire events, converted exactly as the shim does.
-pub fn basic_events() -> Vec<Event> {
-    let text = std::fs::read_to_string(fixture("basic")).unwrap();
+/// The records of a recorded fixture (one JSON object per line).
+pub fn fixture_records(name: &str) -> Vec<Json> {
+    let path = fixture(name);
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Recorded hook calls as wire events at capture level `metadata`,
+/// converted exactly as the shim does (numbered from 1, attempts stamped).
+pub fn events_of(records: &[Json]) -> Vec<Event> {
     let level = CaptureLevel::Metadata;
     let mut tracker = AttemptTracker::new(64);
     let mut events = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let r: Json = serde_json::from_str(line).unwrap();
+    for r in records {
         let hook = r["hook"].as_str().unwrap();
         if !level.hooks().contains(&hook) {
             continue;
@@ -47,6 +57,11 @@ pub fn basic_events() -> Vec<Event> {
         events.push(event);
     }
     events
+}
+
+/// The basic fixture (one turn: two chats, one tool call) as wire events.
+pub fn basic_events() -> Vec<Event> {
+    events_of(&fixture_records("basic"))
 }
 
 pub fn shim_info(instance_id: &str) -> ShimInfo {

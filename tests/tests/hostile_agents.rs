@@ -11,97 +11,22 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use hermes_collector_shim::attempts::AttemptTracker;
-use hermes_collector_shim::config::CaptureLevel;
-use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
+use hermes_e2e::ingest::{basic_events, batch_of};
 use hermes_e2e::{AttrsExt as _, ChildGuard, OtlpReceiver, cargo_bin, free_port};
-use hermes_proto::v1::event_ingest_client::EventIngestClient;
-use hermes_proto::v1::{Event, EventBatch, Ids, ShimInfo};
+use hermes_proto::v1::{Event, EventBatch, Ids};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use serde_json::Value as Json;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hermes-0.19.0/basic.jsonl")
-}
-
-/// The basic fixture (one turn: two chats, one tool call) as wire events,
-/// converted exactly as the shim does.
-fn basic_events() -> Vec<Event> {
-    let text = std::fs::read_to_string(fixture()).unwrap();
-    let level = CaptureLevel::Metadata;
-    let mut tracker = AttemptTracker::new(64);
-    let mut events = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let r: Json = serde_json::from_str(line).unwrap();
-        let hook = r["hook"].as_str().unwrap();
-        if !level.hooks().contains(&hook) {
-            continue;
-        }
-        let stamp = Stamp {
-            seq: events.len() as u64 + 1,
-            hook,
-            time_unix_nano: (r["t_wall"].as_f64().unwrap() * 1e9) as u64,
-            mono_nano: (r["t_mono"].as_f64().unwrap() * 1e9) as u64,
-            thread: r["thread"].as_str().unwrap_or(""),
-        };
-        let mut event = to_event(&stamp, &JsonKwargs(r["kwargs"].as_object().unwrap()), level);
-        tracker.stamp(&mut event);
-        events.push(event);
-    }
-    events
-}
-
-fn batch_of(instance_id: &str, events: Vec<Event>) -> EventBatch {
-    EventBatch {
-        shim: Some(ShimInfo {
-            instance_id: instance_id.into(),
-            service_name: "hostile-test".into(),
-            host_name: "host".into(),
-            pid: 1,
-            shim_version: "test".into(),
-            capture: "metadata".into(),
-        }),
-        events,
-        ..Default::default()
-    }
-}
 
 /// Opens one stream to `endpoint`, sends `batches` and returns the last seqs
 /// of the acks, or the status the stream ended with.
 fn exchange(endpoint: &str, batches: Vec<EventBatch>) -> Result<Vec<u64>, tonic::Status> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .unwrap_or_else(|e| panic!("connect {endpoint}: {e:?}"));
-        let mut client = EventIngestClient::new(channel);
-        let expected = batches.len();
-        let request = tonic::Request::new(tokio_stream::iter(batches));
-        let mut acks = client.stream(request).await?.into_inner();
-        let mut seqs = Vec::new();
-        while seqs.len() < expected {
-            match tokio::time::timeout(WAIT, acks.message()).await {
-                Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
-                Ok(Ok(None)) => break,
-                Ok(Err(status)) => return Err(status),
-                Err(_) => panic!("no answer from {endpoint} within {WAIT:?}"),
-            }
-        }
-        Ok(seqs)
-    })
+    hermes_e2e::ingest::exchange(endpoint, None, batches)
 }
 
 /// A collector binary listening on `port`, with `correlator` as its

@@ -13,14 +13,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use hermes_collector_shim::attempts::AttemptTracker;
-use hermes_collector_shim::config::CaptureLevel;
-use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_e2e::collector::{Collector, admin_request};
 use hermes_e2e::fault::metric_sum;
+use hermes_e2e::ingest::{events_of, fixture_records};
 use hermes_e2e::{free_port, wait_until};
 use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch, ShimInfo};
@@ -35,21 +33,13 @@ const KEY: &str = "sk-proj-Vb7Qm2Xr9Lk4Tz8Wn3Hc6Jd1Fs5Pg0Ya";
 /// The largest `/metrics` allowed, whatever the labels sent.
 const MAX_METRICS_BYTES: usize = 1024 * 1024;
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hermes-0.19.0/basic.jsonl")
-}
-
 /// The basic fixture's turn (session `session`, model `model`) with its one
 /// tool call replaced by one call per name of `tools`, as wire events
 /// converted exactly as the shim does.
 fn turn_events(session: &str, model: &str, tools: &[String]) -> Vec<Event> {
-    let text = std::fs::read_to_string(fixture())
-        .unwrap()
-        .replace(FIXTURE_SESSION, session);
-    let records: Vec<Json> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap())
+    let records: Vec<Json> = fixture_records("basic")
+        .into_iter()
+        .map(|r| serde_json::from_str(&r.to_string().replace(FIXTURE_SESSION, session)).unwrap())
         .collect();
     let hook_at = |hook: &str, from: usize| {
         from + records[from..]
@@ -75,26 +65,7 @@ fn turn_events(session: &str, model: &str, tools: &[String]) -> Vec<Event> {
             record["kwargs"]["model"] = model.into();
         }
     }
-    let level = CaptureLevel::Metadata;
-    let mut tracker = AttemptTracker::new(64);
-    let mut events = Vec::new();
-    for r in &turn {
-        let hook = r["hook"].as_str().unwrap();
-        if !level.hooks().contains(&hook) {
-            continue;
-        }
-        let stamp = Stamp {
-            seq: events.len() as u64 + 1,
-            hook,
-            time_unix_nano: (r["t_wall"].as_f64().unwrap() * 1e9) as u64,
-            mono_nano: (r["t_mono"].as_f64().unwrap() * 1e9) as u64,
-            thread: r["thread"].as_str().unwrap_or(""),
-        };
-        let mut event = to_event(&stamp, &JsonKwargs(r["kwargs"].as_object().unwrap()), level);
-        tracker.stamp(&mut event);
-        events.push(event);
-    }
-    events
+    events_of(&turn)
 }
 
 /// Sends `events` as one shim instance's stream, in batches of at most
