@@ -1386,6 +1386,10 @@ mod tests {
                 "processing:\n  attribute_sets: [phoenix]\n",
                 "processing.attribute_sets[0]",
             ),
+            (
+                "processing:\n  routing:\n    langfuse:\n      tags: [ok, '{service.name']\n",
+                "processing.routing.langfuse.tags[1]",
+            ),
         ];
         for (yaml, path) in cases {
             let e = Config::from_yaml(yaml).unwrap_err();

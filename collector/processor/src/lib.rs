@@ -212,15 +212,31 @@ impl SpanProcessor {
         if !c.openinference && !c.langfuse {
             return routing::Rendered::default();
         }
-        let resource = resource_spans.resource.get_or_insert_with(Default::default);
         if c.openinference {
-            c.routing.add_project_name(&mut resource.attributes);
+            match resource_spans.resource.as_mut() {
+                Some(resource) => c.routing.add_project_name(&mut resource.attributes),
+                None => {
+                    // Only a fixed project name renders without a resource;
+                    // a resource is added only to hold it.
+                    let mut attributes = Vec::new();
+                    c.routing.add_project_name(&mut attributes);
+                    if !attributes.is_empty() {
+                        resource_spans.resource = Some(hermes_span::resource::v1::Resource {
+                            attributes,
+                            ..Default::default()
+                        });
+                    }
+                }
+            }
         }
-        if c.langfuse {
-            c.routing.langfuse(&resource.attributes)
-        } else {
-            routing::Rendered::default()
+        if !c.langfuse {
+            return routing::Rendered::default();
         }
+        let attributes = resource_spans
+            .resource
+            .as_ref()
+            .map_or(&[][..], |r| &r.attributes[..]);
+        c.routing.langfuse(attributes)
     }
 
     /// Runs one processing pass with a scratch that starts from the static

@@ -338,3 +338,16 @@ fn an_invalid_template_names_its_key() {
     }
     assert!(serde_yaml::from_str::<ProcessorConfig>("routing: {project: x}").is_err());
 }
+
+#[test]
+fn a_batch_without_a_resource_gets_one_only_for_a_fixed_project() {
+    let mut batch = resource_spans(vec![]);
+    batch.resource = None;
+    let out = run(&sets(&[AttributeSet::OpenInference]), vec![batch.clone()]);
+    assert!(out[0].resource.is_none(), "nothing to route by");
+
+    let mut config = sets(&[AttributeSet::OpenInference]);
+    config.routing.project_name = Some("shared".to_owned());
+    let out = run(&config, vec![batch]);
+    assert_eq!(project(&out[0]), Some("shared"));
+}
