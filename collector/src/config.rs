@@ -1228,6 +1228,9 @@ struct ProcessingSchema {
     /// attribute keys are cut to 256 bytes whatever this says.
     #[schemars(range(min = 32))]
     max_attribute_bytes: Option<usize>,
+    /// Which backend project, trace name, user and tags each agent's spans
+    /// get (used by the `openinference` and `langfuse` attribute sets).
+    routing: crate::routing_schema::RoutingSchema,
 }
 
 impl Default for ProcessingSchema {
@@ -1247,6 +1250,7 @@ impl Default for ProcessingSchema {
                 .collect(),
             redaction: RedactionSchema::default(),
             max_attribute_bytes: defaults.max_attribute_bytes,
+            routing: crate::routing_schema::RoutingSchema::default(),
         }
     }
 }
@@ -1381,6 +1385,10 @@ mod tests {
             (
                 "processing:\n  attribute_sets: [phoenix]\n",
                 "processing.attribute_sets[0]",
+            ),
+            (
+                "processing:\n  routing:\n    langfuse:\n      tags: [ok, '{service.name']\n",
+                "processing.routing.langfuse.tags[1]",
             ),
         ];
         for (yaml, path) in cases {
@@ -1774,6 +1782,24 @@ mod schema_tests {
             defs["ProcessorConfig"]["properties"]["attribute_sets"]["default"],
             defaults["attribute_sets"]
         );
+        assert_eq!(
+            keys(&defs["RoutingConfig"]["properties"]),
+            keys(&serialized["routing"])
+        );
+        assert_eq!(
+            keys(&defs["LangfuseRoutingConfig"]["properties"]),
+            keys(&serialized["routing"]["langfuse"])
+        );
+        assert_eq!(
+            defs["RoutingConfig"]["properties"]["project_name"]["default"],
+            defaults["routing"]["project_name"]
+        );
+        for (key, value) in defaults["routing"]["langfuse"].as_object().unwrap() {
+            assert_eq!(
+                &defs["LangfuseRoutingConfig"]["properties"][key]["default"], value,
+                "{key}"
+            );
+        }
     }
 }
 

@@ -19,6 +19,7 @@ mod files;
 mod interpolate;
 mod persist;
 mod pipeline;
+mod routing_schema;
 mod series;
 mod view;
 mod yaml_depth;

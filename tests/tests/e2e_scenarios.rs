@@ -1248,6 +1248,7 @@ print("E2E " + json.dumps({"session": agent.session_id, "asked": asked,
     );
     assert_eq!(approval.str_attr("hermes.approval.surface"), Some("cli"));
     assert_eq!(approval.str_attr("hermes.approval.choice"), Some("once"));
+    assert_eq!(approval.bool_attr("hermes.approval.answered"), Some(true));
     assert!(
         !approval.has_attr("hermes.approval.decided_by"),
         "decided_by only for smart approvals"

@@ -39,11 +39,14 @@ pub enum SpanKey<'a> {
     },
     /// Subagent span: the child's session id.
     Subagent { child_session_id: &'a str },
-    /// Approval span: the turn, the tool call (may be empty) and pattern key.
+    /// Approval span: the turn, the tool call (may be empty), the pattern
+    /// key and the surface that asked (`smart`, `cli`, `gateway`), so that
+    /// an escalated smart review and the question that follows differ.
     Approval {
         turn_id: &'a str,
         tool_call_id: &'a str,
         pattern_key: &'a str,
+        surface: &'a str,
     },
 }
 
@@ -97,11 +100,13 @@ pub fn span_id(key: SpanKey<'_>) -> SpanId {
             turn_id,
             tool_call_id,
             pattern_key,
+            surface,
         } => &[
             b"approval",
             turn_id.as_bytes(),
             tool_call_id.as_bytes(),
             pattern_key.as_bytes(),
+            surface.as_bytes(),
         ],
     };
     let h = separated(b"hermes.span", parts, xxh3_64);

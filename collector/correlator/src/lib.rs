@@ -25,6 +25,7 @@
 //! * A turn is exported once: later events of a turn already closed are
 //!   dropped and counted ([`Stats::late_events_dropped`]).
 
+mod approval;
 mod attrs;
 mod content;
 mod fair;
@@ -180,12 +181,6 @@ struct OpenTool {
     arguments: Option<String>,
 }
 
-struct OpenApproval {
-    start: u64,
-    surface: String,
-    command: String,
-}
-
 // Approximate bytes each open record holds (`fair::Usage::bytes`).
 impl OpenAttempt {
     fn bytes(&self) -> usize {
@@ -201,12 +196,6 @@ impl OpenAttempt {
 impl OpenTool {
     fn bytes(&self) -> usize {
         RECORD_BYTES + self.name.len() + self.arguments.as_ref().map_or(0, String::len)
-    }
-}
-
-impl OpenApproval {
-    fn bytes(&self) -> usize {
-        RECORD_BYTES + self.surface.len() + self.command.len()
     }
 }
 
@@ -273,7 +262,7 @@ struct Turn {
     /// attempt when its `pre_api_request` is missing).
     last_attempt_end: Map<String, u64>,
     tools: Map<String, OpenTool>,
-    approvals: Map<(String, String), OpenApproval>,
+    approvals: Map<approval::ApprovalKey, approval::OpenApproval>,
     /// Lowest persistent-queue position of the events that touched it.
     min_lsn: u64,
 }
@@ -607,6 +596,9 @@ impl Correlator {
                 if let Some((turn, values)) =
                     self.turn_and_values(instance, ids, &resource, t, platform, out)
                 {
+                    // Requests of this tool still waiting are unanswered:
+                    // closed with it, under it.
+                    approval::close_for_tool(turn, &ids.tool_call_id, t, out);
                     let open = turn.tools.remove(&ids.tool_call_id);
                     if let Some(o) = &open {
                         turn.held = turn.held.saturating_sub(o.bytes() + ids.tool_call_id.len());
@@ -653,19 +645,7 @@ impl Correlator {
                     }
                 };
                 if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
-                    let open = OpenApproval {
-                        start: t,
-                        surface: appr.surface.clone(),
-                        command: appr.command.clone(),
-                    };
-                    let bytes = open.bytes() + ids.tool_call_id.len() + appr.pattern_key.len();
-                    turn.held += bytes;
-                    let old = turn
-                        .approvals
-                        .insert((ids.tool_call_id.clone(), appr.pattern_key.clone()), open);
-                    if old.is_some() {
-                        turn.held = turn.held.saturating_sub(bytes);
-                    }
+                    approval::request(turn, ids, appr, t);
                 }
             }
             (hooks::POST_APPROVAL_RESPONSE, body) => {
@@ -678,7 +658,7 @@ impl Correlator {
                     }
                 };
                 if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
-                    let span = close_approval(turn, ids, appr, t, false);
+                    let span = approval::respond(turn, ids, appr, t);
                     out.push(span);
                 }
             }
@@ -1375,6 +1355,9 @@ impl Correlator {
             mark_incomplete(&mut span.span);
             out.push(span);
         }
+        // Requests still waiting are unanswered; closed before their tools
+        // so that they nest under them.
+        approval::close_all(&mut turn, end, incomplete, out);
         let mut tools: Vec<_> = turn.tools.drain().collect();
         tools.sort_by(|a, b| a.0.cmp(&b.0));
         for (tool_call_id, open) in tools {
@@ -1387,20 +1370,6 @@ impl Correlator {
                 end,
             );
             mark_incomplete(&mut span.span);
-            out.push(span);
-        }
-        let mut approvals: Vec<_> = turn.approvals.keys().cloned().collect();
-        approvals.sort();
-        for (tool_call_id, pattern_key) in approvals {
-            let ids = v1::Ids {
-                tool_call_id,
-                ..Default::default()
-            };
-            let appr = v1::Approval {
-                pattern_key,
-                ..Default::default()
-            };
-            let span = close_approval(&mut turn, &ids, &appr, end, true);
             out.push(span);
         }
         if turn.max_child_end > end {
@@ -1747,80 +1716,6 @@ fn close_tool(
             end_time_unix_nano: t,
             attributes: a.0,
             status,
-            ..Default::default()
-        },
-    )
-}
-
-fn close_approval(
-    turn: &mut Turn,
-    ids: &v1::Ids,
-    appr: &v1::Approval,
-    t: u64,
-    incomplete: bool,
-) -> FinishedSpan {
-    let key = (ids.tool_call_id.clone(), appr.pattern_key.clone());
-    let open = turn.approvals.remove(&key);
-    if let Some(o) = &open {
-        turn.held = turn
-            .held
-            .saturating_sub(o.bytes() + key.0.len() + key.1.len());
-    }
-    let turn_id = turn.turn_id.clone();
-    let start = open.as_ref().map_or(t, |o| o.start);
-    let surface = open.as_ref().map_or(appr.surface.clone(), |o| {
-        if appr.surface.is_empty() {
-            o.surface.clone()
-        } else {
-            appr.surface.clone()
-        }
-    });
-    let command = if appr.command.is_empty() {
-        open.as_ref().map(|o| o.command.clone()).unwrap_or_default()
-    } else {
-        appr.command.clone()
-    };
-    let mut a = turn.common(8);
-    a.str("hermes.approval.pattern_key", &appr.pattern_key)
-        .str("hermes.approval.surface", &surface)
-        .str("hermes.approval.choice", &appr.choice)
-        .str("hermes.approval.decided_by", &appr.decided_by)
-        .str("hermes.approval.command", &command)
-        .str("gen_ai.tool.call.id", &ids.tool_call_id);
-    if incomplete {
-        a.bool("hermes.incomplete", true);
-    }
-    // Under its tool while that tool is open (Hermes asks while the tool
-    // runs); else under the turn, so that the parent is always a span that
-    // gets emitted.
-    let parent = if turn.tools.contains_key(&ids.tool_call_id) {
-        span_id(SpanKey::Tool {
-            turn_id: &turn_id,
-            tool_call_id: &ids.tool_call_id,
-        })
-    } else {
-        turn.span_id
-    };
-    let sid = span_id(SpanKey::Approval {
-        turn_id: &turn_id,
-        tool_call_id: &ids.tool_call_id,
-        pattern_key: &appr.pattern_key,
-    });
-    let name = if appr.pattern_key.is_empty() {
-        Str::from_static("approval")
-    } else {
-        format!("approval {}", appr.pattern_key).into()
-    };
-    child_span(
-        turn,
-        Span {
-            span_id: sid.to_vec(),
-            parent_span_id: parent.to_vec(),
-            name,
-            kind: span::SpanKind::Internal as i32,
-            start_time_unix_nano: start,
-            end_time_unix_nano: t,
-            attributes: a.0,
             ..Default::default()
         },
     )

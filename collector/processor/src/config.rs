@@ -37,6 +37,9 @@ pub struct ProcessorConfig {
     /// names and attribute keys are cut to [`crate::MAX_NAME_BYTES`] (256)
     /// whatever this says.
     pub max_attribute_bytes: Option<usize>,
+    /// Which backend project, trace name, user and tags each agent's spans
+    /// get (used by the `openinference` and `langfuse` attribute sets).
+    pub routing: RoutingConfig,
 }
 
 impl Default for ProcessorConfig {
@@ -45,6 +48,64 @@ impl Default for ProcessorConfig {
             attribute_sets: vec![AttributeSet::GenAi],
             redaction: RedactionConfig::default(),
             max_attribute_bytes: Some(4096),
+            routing: RoutingConfig::default(),
+        }
+    }
+}
+
+/// The default template of `routing.project_name`,
+/// `routing.langfuse.trace_name` and `routing.langfuse.tags`: the agent's
+/// `service.name` (the shim's `HERMES_COLLECTOR_SERVICE_NAME`).
+pub const DEFAULT_ROUTING_TEMPLATE: &str = "{service.name}";
+
+/// Per-backend routing. Every value is a template: text with `{key}`
+/// placeholders naming resource attributes of the agent
+/// (`{service.name}`, `{deployment.environment}`), or a fixed name. A
+/// template whose attribute is missing renders nothing and the attribute is
+/// not set. An attribute the agent already sends is never replaced.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    /// The Arize Phoenix project (resource attribute
+    /// `openinference.project.name`), with the `openinference` set on.
+    /// `null`: not set (Phoenix's `default` project). Default:
+    /// `{service.name}`.
+    pub project_name: Option<String>,
+    /// Langfuse trace-level attributes, with the `langfuse` set on.
+    pub langfuse: LangfuseRoutingConfig,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            project_name: Some(DEFAULT_ROUTING_TEMPLATE.to_owned()),
+            langfuse: LangfuseRoutingConfig::default(),
+        }
+    }
+}
+
+/// Langfuse trace-level attributes (Langfuse's OpenTelemetry property
+/// mapping). The session is always the Hermes session (`session.id`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LangfuseRoutingConfig {
+    /// `langfuse.trace.name`, set on the trace's root span. `null`: the
+    /// root span's name (`invoke_agent hermes`). Default: `{service.name}`.
+    pub trace_name: Option<String>,
+    /// `langfuse.user.id`, set on every span. `null`: the span's `user.id`,
+    /// else `enduser.id` (Hermes sets neither). Default: `null`.
+    pub user_id: Option<String>,
+    /// `langfuse.trace.tags`, set on the trace's root span; tags that do
+    /// not render are left out. Default: `[{service.name}]`.
+    pub tags: Vec<String>,
+}
+
+impl Default for LangfuseRoutingConfig {
+    fn default() -> Self {
+        Self {
+            trace_name: Some(DEFAULT_ROUTING_TEMPLATE.to_owned()),
+            user_id: None,
+            tags: vec![DEFAULT_ROUTING_TEMPLATE.to_owned()],
         }
     }
 }
@@ -246,6 +307,15 @@ pub enum ConfigError {
     /// `max_attribute_bytes` is too small to hold a truncated JSON value.
     #[error("max_attribute_bytes: {value} is below the minimum of {MIN_ATTRIBUTE_BYTES}")]
     AttributeLimitTooSmall { value: usize },
+    /// A `routing` template cannot be parsed.
+    #[error(
+        "{path}: `{template}` {reason} (a template is text with `{{key}}` placeholders naming resource attributes, e.g. `{{service.name}}`)"
+    )]
+    InvalidTemplate {
+        path: String,
+        template: String,
+        reason: &'static str,
+    },
 }
 
 impl ConfigError {
@@ -261,6 +331,7 @@ impl ConfigError {
             ConfigError::InvalidKeyName { index, .. } => format!("redaction.key_names[{index}]"),
             ConfigError::DuplicateAttributeSet { index, .. } => format!("attribute_sets[{index}]"),
             ConfigError::AttributeLimitTooSmall { .. } => "max_attribute_bytes".to_owned(),
+            ConfigError::InvalidTemplate { path, .. } => path.clone(),
         }
     }
 }

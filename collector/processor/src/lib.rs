@@ -3,7 +3,10 @@
 //! [`SpanProcessor`] owns three steps, always in this order:
 //! 1. **attribute sets** ([`AttributeSet`]): OpenInference and Langfuse
 //!    attributes derived from the `gen_ai.*` ones, so Arize Phoenix and
-//!    Langfuse display the spans natively (`sets.rs`);
+//!    Langfuse display the spans natively (`sets.rs`), and routing
+//!    ([`RoutingConfig`]): the Phoenix project on each resource and the
+//!    Langfuse trace name, user and tags, from the agent's `service.name`
+//!    by default (`routing.rs`);
 //! 2. **redaction** ([`RedactionConfig`]): key rules and value patterns over
 //!    every string the span exports: attribute values (inside JSON text
 //!    too) and keys, span and event names, the status message, the scope's
@@ -34,6 +37,7 @@ mod config;
 mod json;
 mod prefilter;
 mod redact;
+mod routing;
 mod sets;
 mod truncate;
 
@@ -45,8 +49,9 @@ use hermes_span::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
 use hermes_span::trace::v1::{ResourceSpans, Span};
 
 pub use config::{
-    AttributeSet, ConfigError, DEFAULT_KEY_NAMES, DEFAULT_REPLACEMENT, DEFAULT_VALUE_PATTERNS,
-    MIN_ATTRIBUTE_BYTES, ProcessorConfig, RedactionConfig,
+    AttributeSet, ConfigError, DEFAULT_KEY_NAMES, DEFAULT_REPLACEMENT, DEFAULT_ROUTING_TEMPLATE,
+    DEFAULT_VALUE_PATTERNS, LangfuseRoutingConfig, MIN_ATTRIBUTE_BYTES, ProcessorConfig,
+    RedactionConfig, RoutingConfig,
 };
 
 use redact::Redactor;
@@ -70,6 +75,7 @@ pub(crate) struct Compiled {
     langfuse: bool,
     redactor: Redactor,
     max_attribute_bytes: Option<usize>,
+    routing: routing::Routing,
 }
 
 impl Compiled {
@@ -80,6 +86,7 @@ impl Compiled {
             langfuse: config.has(AttributeSet::Langfuse),
             redactor: Redactor::new(&config.redaction)?,
             max_attribute_bytes: config.max_attribute_bytes,
+            routing: routing::Routing::new(&config.routing)?,
         })
     }
 }
@@ -171,6 +178,7 @@ impl SpanProcessor {
     pub fn process(&mut self, batch: &mut [ResourceSpans]) {
         self.pass(|this, scratch| {
             for resource_spans in batch {
+                let route = this.route(resource_spans);
                 if let Some(resource) = resource_spans.resource.as_mut() {
                     let mut cut = Vec::new();
                     this.attributes(&mut resource.attributes, None, &mut cut, scratch);
@@ -183,7 +191,7 @@ impl SpanProcessor {
                         this.attributes(&mut scope.attributes, None, &mut Vec::new(), scratch);
                     }
                     for span in &mut scope_spans.spans {
-                        this.span(span, scratch);
+                        this.span(span, &route, scratch);
                     }
                 }
             }
@@ -192,7 +200,43 @@ impl SpanProcessor {
 
     /// Processes one span (its attributes, events and links) in place.
     pub fn process_span(&mut self, span: &mut Span) {
-        self.pass(|this, scratch| this.span(span, scratch));
+        let route = routing::Rendered::default();
+        self.pass(|this, scratch| this.span(span, &route, scratch));
+    }
+
+    /// Adds the resource's routing attribute (Phoenix project) and renders
+    /// the Langfuse trace-level values its spans get; both from the
+    /// resource as the agent sent it, before redaction.
+    fn route(&self, resource_spans: &mut ResourceSpans) -> routing::Rendered {
+        let c = &self.compiled;
+        if !c.openinference && !c.langfuse {
+            return routing::Rendered::default();
+        }
+        if c.openinference {
+            match resource_spans.resource.as_mut() {
+                Some(resource) => c.routing.add_project_name(&mut resource.attributes),
+                None => {
+                    // Only a fixed project name renders without a resource;
+                    // a resource is added only to hold it.
+                    let mut attributes = Vec::new();
+                    c.routing.add_project_name(&mut attributes);
+                    if !attributes.is_empty() {
+                        resource_spans.resource = Some(hermes_span::resource::v1::Resource {
+                            attributes,
+                            ..Default::default()
+                        });
+                    }
+                }
+            }
+        }
+        if !c.langfuse {
+            return routing::Rendered::default();
+        }
+        let attributes = resource_spans
+            .resource
+            .as_ref()
+            .map_or(&[][..], |r| &r.attributes[..]);
+        c.routing.langfuse(attributes)
     }
 
     /// Runs one processing pass with a scratch that starts from the static
@@ -203,9 +247,9 @@ impl SpanProcessor {
         self.statics = scratch.into_statics();
     }
 
-    fn span(&self, span: &mut Span, scratch: &mut redact::Scratch) {
+    fn span(&self, span: &mut Span, route: &routing::Rendered, scratch: &mut redact::Scratch) {
         let c = &self.compiled;
-        sets::derive(span, c.openinference, c.langfuse);
+        sets::derive(span, c.openinference, c.langfuse, route);
         self.name(&mut span.name, scratch);
         if let Some(status) = span.status.as_mut() {
             self.status_message(&mut status.message, scratch);

@@ -38,6 +38,7 @@ use hermes_span::common::v1::{AnyValue, KeyValue, any_value::Value};
 use hermes_span::trace::v1::{Span, status::StatusCode};
 
 use crate::json::{self, Json};
+use crate::routing::{self, LANGFUSE_TRACE_NAME, LANGFUSE_TRACE_TAGS, LANGFUSE_USER_ID};
 
 /// What a span is, from `gen_ai.operation.name`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,8 +198,14 @@ fn mime_type(text: &str) -> &'static str {
     }
 }
 
-/// Adds the attributes of the enabled sets to `span`.
-pub(crate) fn derive(span: &mut Span, openinference: bool, langfuse: bool) {
+/// Adds the attributes of the enabled sets to `span`; `route` holds the
+/// Langfuse trace-level values of its resource (`routing.rs`).
+pub(crate) fn derive(
+    span: &mut Span,
+    openinference: bool,
+    langfuse: bool,
+    route: &routing::Rendered,
+) {
     if !openinference && !langfuse {
         return;
     }
@@ -209,7 +216,7 @@ pub(crate) fn derive(span: &mut Span, openinference: bool, langfuse: bool) {
             add_openinference(&view, &mut add);
         }
         if langfuse {
-            add_langfuse(span, &view, &mut add);
+            add_langfuse(span, &view, route, &mut add);
         }
     }
     for kv in add.0 {
@@ -262,7 +269,7 @@ fn add_openinference(view: &View<'_>, add: &mut Additions) {
     }
 }
 
-fn add_langfuse(span: &Span, view: &View<'_>, add: &mut Additions) {
+fn add_langfuse(span: &Span, view: &View<'_>, route: &routing::Rendered, add: &mut Additions) {
     let kind = view.kind();
     let observation_type = match kind {
         Kind::Agent => "agent",
@@ -273,11 +280,23 @@ fn add_langfuse(span: &Span, view: &View<'_>, add: &mut Additions) {
     add.str("langfuse.observation.type", Some(observation_type));
     add.str("langfuse.session.id", view.session_id());
     add.str(
-        "langfuse.user.id",
-        view.str("user.id").or_else(|| view.str("enduser.id")),
+        LANGFUSE_USER_ID,
+        route
+            .user_id
+            .as_deref()
+            .or_else(|| view.str("user.id"))
+            .or_else(|| view.str("enduser.id")),
     );
-    if span.parent_span_id.is_empty() && !span.name.is_empty() {
-        add.str("langfuse.trace.name", Some(&span.name));
+    if span.parent_span_id.is_empty() {
+        let name = route
+            .trace_name
+            .as_deref()
+            .or((!span.name.is_empty()).then_some(&*span.name));
+        add.str(LANGFUSE_TRACE_NAME, name);
+        if !route.tags.is_empty() {
+            add.0
+                .push(routing::string_array_kv(LANGFUSE_TRACE_TAGS, &route.tags));
+        }
     }
     if kind == Kind::Chat {
         add.str("langfuse.observation.model.name", view.model());

@@ -467,7 +467,8 @@ fn openinference_and_langfuse_for_a_turn_span() {
     assert!(get(sp, "llm.token_count.prompt").is_none());
 
     assert_eq!(get_str(sp, "langfuse.observation.type"), "agent");
-    assert_eq!(get_str(sp, "langfuse.trace.name"), "invoke_agent hermes");
+    // The trace is named after the agent's service (`routing.langfuse`).
+    assert_eq!(get_str(sp, "langfuse.trace.name"), "hermes-agent");
     assert_eq!(get_str(sp, "langfuse.session.id"), "sess-1");
     assert_eq!(get_str(sp, "langfuse.user.id"), "u-7");
     assert_eq!(get_str(sp, "langfuse.observation.input"), "list the files");
