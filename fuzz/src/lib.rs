@@ -8,6 +8,7 @@
 //! | [`wire`] | bytes of one `EventBatch` message | prost decoding and the receiver's [`check_batch`] never panic; what it accepts respects the limits |
 //! | [`pipeline`] | bytes read as operations (`arbitrary`): batches of generated events, batches decoded from raw protobuf, timer ticks | the receiver's checks, the sequencer and the correlator, driven as the pipeline drives them, never panic; their state stays within the configured limits after every step; time and `flush_all` empty them |
 //! | [`config`] | text of a configuration file | `${VAR}` interpolation, YAML parsing and validation never panic |
+//! | [`redaction`] | bytes read as a batch of spans (`arbitrary`) whose strings mix arbitrary text with fragments of secrets | the span processor with the default rules never panics; every exported string is within its limit; processing the output again changes nothing |
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,6 +20,9 @@ use hermes_proto::received::ReceivedBatch;
 use hermes_proto::v1::{self, EventBatch, event::Body};
 use hermes_receiver::{Limits, check_batch};
 use prost::Message;
+
+mod redaction;
+pub use redaction::redaction;
 
 const MS: u64 = 1_000_000;
 /// 2027-01-15 in ns: the simulated wall clock starts here.
@@ -706,5 +710,10 @@ mod smoke {
     #[test]
     fn config() {
         smoke("config", super::config);
+    }
+
+    #[test]
+    fn redaction() {
+        smoke("redaction", super::redaction);
     }
 }

@@ -58,7 +58,8 @@ use redact::Redactor;
 
 /// The attribute listing the keys a span (or resource) had cut by
 /// truncation: a string array. Event attributes are listed as
-/// `{event name}/{key}`, link attributes as `link/{key}`.
+/// `{event name}/{key}`, link attributes as `link/{key}`; each entry is
+/// redacted and cut to [`MAX_NAME_BYTES`] like a key.
 pub const TRUNCATED_ATTRIBUTES: &str = "hermes.truncated_attributes";
 
 /// Longest span name, event name, scope name or version and attribute key,
@@ -313,16 +314,27 @@ impl SpanProcessor {
         let mut truncated = 0;
         for kv in attrs.iter_mut() {
             if kv.key == TRUNCATED_ATTRIBUTES {
+                // The marker lists key names: cut like keys (a marker that
+                // came with the span may hold anything), never listed.
+                if let Some(value) = kv.value.as_mut() {
+                    truncate::truncate_any(value, MAX_NAME_BYTES);
+                }
                 continue;
             }
             if let Some(value) = kv.value.as_mut()
                 && truncate::truncate_any(value, limit)
             {
                 truncated += 1;
-                cut.push(match prefix {
+                let mut entry = match prefix {
                     Some(p) => format!("{p}/{}", kv.key),
                     None => kv.key.to_string(),
-                });
+                };
+                // The joined name and key is a new string: redacted now, so
+                // that a second pass over the marker finds nothing, and cut
+                // like a key (the marker itself is never truncated).
+                c.redactor.redact_string(&mut entry, scratch);
+                entry.truncate(truncate::floor_char_boundary(&entry, MAX_NAME_BYTES));
+                cut.push(entry);
             }
         }
         ProcessorStats::add(&self.stats.truncated_attributes, truncated);

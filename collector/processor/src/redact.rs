@@ -42,6 +42,12 @@ use crate::truncate::floor_char_boundary;
 /// call arguments encoded as a string inside a message list).
 pub(crate) const MAX_JSON_NESTING: u8 = 4;
 
+/// Most passes of the value patterns over one string (see
+/// [`Redactor::apply_patterns`]); each pass that changes something replaces
+/// at least one match, so only a replacement that itself matches a pattern
+/// reaches the bound.
+const MAX_PATTERN_ROUNDS: usize = 8;
+
 /// Compiled redaction rules.
 #[derive(Debug)]
 pub(crate) struct Redactor {
@@ -468,13 +474,28 @@ impl Redactor {
         }
     }
 
+    /// `s` with every pattern match replaced, repeated until nothing more
+    /// matches (at most [`MAX_PATTERN_ROUNDS`] times): a replacement can
+    /// give a neighbour the word boundary a pattern needs (`x_PASSWORD=1`
+    /// after `a@b.co` became `<redacted>_PASSWORD=1`), and a second pass over
+    /// the output must find nothing.
     fn apply_patterns<'a>(&self, s: &'a str) -> Cow<'a, str> {
-        match &self.values {
-            Some(re) if self.prefilter.as_ref().is_none_or(|p| p.may_match(s)) => {
-                re.replace_all(s, NoExpand(&self.replacement))
-            }
-            _ => Cow::Borrowed(s),
+        let Some(re) = &self.values else {
+            return Cow::Borrowed(s);
+        };
+        if !self.prefilter.as_ref().is_none_or(|p| p.may_match(s)) {
+            return Cow::Borrowed(s);
         }
+        let Cow::Owned(mut out) = re.replace_all(s, NoExpand(&self.replacement)) else {
+            return Cow::Borrowed(s);
+        };
+        for _ in 1..MAX_PATTERN_ROUNDS {
+            match re.replace_all(&out, NoExpand(&self.replacement)) {
+                Cow::Owned(next) => out = next,
+                Cow::Borrowed(_) => break,
+            }
+        }
+        Cow::Owned(out)
     }
 
     /// Redacts a parsed JSON document in place; returns whether it changed.
@@ -600,6 +621,17 @@ mod tests {
         assert!(!g.matches("mi"));
         assert!(KeyGlob::new(3, "**").is_err());
         assert!(KeyGlob::new(3, "-_").is_err());
+    }
+
+    /// A replacement that gives the next text the word boundary a pattern
+    /// needs: the patterns run again until nothing matches.
+    #[test]
+    fn patterns_run_until_nothing_more_matches() {
+        let r = redactor();
+        let mut s = Scratch::default();
+        let once = r.redact_str("x a@b.co_PASSWORD=1", 0, &mut s).unwrap();
+        assert_eq!(once, "x <redacted><redacted>");
+        assert_eq!(r.redact_str(&once, 0, &mut s), None);
     }
 
     #[test]
