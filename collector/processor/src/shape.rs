@@ -27,10 +27,13 @@
 //!
 //!    Step 1 then runs with the room left.
 //!
+//! Each round of dropping reduces at most [`MAX_ROUNDS`] arrays, which
+//! bounds the work on hostile documents of many small arrays.
+//!
 //! A GenAI message array or part array (`gen_ai.input.messages`,
 //! `gen_ai.output.messages`, `gen_ai.system_instructions`, and their
 //! OpenInference copies `input.value`/`output.value`) too big for even one
-//! marker becomes `[]`, which is still schema-valid. [`shorten`] gives up
+//! marker (or beyond the rounds) becomes `[]`, which is still schema-valid. [`shorten`] gives up
 //! (`None`) only on documents whose keys, numbers and short strings alone
 //! exceed the limit outside any array; the caller then cuts members.
 //!
@@ -48,6 +51,11 @@ pub(crate) const KEEP_BYTES: usize = 32;
 /// Middle elements go before strings are cut below `limit / 8` bytes, or
 /// this many: a cut history shows readable messages, not stubs.
 pub(crate) const READABLE_BYTES: usize = 1024;
+
+/// Arrays reduced per round of dropping. Each costs a walk of the document,
+/// so this bounds the work on documents of many small arrays (a message
+/// history needs a few: its message array and its largest part arrays).
+const MAX_ROUNDS: usize = 32;
 
 /// The marker ending a cut string; `N` is the removed byte count.
 fn cut_marker(removed: usize) -> String {
@@ -386,7 +394,7 @@ pub(crate) fn shorten(doc: &Json, limit: usize) -> Option<String> {
 /// `middle_only`) until `root` fits `limit` with strings cut to `cap`;
 /// returns whether it does.
 fn reduce(root: &mut Node<'_>, limit: usize, cap: usize, middle_only: bool) -> bool {
-    loop {
+    for _ in 0..MAX_ROUNDS {
         let len = root.len_at(cap);
         if len <= limit {
             return true;
@@ -401,6 +409,7 @@ fn reduce(root: &mut Node<'_>, limit: usize, cap: usize, middle_only: bool) -> b
             _ => return false,
         }
     }
+    root.len_at(cap) <= limit
 }
 
 /// The largest string cap (≥ [`KEEP_BYTES`]) at which `root` fits `limit`.

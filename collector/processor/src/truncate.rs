@@ -314,6 +314,34 @@ mod tests {
         }
     }
 
+    #[test]
+    fn many_small_arrays_are_cut_in_bounded_time() {
+        let members: Vec<String> = (0..5000)
+            .map(|i| format!("\"k{i}\":[\"{}\",2,3,4,5,6,7,8,9,10]", "v".repeat(40)))
+            .collect();
+        let doc = format!("{{{}}}", members.join(","));
+        let start = std::time::Instant::now();
+        let out = cut(&doc, 4096);
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+        assert!(out.len() <= 4096);
+        serde_json::from_str::<serde_json::Value>(&out).unwrap();
+    }
+
+    #[test]
+    fn long_strings_are_cut_before_anything_goes() {
+        let doc = serde_json::json!({"a": "x".repeat(300), "b": [1, 2, 3],
+            "c": {"d": "é".repeat(300), "e": "short"}})
+        .to_string();
+        let out = cut(&doc, 200);
+        assert!(out.len() <= 200, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["b"], serde_json::json!([1, 2, 3]));
+        assert_eq!(v["c"]["e"], "short");
+        for s in [&v["a"], &v["c"]["d"]] {
+            assert!(s.as_str().unwrap().contains("…[truncated "), "{out}");
+        }
+    }
+
     fn arb_json() -> impl Strategy<Value = serde_json::Value> {
         let leaf = prop_oneof![
             Just(serde_json::Value::Null),
