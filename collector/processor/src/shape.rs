@@ -33,9 +33,10 @@
 //! A GenAI message array or part array (`gen_ai.input.messages`,
 //! `gen_ai.output.messages`, `gen_ai.system_instructions`, and their
 //! OpenInference copies `input.value`/`output.value`) too big for even one
-//! marker (or beyond the rounds) becomes `[]`, which is still schema-valid. [`shorten`] gives up
-//! (`None`) only on documents whose keys, numbers and short strings alone
-//! exceed the limit outside any array; the caller then cuts members.
+//! marker (or beyond the rounds) becomes `[]`, which is still schema-valid.
+//! [`shorten`] gives up (`None`) only on other documents whose keys,
+//! numbers and short strings alone exceed the limit (or beyond the rounds);
+//! the caller then cuts members.
 //!
 //! Invariants: the result is compact JSON of at most `limit` bytes; every
 //! object keeps all its members, every value keeps its type; every element
@@ -77,24 +78,27 @@ enum Marker {
 
 impl Marker {
     fn of(items: &[Node<'_>]) -> Self {
-        let objects: Option<Vec<&Vec<(&str, Node<'_>)>>> = items
-            .iter()
-            .map(|n| match n {
-                Node::Object(m) => Some(m),
+        let objects = || {
+            items.iter().map(|n| match n {
+                Node::Object(m) => Some(m.as_slice()),
                 _ => None,
             })
-            .collect();
-        let Some(objects) = objects.filter(|o| !o.is_empty()) else {
-            return Marker::Element;
         };
-        let has = |m: &Vec<(&str, Node<'_>)>, key: &str| m.iter().any(|(k, _)| *k == key);
-        if objects.iter().all(|m| has(m, "role") && has(m, "parts")) {
+        if items.is_empty() || objects().any(|m| m.is_none()) {
+            return Marker::Element;
+        }
+        let all = |keys: &[&str]| {
+            objects()
+                .flatten()
+                .all(|m| keys.iter().all(|key| m.iter().any(|(k, _)| k == key)))
+        };
+        if all(&["role", "parts"]) {
             Marker::Message {
-                finish_reason: objects.iter().all(|m| has(m, "finish_reason")),
+                finish_reason: all(&["finish_reason"]),
             }
-        } else if objects.iter().all(|m| has(m, "role") && has(m, "content")) {
+        } else if all(&["role", "content"]) {
             Marker::ContentMessage
-        } else if objects.iter().all(|m| has(m, "type")) {
+        } else if all(&["type"]) {
             Marker::Part
         } else {
             Marker::Element
