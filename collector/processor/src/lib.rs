@@ -12,8 +12,10 @@
 //!    too) and keys, span and event names, the status message, the scope's
 //!    name and version (`redact.rs`);
 //! 3. **truncation** (`max_attribute_bytes`): every string value and the
-//!    status message cut to the limit, JSON kept valid, the cut attribute
-//!    keys listed in `hermes.truncated_attributes` (`truncate.rs`); names
+//!    status message cut to the limit, JSON kept valid and of the same
+//!    shape (longest strings cut first, members never dropped, elided array
+//!    elements replaced by one saying how many; `truncate.rs`, `shape.rs`),
+//!    the cut attribute keys listed in `hermes.truncated_attributes`; names
 //!    and keys are cut to [`MAX_NAME_BYTES`] whatever the limit.
 //!
 //! Sets run first so that their copies of content are redacted and cut like
@@ -39,6 +41,7 @@ mod prefilter;
 mod redact;
 mod routing;
 mod sets;
+mod shape;
 mod truncate;
 
 use std::sync::Arc;

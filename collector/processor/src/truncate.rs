@@ -2,12 +2,23 @@
 //!
 //! Owns the cutting rule. A value longer than the limit becomes:
 //! - when it is a JSON object or array: a valid JSON document of at most
-//!   `limit` bytes, written compact. Whole elements and members are kept
-//!   from the start; the first one that does not fit is cut recursively
-//!   (strings end with `…`); an array that lost elements ends with a `"…"`
-//!   element, an object that lost members ends with `"_truncated":true`;
-//! - otherwise: its longest prefix of at most `limit` bytes that ends on a
-//!   UTF-8 character boundary.
+//!   `limit` bytes, written compact, that keeps the document's shape when
+//!   it can ([`shape::shorten`]): the longest strings are cut first, each
+//!   ending with `…[truncated N bytes]`; only when strings cut to
+//!   [`shape::KEEP_BYTES`] still do not fit, whole elements of the largest
+//!   arrays go (the middle of a message history first), replaced by one
+//!   element of the same form saying how many went. Object members are
+//!   never dropped, so a GenAI message keeps its `role`, a part its `type`
+//!   and required fields. A GenAI message or part array that cannot hold
+//!   even that one element becomes `[]`;
+//! - when the shape cannot be kept (keys, numbers and short strings outside
+//!   any array exceed the limit): the member-cutting fallback. Whole
+//!   elements and members are kept from the start; the first one that does
+//!   not fit is cut recursively (strings end with `…`); an array that lost
+//!   elements ends with a `"…"` element, an object that lost members ends
+//!   with `"_truncated":true`;
+//! - otherwise (plain text): its longest prefix of at most `limit` bytes
+//!   that ends on a UTF-8 character boundary.
 //!
 //! Invariants: the result is at most `limit` bytes; a JSON input gives a JSON
 //! output (for any `limit` ≥ 2); the result of a value within the limit is
@@ -16,6 +27,7 @@
 use hermes_span::common::v1::{AnyValue, any_value::Value};
 
 use crate::json::{self, Json};
+use crate::shape;
 
 /// Marker ending a cut string, and the element ending an array that lost
 /// elements (as a JSON string).
@@ -32,6 +44,9 @@ pub(crate) fn truncate_str(s: &str, limit: usize) -> Option<String> {
         return None;
     }
     if let Some(doc) = json::parse_container(s) {
+        if let Some(out) = shape::shorten(&doc, limit) {
+            return Some(out);
+        }
         let mut out = String::with_capacity(limit);
         if fit(&doc, limit, &mut out) {
             return Some(out);
@@ -296,6 +311,34 @@ mod tests {
                 serde_json::from_str::<serde_json::Value>(&out)
                     .unwrap_or_else(|e| panic!("{limit}: {out}: {e}"));
             }
+        }
+    }
+
+    #[test]
+    fn many_small_arrays_are_cut_in_bounded_time() {
+        let members: Vec<String> = (0..5000)
+            .map(|i| format!("\"k{i}\":[\"{}\",2,3,4,5,6,7,8,9,10]", "v".repeat(40)))
+            .collect();
+        let doc = format!("{{{}}}", members.join(","));
+        let start = std::time::Instant::now();
+        let out = cut(&doc, 4096);
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+        assert!(out.len() <= 4096);
+        serde_json::from_str::<serde_json::Value>(&out).unwrap();
+    }
+
+    #[test]
+    fn long_strings_are_cut_before_anything_goes() {
+        let doc = serde_json::json!({"a": "x".repeat(300), "b": [1, 2, 3],
+            "c": {"d": "é".repeat(300), "e": "short"}})
+        .to_string();
+        let out = cut(&doc, 200);
+        assert!(out.len() <= 200, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["b"], serde_json::json!([1, 2, 3]));
+        assert_eq!(v["c"]["e"], "short");
+        for s in [&v["a"], &v["c"]["d"]] {
+            assert!(s.as_str().unwrap().contains("…[truncated "), "{out}");
         }
     }
 
