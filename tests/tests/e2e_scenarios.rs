@@ -1172,8 +1172,9 @@ print("E2E " + json.dumps({"session": agent.session_id, "finals": finals}))
 /// callback. Hermes asks for approval (and fires pre/post_approval_*) only
 /// in an interactive CLI, gateway or exec-ask context: `HERMES_INTERACTIVE=1`
 /// selects the CLI path, and `tools.terminal_tool.set_approval_callback`
-/// (per thread) answers instead of a prompt. The `approval {pattern_key}`
-/// span is a child of the tool span.
+/// (per thread) answers instead of a prompt. Hermes' smart review asks
+/// first and escalates to the callback: two `approval {pattern_key}` spans
+/// (the smart one unanswered), both children of the tool span.
 #[test]
 fn approval_becomes_a_child_of_the_tool_span() {
     let scratch_parent = tempfile::tempdir().expect("tempdir");
@@ -1211,9 +1212,12 @@ print("E2E " + json.dumps({"session": agent.session_id, "asked": asked,
     assert!(!scratch.exists(), "approved command ran");
     let session = result["session"].as_str().expect("session").to_string();
 
-    let tree = sc.collect(1, 5);
+    // Hermes 0.19 asks its smart review first (`surface: smart`), which
+    // escalates to the callback (`surface: cli`): two requests, one
+    // response, so two approval spans.
+    let tree = sc.collect(1, 6);
     assert_common(&tree, &session);
-    assert_eq!(tree.len(), 5, "{}", tree.render());
+    assert_eq!(tree.len(), 6, "{}", tree.render());
     let root = only_root(&tree);
     let model = sc.model().to_string();
     assert_turn(
@@ -1238,8 +1242,23 @@ print("E2E " + json.dumps({"session": agent.session_id, "asked": asked,
     let tool = tree.children_named(root, "execute_tool terminal")[0];
     assert_tool(&tree, tool, "terminal", "call_1", &tid);
     let approvals = tree.children(tool);
-    assert_eq!(approvals.len(), 1, "{}", tree.render());
-    let approval = approvals[0];
+    assert_eq!(approvals.len(), 2, "{}", tree.render());
+    let smart = approvals
+        .iter()
+        .find(|a| a.str_attr("hermes.approval.surface") == Some("smart"))
+        .unwrap_or_else(|| panic!("no smart review span:\n{}", tree.render()));
+    assert_eq!(smart.name, format!("approval {pattern_key}"));
+    assert_eq!(smart.bool_attr("hermes.approval.answered"), Some(false));
+    assert!(
+        !smart.has_attr("hermes.approval.choice"),
+        "unanswered: no choice"
+    );
+    assert!(!smart.has_attr("hermes.incomplete"));
+    let approval = approvals
+        .iter()
+        .find(|a| a.str_attr("hermes.approval.surface") == Some("cli"))
+        .unwrap_or_else(|| panic!("no cli approval span:\n{}", tree.render()));
+    assert_ne!(smart.span_id, approval.span_id);
     assert_eq!(approval.name, format!("approval {pattern_key}"));
     assert_eq!(approval.kind(), SpanKind::Internal);
     assert_eq!(
