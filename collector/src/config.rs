@@ -323,7 +323,7 @@ const MAX_SERIES: usize = 10_000;
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        let bounds = crate::series::Bounds::default();
+        let bounds = crate::label_bounds::Bounds::default();
         Self {
             max_label_value_bytes: bounds.max_value_bytes,
             max_label_values: bounds.max_values,
@@ -334,8 +334,8 @@ impl Default for MetricsConfig {
 
 impl MetricsConfig {
     /// The bounds the derived metrics apply.
-    pub fn bounds(&self) -> crate::series::Bounds {
-        crate::series::Bounds {
+    pub fn bounds(&self) -> crate::label_bounds::Bounds {
+        crate::label_bounds::Bounds {
             max_value_bytes: self.max_label_value_bytes,
             max_values: self.max_label_values,
             max_series: self.max_series,
@@ -1549,7 +1549,7 @@ mod tests {
     #[test]
     fn metric_label_bounds_are_checked() {
         let c = Config::parse_yaml("").unwrap();
-        assert_eq!(c.metrics.bounds(), crate::series::Bounds::default());
+        assert_eq!(c.metrics.bounds(), crate::label_bounds::Bounds::default());
         for (yaml, path) in [
             (
                 "metrics:\n  max_label_value_bytes: 0\n",
@@ -1579,7 +1579,7 @@ mod tests {
         c.validate_with(&no_env).unwrap();
         assert_eq!(
             c.metrics.bounds(),
-            crate::series::Bounds {
+            crate::label_bounds::Bounds {
                 max_value_bytes: 64,
                 max_values: 20,
                 max_series: 50

@@ -17,6 +17,7 @@ mod config_checks;
 mod derived;
 mod files;
 mod interpolate;
+mod label_bounds;
 mod persist;
 mod pipeline;
 mod routing_schema;

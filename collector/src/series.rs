@@ -52,26 +52,7 @@ use crate::derived::{Kind, PrometheusHistograms};
 /// The label value that stands for the values past the bounds.
 pub const OTHER: &str = "other";
 
-/// The bounds of the derived metrics' labels; see the module docs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Bounds {
-    /// Longest label value, in bytes.
-    pub max_value_bytes: usize,
-    /// Most distinct values per label and instrument.
-    pub max_values: usize,
-    /// Most label sets per instrument, the overflow series aside.
-    pub max_series: usize,
-}
-
-impl Default for Bounds {
-    fn default() -> Self {
-        Self {
-            max_value_bytes: 128,
-            max_values: 100,
-            max_series: 1000,
-        }
-    }
-}
+pub use crate::label_bounds::Bounds;
 
 /// The counters of what the bounds changed; clones share them.
 #[derive(Clone, Debug, Default)]

@@ -1,6 +1,7 @@
 //! The collector's configuration parser, outside the collector binary, for
 //! the `config` fuzz target: `collector/src/config.rs` and the modules it
-//! uses (`interpolate.rs`, `files.rs`, `config_checks.rs`, `yaml_depth.rs`)
+//! uses (`interpolate.rs`, `files.rs`, `config_checks.rs`, `yaml_depth.rs`,
+//! `label_bounds.rs`, `routing_schema.rs`)
 //! compiled as they are (as a dependency, so their `#[cfg(test)]` modules
 //! are left out).
 
@@ -14,6 +15,10 @@ pub mod config_checks;
 pub mod files;
 #[path = "../../../collector/src/interpolate.rs"]
 pub mod interpolate;
+#[path = "../../../collector/src/label_bounds.rs"]
+pub mod label_bounds;
+#[path = "../../../collector/src/routing_schema.rs"]
+pub mod routing_schema;
 #[path = "../../../collector/src/yaml_depth.rs"]
 pub mod yaml_depth;
 
