@@ -18,10 +18,9 @@ use std::time::Duration;
 
 use hermes_e2e::collector::{Collector, admin_request};
 use hermes_e2e::fault::metric_sum;
-use hermes_e2e::ingest::{events_of, fixture_records};
+use hermes_e2e::ingest::{batch_of, events_of, exchange, fixture_records};
 use hermes_e2e::{free_port, wait_until};
-use hermes_proto::v1::event_ingest_client::EventIngestClient;
-use hermes_proto::v1::{Event, EventBatch, ShimInfo};
+use hermes_proto::v1::Event;
 use prost::Message as _;
 use serde_json::Value as Json;
 
@@ -85,45 +84,13 @@ fn send(endpoint: &str, instance_id: &str, events: Vec<Event>) {
     }
     batches.push(batch);
     let expected = batches.len();
-    let shim = ShimInfo {
-        instance_id: instance_id.into(),
-        service_name: "hostile-metrics-test".into(),
-        host_name: "host".into(),
-        pid: 1,
-        shim_version: "test".into(),
-        capture: "metadata".into(),
-    };
-    let batches: Vec<EventBatch> = batches
+    let batches = batches
         .into_iter()
-        .map(|events| EventBatch {
-            shim: Some(shim.clone()),
-            events,
-            ..Default::default()
-        })
+        .map(|events| batch_of(instance_id, events))
         .collect();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .unwrap();
-        let mut client = EventIngestClient::new(channel)
-            .max_decoding_message_size(64 * 1024 * 1024)
-            .max_encoding_message_size(64 * 1024 * 1024);
-        let request = tonic::Request::new(tokio_stream::iter(batches));
-        let mut acks = client.stream(request).await.unwrap().into_inner();
-        for _ in 0..expected {
-            match tokio::time::timeout(WAIT, acks.message()).await {
-                Ok(Ok(Some(_))) => {}
-                other => panic!("batch not acknowledged: {other:?}"),
-            }
-        }
-    });
+    let acks = exchange(endpoint, None, batches)
+        .unwrap_or_else(|status| panic!("batches refused: {status:?}"));
+    assert_eq!(acks.len(), expected, "not every batch was acknowledged");
 }
 
 /// The collector with a span file as its only exporter and the admin
