@@ -2,7 +2,7 @@
 # Create (idempotently) the Python venv that the end-to-end tests run Hermes in.
 #
 #   venv:   ${HERMES_E2E_VENV:-<repo>/target/e2e-venv}
-#   base:   hermes-agent==0.19.0 and maturin, from PyPI
+#   base:   hermes-agent==${HERMES_E2E_HERMES_VERSION:-0.19.0} and maturin, from PyPI
 #   shim:   pip install <repo>/agent-shim (the hermes-collector-shim plugin),
 #           reinstalled whenever a source file of the shim (or of the proto
 #           crate, or the workspace Cargo.toml/Cargo.lock) is newer than the
@@ -11,6 +11,8 @@
 # Environment:
 #   HERMES_E2E_VENV            venv path (default <repo>/target/e2e-venv)
 #   HERMES_E2E_PYTHON          interpreter that creates the venv (default python3, >= 3.11)
+#   HERMES_E2E_HERMES_VERSION  hermes-agent version to install (default 0.19.0;
+#                              the tests give older versions venvs of their own)
 #   SKIP_SHIM=1                do not install the shim (harness development only)
 #   HERMES_E2E_BUILD_ISOLATION=1  build the shim with pip's build isolation
 #                              (default: --no-build-isolation, using the venv's maturin)
@@ -23,7 +25,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${HERMES_E2E_VENV:-$REPO/target/e2e-venv}"
 PYTHON="${HERMES_E2E_PYTHON:-python3}"
-HERMES_REQ="hermes-agent==0.19.0"
+HERMES_REQ="hermes-agent==${HERMES_E2E_HERMES_VERSION:-0.19.0}"
 BASE_REQS=("$HERMES_REQ" "maturin>=1.5,<2")
 BASE_SPEC="${BASE_REQS[*]}"
 SHIM_DIR="$REPO/agent-shim"

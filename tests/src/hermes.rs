@@ -20,7 +20,7 @@ use tempfile::TempDir;
 
 use crate::env_secs;
 use crate::process::{RunOutput, run_with_timeout};
-use crate::venv::ensure_venv;
+use crate::venv::{DEFAULT_HERMES_VERSION, ensure_venv_for};
 
 /// API key configured for the custom provider (the fake server ignores it).
 pub const API_KEY: &str = "sk-hermes-e2e";
@@ -69,7 +69,14 @@ impl HermesHome {
     /// interpreter start-up per test; [`config_set`](Self::config_set) runs
     /// the real command.)
     pub fn new(base_url: &str, model: &str) -> HermesHome {
-        let venv = ensure_venv();
+        HermesHome::with_hermes(DEFAULT_HERMES_VERSION, base_url, model)
+    }
+
+    /// Like [`new`](Self::new), running another hermes-agent release
+    /// (`"0.18.2"`) from its own venv ([`ensure_venv_for`]), configured the
+    /// same way.
+    pub fn with_hermes(hermes_version: &str, base_url: &str, model: &str) -> HermesHome {
+        let venv = ensure_venv_for(hermes_version);
         let dir = tempfile::Builder::new()
             .prefix("hermes-home-")
             .tempdir()

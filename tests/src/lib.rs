@@ -48,7 +48,7 @@ pub use otlp_metrics_receiver::{HistogramPoint, MetricStore, MetricsReceiver, Re
 pub use otlp_receiver::{OtlpHttpReceiver, OtlpReceiver, ReceivedExport, SpanStore};
 pub use process::{ChildGuard, RunOutput, cargo_bin, free_port, run_with_timeout};
 pub use span_tree::{AttrsExt, SpanExt, SpanTree};
-pub use venv::{ensure_venv, venv_bin};
+pub use venv::{DEFAULT_HERMES_VERSION, ensure_venv, ensure_venv_for, venv_bin};
 
 /// The repository root (the workspace directory holding `Cargo.toml`).
 pub fn repo_root() -> PathBuf {

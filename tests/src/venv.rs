@@ -4,10 +4,13 @@
 //! parallel test binaries don't race) at `$HERMES_E2E_VENV`, default
 //! `<repo>/target/e2e-venv`, with `hermes-agent==0.19.0`, `maturin` and our
 //! shim. [`ensure_venv`] runs the script at most once per test process.
+//! Tests of older Hermes releases take a venv of their own per version
+//! ([`ensure_venv_for`]), next to the default one.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::process::ChildGuard;
@@ -16,6 +19,9 @@ use crate::{env_secs, repo_root, tests_dir};
 /// Default bound on `setup_venv.sh` (first run: ~1 min for the pip installs,
 /// plus a maturin build of the shim, which may wait for the cargo lock).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// The hermes-agent release the default venv holds.
+pub const DEFAULT_HERMES_VERSION: &str = "0.19.0";
 
 /// The venv path `setup_venv.sh` uses: `$HERMES_E2E_VENV` or
 /// `<repo>/target/e2e-venv`.
@@ -34,20 +40,47 @@ pub fn venv_path() -> PathBuf {
 /// bounded by `$HERMES_E2E_SETUP_TIMEOUT_SECS` (default 1800). Set
 /// `SKIP_SHIM=1` to skip the shim (only for developing the harness).
 pub fn ensure_venv() -> PathBuf {
-    static VENV: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match VENV.get_or_init(run_setup) {
+    ensure_venv_for(DEFAULT_HERMES_VERSION)
+}
+
+/// Like [`ensure_venv`] for another hermes-agent release (`"0.18.2"`): its
+/// venv is the default path with `-<version>` appended, made and kept up to
+/// date by the same script, at most once per test process and version.
+pub fn ensure_venv_for(hermes_version: &str) -> PathBuf {
+    type Setups = Mutex<HashMap<String, Arc<OnceLock<Result<PathBuf, String>>>>>;
+    static VENVS: OnceLock<Setups> = OnceLock::new();
+    let once = {
+        let mut venvs = VENVS
+            .get_or_init(Setups::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        Arc::clone(venvs.entry(hermes_version.to_string()).or_default())
+    };
+    match once.get_or_init(|| run_setup(hermes_version)) {
         Ok(path) => path.clone(),
         Err(e) => panic!("{e}"),
     }
 }
 
-fn run_setup() -> Result<PathBuf, String> {
-    let venv = venv_path();
+/// Where the venv of `hermes_version` lives.
+pub fn venv_path_for(hermes_version: &str) -> PathBuf {
+    let default = venv_path();
+    if hermes_version == DEFAULT_HERMES_VERSION {
+        return default;
+    }
+    let mut name = default.file_name().unwrap_or_default().to_os_string();
+    name.push(format!("-{hermes_version}"));
+    default.with_file_name(name)
+}
+
+fn run_setup(hermes_version: &str) -> Result<PathBuf, String> {
+    let venv = venv_path_for(hermes_version);
     let script = tests_dir().join("setup_venv.sh");
     let timeout = env_secs("HERMES_E2E_SETUP_TIMEOUT_SECS", SETUP_TIMEOUT);
     let mut cmd = Command::new("bash");
     cmd.arg(&script)
         .env("HERMES_E2E_VENV", &venv)
+        .env("HERMES_E2E_HERMES_VERSION", hermes_version)
         .current_dir(repo_root())
         .stdin(Stdio::null())
         .stdout(Stdio::inherit())
