@@ -379,9 +379,8 @@ fn build_sinks(config: &Config) -> anyhow::Result<Vec<Sink>> {
     if let Some(path) = config.span_file() {
         // As the configuration file wrote it: never a value from `${VAR}`.
         let shown = PathBuf::from(config.shown(&path.display().to_string()));
-        let exporter = FileExporter::new_shown(FileExporterConfig { path }, shown.clone())
+        let exporter = FileExporter::new_shown(FileExporterConfig { path }, shown)
             .context("exporters.file.path")?;
-        tracing::info!(path = %shown.display(), "writing spans as OTLP JSON lines");
         sinks.push(Sink::new("file", exporter));
     }
     let console = match &config.exporters.console {
@@ -393,6 +392,9 @@ fn build_sinks(config: &Config) -> anyhow::Result<Vec<Sink>> {
             "console",
             ConsoleExporter::stdout(ConsoleExporterConfig::default()),
         ));
+    }
+    for sink in &sinks {
+        tracing::info!(exporter = sink.name(), destination = %sink.destination(), "exporting spans");
     }
     Ok(sinks)
 }
@@ -545,7 +547,8 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
             let (export, meter) = derived::OtlpMetricsExport::start(otlp, tls, bounds.max_series)
                 .context("OTLP metrics exporter")?;
             tracing::info!(
-                endpoint = %config.shown(&otlp.endpoint),
+                destination = %hermes_exporter::shown_endpoint(&config.shown(&otlp.endpoint)),
+                protocol = ?otlp.protocol,
                 interval_ms = otlp.interval_ms,
                 "exporting the derived metrics over OTLP"
             );

@@ -924,3 +924,30 @@ fn the_collector_runs_without_transparent_huge_pages_unless_told_otherwise() {
         "MIMALLOC_ALLOW_THP=1 is not honoured"
     );
 }
+
+/// The startup log says where spans and metrics go (protocol, URL, file)
+/// and never the credentials an endpoint carries.
+#[test]
+fn the_startup_log_names_each_destination_without_credentials() {
+    let work = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (traces, metrics) = (free_port(), free_port());
+    let spans = work.path().join("spans.jsonl");
+    let yaml = format!(
+        "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\n\
+         exporters:\n  otlp:\n    protocol: http/protobuf\n    endpoint: http://agent:s3cret-userinfo@127.0.0.1:{traces}/otlp\n\
+         \x20 otlp_metrics:\n    endpoint: http://m:s3cret-metrics@127.0.0.1:{metrics}\n\
+         \x20 file:\n    path: {}\n",
+        spans.display()
+    );
+    let collector = Collector::start_with_config(work.path(), &listen, &yaml);
+    let log = collector.guard.stderr_text();
+    for expected in [
+        format!("OTLP/HTTP protobuf POST http://***@127.0.0.1:{traces}/otlp/v1/traces"),
+        format!("OTLP JSON lines appended to {}", spans.display()),
+        format!("http://***@127.0.0.1:{metrics}"),
+    ] {
+        assert!(log.contains(&expected), "no {expected:?} in:\n{log}");
+    }
+    assert!(!log.contains("s3cret"), "a credential in the log:\n{log}");
+}

@@ -80,6 +80,10 @@ impl FileExporter {
 }
 
 impl SpanExporter for FileExporter {
+    fn destination(&self) -> String {
+        format!("OTLP JSON lines appended to {}", self.shown.display())
+    }
+
     fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
         Box::pin(async move {
             let paths = (self.path.clone(), self.shown.clone());

@@ -31,7 +31,7 @@ use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{ExportError, error_chain, truncate};
-use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter};
+use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter, shown_endpoint};
 use crate::tls::{ClientTls, TlsSettings};
 
 /// Compression of export requests.
@@ -64,7 +64,7 @@ pub struct GrpcExporterConfig {
 impl std::fmt::Debug for GrpcExporterConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GrpcExporterConfig")
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &shown_endpoint(&self.endpoint))
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("compression", &self.compression)
@@ -106,7 +106,10 @@ pub struct GrpcExporter {
 impl std::fmt::Debug for GrpcExporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GrpcExporter")
-            .field("endpoint", &self.endpoint.uri())
+            .field(
+                "endpoint",
+                &shown_endpoint(&self.endpoint.uri().to_string()),
+            )
             .field("compression", &self.compression)
             .field("timeout", &self.timeout)
             .field("tls", &self.tls)
@@ -149,7 +152,7 @@ impl GrpcExporter {
         tls: Option<&TlsSettings>,
     ) -> Result<Endpoint, ExportError> {
         let invalid = |reason: String| ExportError::InvalidEndpoint {
-            endpoint: config.endpoint.clone(),
+            endpoint: shown_endpoint(&config.endpoint),
             reason,
         };
         let uri: http::Uri = config
@@ -202,6 +205,13 @@ impl GrpcExporter {
 }
 
 impl SpanExporter for GrpcExporter {
+    fn destination(&self) -> String {
+        format!(
+            "OTLP/gRPC {}",
+            shown_endpoint(&self.endpoint.uri().to_string())
+        )
+    }
+
     fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
         Box::pin(async move {
             let mut client = self.client();

@@ -39,7 +39,7 @@ use prost::Message;
 
 use crate::error::{ExportError, rpc_status, truncate};
 use crate::grpc::redacted_headers;
-use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter};
+use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter, shown_endpoint};
 use crate::tls::{ClientTls, TlsSettings};
 
 /// The most bytes read from a response body.
@@ -63,7 +63,7 @@ pub struct HttpExporterConfig {
 impl std::fmt::Debug for HttpExporterConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpExporterConfig")
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &shown_endpoint(&self.endpoint))
             .field("timeout", &self.timeout)
             .field("headers", &redacted_headers(&self.headers))
             .finish()
@@ -91,7 +91,7 @@ pub struct HttpExporter {
 impl std::fmt::Debug for HttpExporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpExporter")
-            .field("uri", &self.uri)
+            .field("uri", &shown_endpoint(&self.uri.to_string()))
             .field("timeout", &self.timeout)
             .field("tls", &(self.uri.scheme_str() == Some("https")))
             .finish_non_exhaustive()
@@ -125,7 +125,7 @@ pub fn https_connector(
     }
     if tls.is_some() {
         return Err(ExportError::InvalidEndpoint {
-            endpoint: uri.to_string(),
+            endpoint: shown_endpoint(&uri.to_string()),
             reason: "TLS settings need an https:// endpoint (refusing to send in plaintext)".into(),
         });
     }
@@ -230,6 +230,13 @@ impl HttpExporter {
 }
 
 impl SpanExporter for HttpExporter {
+    fn destination(&self) -> String {
+        format!(
+            "OTLP/HTTP protobuf POST {}",
+            shown_endpoint(&self.uri.to_string())
+        )
+    }
+
     fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
         Box::pin(async move {
             let body = batch.protobuf().clone();
@@ -243,7 +250,7 @@ impl SpanExporter for HttpExporter {
 /// `{endpoint}/v1/traces`, or `endpoint` itself when it already ends so.
 fn traces_uri(endpoint: &str) -> Result<Uri, ExportError> {
     let invalid = |reason: String| ExportError::InvalidEndpoint {
-        endpoint: endpoint.to_owned(),
+        endpoint: shown_endpoint(endpoint),
         reason,
     };
     let trimmed = endpoint.trim_end_matches('/');

@@ -57,6 +57,6 @@ pub use file::{FileExporter, FileExporterConfig};
 pub use grpc::{Compression, GrpcExporter, GrpcExporterConfig};
 pub use http::{HttpExporter, HttpExporterConfig, https_connector};
 pub use retry::RetrySettings;
-pub use sink::{ExportBatch, ExportFuture, ExportOutcome, Sink, SpanExporter};
+pub use sink::{ExportBatch, ExportFuture, ExportOutcome, Sink, SpanExporter, shown_endpoint};
 pub use stage::{ExporterSettings, ExporterStage, ExporterStats, SinkStats, run};
 pub use tls::TlsSettings;

@@ -40,6 +40,10 @@ pub trait SpanExporter: Send + 'static {
     /// retries: clone what must be owned.
     fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_>;
 
+    /// Where this exporter sends spans, for the startup log: protocol and
+    /// URL or file, never credentials (see [`shown_endpoint`]).
+    fn destination(&self) -> String;
+
     /// Called once, after the last `export`, when the stage shuts down
     /// cleanly. Exporters that buffer (the console tree) flush here.
     fn shutdown(&mut self) -> ExportFuture<'_> {
@@ -68,8 +72,33 @@ impl Sink {
         &self.name
     }
 
+    /// Where the sink's exporter sends spans ([`SpanExporter::destination`]).
+    pub fn destination(&self) -> String {
+        self.exporter.destination()
+    }
+
     pub(crate) fn exporter_mut(&mut self) -> &mut dyn SpanExporter {
         self.exporter.as_mut()
+    }
+}
+
+/// `endpoint` as logs and errors may show it: scheme, host, port and path.
+/// Userinfo (`user:password@`) becomes `***@`; the query and the fragment,
+/// where tokens travel, are left out.
+pub fn shown_endpoint(endpoint: &str) -> String {
+    let (scheme, rest) = match endpoint.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, endpoint),
+    };
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let host = match authority.rfind('@') {
+        Some(at) => format!("***@{}", &authority[at + 1..]),
+        None => authority.to_owned(),
+    };
+    match scheme {
+        Some(scheme) => format!("{scheme}://{host}{path}"),
+        None => format!("{host}{path}"),
     }
 }
 
@@ -143,4 +172,30 @@ pub(crate) fn span_count(resource_spans: &[ResourceSpans]) -> u64 {
         .flat_map(|rs| rs.scope_spans.iter())
         .map(|ss| ss.spans.len() as u64)
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown_endpoint;
+
+    #[test]
+    fn a_shown_endpoint_keeps_the_place_and_drops_credentials() {
+        for (endpoint, shown) in [
+            (
+                "http://127.0.0.1:4318/v1/traces",
+                "http://127.0.0.1:4318/v1/traces",
+            ),
+            ("https://user:s3cret@h:443/otlp", "https://***@h:443/otlp"),
+            (
+                "https://h/v1/traces?api_key=s3cret#x",
+                "https://h/v1/traces",
+            ),
+            ("https://a@b@h", "https://***@h"),
+            ("h:4317", "h:4317"),
+            ("user:s3cret@h:4317/p?q", "***@h:4317/p"),
+            ("", ""),
+        ] {
+            assert_eq!(shown_endpoint(endpoint), shown, "{endpoint}");
+        }
+    }
 }

@@ -101,6 +101,10 @@ impl ConsoleExporter {
 }
 
 impl SpanExporter for ConsoleExporter {
+    fn destination(&self) -> String {
+        "turn trees on the console (standard output)".to_owned()
+    }
+
     fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
         Box::pin(async move {
             let text = self.buffer.ingest(batch.request());

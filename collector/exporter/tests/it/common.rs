@@ -423,6 +423,10 @@ impl ScriptedSink {
 }
 
 impl SpanExporter for ScriptedSink {
+    fn destination(&self) -> String {
+        "a scripted test sink".to_owned()
+    }
+
     fn export(&mut self, request: Arc<hermes_exporter::ExportBatch>) -> ExportFuture<'_> {
         self.calls
             .lock()
