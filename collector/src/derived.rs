@@ -61,8 +61,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::config::{CompressionConfig, MetricsTemporality, OtlpMetricsConfig, OtlpProtocol};
 use crate::series::{BoundCounters, Bounds, Series};
+use hermes_config::{CompressionConfig, MetricsTemporality, OtlpMetricsConfig, OtlpProtocol};
 
 /// The OTLP attribute of an instrument's overflow series (the SDK's, for
 /// its cardinality limit).

@@ -12,18 +12,11 @@
 #![forbid(unsafe_code)]
 
 mod admin;
-mod config;
-mod config_checks;
 mod derived;
-mod files;
-mod interpolate;
-mod label_bounds;
 mod persist;
 mod pipeline;
-mod routing_schema;
 mod series;
 mod view;
-mod yaml_depth;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,7 +27,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use config::{Config, ConfigError, EXIT_CONFIG};
+use hermes_config as config;
+use hermes_config::{Config, ConfigError, EXIT_CONFIG};
 use hermes_correlator::Correlator;
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_exporter::Sink;

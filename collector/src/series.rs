@@ -52,7 +52,7 @@ use crate::derived::{Kind, PrometheusHistograms};
 /// The label value that stands for the values past the bounds.
 pub const OTHER: &str = "other";
 
-pub use crate::label_bounds::Bounds;
+pub use hermes_config::Bounds;
 
 /// The counters of what the bounds changed; clones share them.
 #[derive(Clone, Debug, Default)]

@@ -456,7 +456,8 @@ pub fn config(data: &[u8]) {
         "PORT" => Some("4319".to_owned()),
         _ => None,
     };
-    if let Err(message) = hermes_config_parse::load(&text, &env) {
+    if let Err(e) = hermes_config::Config::from_text(&text, &env) {
+        let message = e.to_string();
         assert!(!message.is_empty());
         // The token is a secret when it comes from the environment; text
         // that writes it out itself may be quoted back.

@@ -1,6 +1,6 @@
 //! The schema of `processing.routing`, whose types belong to
 //! `hermes-processor` (which does not depend on `schemars`): the same keys
-//! and docs, the processor's defaults. `config.rs`'s schema test checks it
+//! and docs, the processor's defaults. The schema test (`tests/schema.rs`) checks it
 //! against what the processor serializes.
 
 /// Which backend project, trace name, user and tags each agent's spans get

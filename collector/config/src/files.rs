@@ -19,7 +19,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use crate::config::ConfigError;
+use crate::ConfigError;
 
 /// Largest secret or PEM file (token, header value, certificate chain, key,
 /// CA bundle): 1 MiB, far above any real one (a public CA bundle is about

@@ -7,7 +7,7 @@
 //! process variables. A variable that is unset (and has no default) is an
 //! error naming the variable and the key on its line.
 
-use crate::config::ConfigError;
+use crate::ConfigError;
 
 /// The values the environment gave the configuration, each with its
 /// variable's name, so that what the collector prints about its

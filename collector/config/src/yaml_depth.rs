@@ -14,7 +14,7 @@
 //! scalar happens to contain may count too, so the limit sits far above any
 //! real configuration.
 
-use crate::config::ConfigError;
+use crate::ConfigError;
 
 /// Deepest nesting a configuration may have.
 pub const MAX_DEPTH: usize = 64;
@@ -150,7 +150,7 @@ mod tests {
     #[test]
     fn ordinary_configurations_pass() {
         let example =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/collector.yaml");
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/collector.yaml");
         check(&std::fs::read_to_string(example).unwrap(), MAX_DEPTH).unwrap();
         let text =
             "a:\n  b: [1, {c: 'it''s ]]]', d: \"[[[\\\"\"}]\n  e: |\n    [[[[[[\n  f: it's [x]\n";
@@ -167,7 +167,7 @@ mod tests {
         assert!(e.reason.contains("64"), "{e}");
         // Through the whole parse too.
         let start = Instant::now();
-        let e = crate::config::Config::from_yaml(&text).unwrap_err();
+        let e = crate::Config::from_yaml(&text).unwrap_err();
         assert!(start.elapsed() < Duration::from_secs(1));
         assert_eq!(e.path, "line 2");
     }

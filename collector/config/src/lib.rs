@@ -1,0 +1,412 @@
+//! The collector's configuration: one YAML file (every key documented in
+//! `config/collector.yaml`), a few CLI overrides, and validation that runs
+//! before any port is bound.
+//!
+//! Parsing is pure (no I/O besides reading the file named on the command
+//! line). Validation reads only what the collector needs before it binds:
+//! the ingest bearer token (its file or environment variable), the TLS
+//! files, and the directory of a Unix socket. Unknown keys are errors. Every error names the
+//! key path, and the binary exits with code 64 (`EX_USAGE`) on it. The token
+//! itself is never part of an error or of the configuration's `Debug`.
+
+//!
+//! | module | owns |
+//! |---|---|
+//! | this file | [`Config`], loading (`${VAR}` interpolation, parsing, overrides) and the whole-file validation |
+//! | [`listeners`] | the ingest receiver (TLS, bearer token) and the admin server |
+//! | [`exporters`] | the span exporters (OTLP, file, console) and the metrics exporter |
+//! | [`stages`] | correlator limits, batching, queue, shutdown, runtime, logging |
+//! | [`metrics`] | the bounds of the derived metrics' labels ([`Bounds`]) |
+//! | [`schema`] | the JSON schema of the file (`hermes-collector schema`) |
+//! | [`checks`], [`files`], [`interpolate`], [`yaml_depth`] | checks of regexes and paths, bounded file reads, `${VAR}`, the YAML nesting bound |
+//!
+//! A crate of its own so that the binary, the `config` fuzz target and tools
+//! parse a configuration with the same code.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use hermes_receiver::ListenAddr;
+use serde::Deserialize;
+
+pub use crate::interpolate::Interpolated;
+
+pub mod checks;
+pub mod exporters;
+pub mod files;
+pub mod interpolate;
+pub mod listeners;
+pub mod metrics;
+mod routing_schema;
+pub mod schema;
+pub mod stages;
+pub mod yaml_depth;
+
+#[cfg(test)]
+mod tests;
+
+pub use exporters::*;
+pub use listeners::*;
+pub use metrics::*;
+pub use schema::json_schema;
+pub use stages::*;
+
+/// Exit code for bad configuration or usage (`EX_USAGE` of sysexits.h).
+pub const EXIT_CONFIG: i32 = 64;
+
+/// What errors about the configuration file itself name.
+pub const CONFIG_KEY: &str = "--config";
+
+/// A configuration error, naming the offending key path.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration at `{path}`: {reason}")]
+pub struct ConfigError {
+    /// Dotted key path (`exporters.otlp.endpoint`), `--config` for the
+    /// file itself, or `line N` before the file is parsed.
+    pub path: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Replaces each value of `used` in the message by `${variable}` (see
+    /// [`Interpolated::conceal`]).
+    fn conceal(mut self, used: &Interpolated) -> Self {
+        self.path = used.conceal(&self.path);
+        self.reason = used.conceal(&self.reason);
+        self
+    }
+}
+
+/// Root of the configuration file.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where shims connect.
+    pub receiver: ReceiverConfig,
+    /// Health probes and Prometheus metrics over HTTP.
+    pub admin: AdminConfig,
+    /// Bounds of the labels of the metrics derived from the spans (on
+    /// `/metrics` and `exporters.otlp_metrics`).
+    pub metrics: MetricsConfig,
+    /// Correlation limits and timers.
+    pub correlator: CorrelatorConfig,
+    /// Batching in front of the exporters.
+    pub batch: BatchConfig,
+    /// What every span goes through before export: extra attribute sets
+    /// (OpenInference, Langfuse), redaction, truncation.
+    #[schemars(with = "schema::ProcessingSchema")]
+    pub processing: hermes_processor::ProcessorConfig,
+    /// Where spans go. With none configured, the embedded default runs: spans
+    /// appended to a JSON-lines file and each finished turn printed.
+    pub exporters: ExportersConfig,
+    /// When a batch is acknowledged to its shim, and the persistent queue.
+    pub queue: QueueConfig,
+    /// Shutdown behaviour.
+    pub shutdown: ShutdownConfig,
+    /// The async runtime's threads.
+    pub runtime: RuntimeConfig,
+    /// The collector's own logs.
+    pub log: LogConfig,
+    /// The values `${VAR}` references took, for [`Config::shown`]; not a
+    /// key of the file.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub interpolated: Interpolated,
+}
+
+/// File name of the embedded default's span file.
+pub const DEFAULT_SPAN_FILE: &str = "hermes-spans.jsonl";
+
+impl Config {
+    /// Parses YAML text and validates it.
+    #[cfg(test)]
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let config = Self::parse_yaml(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses YAML text without validating it. Text nested deeper than
+    /// [`crate::yaml_depth::MAX_DEPTH`] is refused before the parser sees it.
+    fn parse_yaml(text: &str) -> Result<Self, ConfigError> {
+        crate::yaml_depth::check(text, crate::yaml_depth::MAX_DEPTH)?;
+        let config: Config = if text.trim().is_empty() {
+            Config::default()
+        } else {
+            let de = serde_yaml::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                let path = e.path().to_string();
+                // serde quotes the value at fault: a whole file, at worst.
+                let inner = cut(&e.into_inner().to_string(), 512);
+                ConfigError::new(
+                    if path == "." {
+                        "<root>".to_owned()
+                    } else {
+                        path
+                    },
+                    inner,
+                )
+            })?
+        };
+        Ok(config)
+    }
+
+    /// Reads a file, replaces `${VAR}`/`${VAR:-default}` from the
+    /// environment, then parses and validates it.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text =
+            crate::files::read_limited_text(CONFIG_KEY, path, crate::files::CONFIG_FILE_LIMIT)?;
+        Self::from_text(&text, &|name| std::env::var(name).ok())
+    }
+
+    /// Replaces `${VAR}`/`${VAR:-default}` through `env`, then parses and
+    /// validates. An error never shows a value taken from the environment
+    /// (a token written into the wrong key, say): it names the variable.
+    pub fn from_text(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut used = Interpolated::default();
+        let text = crate::interpolate::interpolate_with(text, env, &mut used)?;
+        let mut config = Self::parse_yaml(&text).map_err(|e| e.conceal(&used))?;
+        config.validate_with(env).map_err(|e| e.conceal(&used))?;
+        config.interpolated = used;
+        Ok(config)
+    }
+
+    /// `text` (a configured value, or a message holding one) as the log
+    /// may show it: each value a `${VAR}` reference took is written as that
+    /// reference again.
+    pub fn shown(&self, text: &str) -> String {
+        self.interpolated.conceal(text)
+    }
+
+    /// The span file written: `exporters.file.path`, or the embedded
+    /// default's.
+    pub fn span_file(&self) -> Option<PathBuf> {
+        match (&self.exporters.file, self.is_embedded_default()) {
+            (Some(file), _) => Some(file.path.clone()),
+            (None, true) => Some(PathBuf::from(DEFAULT_SPAN_FILE)),
+            (None, false) => None,
+        }
+    }
+
+    /// Whether no exporter is configured (the embedded default runs).
+    pub fn is_embedded_default(&self) -> bool {
+        self.exporters.otlp.is_none()
+            && self.exporters.file.is_none()
+            && self.exporters.console.is_none()
+    }
+
+    /// Checks values serde cannot check, with the process environment.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_with(&|name| std::env::var(name).ok())
+            .map_err(|e| e.conceal(&self.interpolated))
+    }
+
+    /// Checks values serde cannot check. Its only I/O: reading the bearer
+    /// token (environment variables through `env`), the TLS files (and the
+    /// system's root certificates for an `https://` exporter without a CA),
+    /// the exporter's header files, and looking for the directory of a Unix
+    /// socket.
+    pub fn validate_with(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if self.queue.kind == QueueKind::Disk {
+            positive("queue.max_bytes", self.queue.max_bytes)?;
+            if self.queue.dir.as_os_str().is_empty() {
+                return Err(ConfigError::new("queue.dir", "must not be empty"));
+            }
+            if self.queue.dir.exists() && !self.queue.dir.is_dir() {
+                return Err(ConfigError::new(
+                    "queue.dir",
+                    format!("{} exists and is not a directory", self.queue.dir.display()),
+                ));
+            }
+        }
+        let listen = self.receiver.listen_addr()?;
+        if let ListenAddr::Unix(path) = &listen {
+            let dir = match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => Path::new("."),
+            };
+            if !dir.is_dir() {
+                return Err(ConfigError::new(
+                    "receiver.listen",
+                    format!(
+                        "the directory {} of the socket does not exist",
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+        self.receiver.auth.token(env)?;
+        if let Some(tls) = &self.receiver.tls {
+            tls.server_config()?;
+        }
+        let admin = self.admin.listen.parse::<SocketAddr>().map_err(|e| {
+            ConfigError::new(
+                "admin.listen",
+                format!("`{}` is not host:port ({e})", self.admin.listen),
+            )
+        })?;
+        if let ListenAddr::Tcp(ingest) = &listen
+            && crate::checks::listens_clash(*ingest, admin)
+        {
+            return Err(ConfigError::new(
+                "admin.listen",
+                format!(
+                    "`{}` takes the port of receiver.listen (`{}`); the admin server needs a port of its own",
+                    self.admin.listen, self.receiver.listen
+                ),
+            ));
+        }
+        self.admin
+            .metrics_auth
+            .token_at("admin.metrics_auth", env)?;
+        self.metrics.validate()?;
+        positive(
+            "receiver.max_message_bytes",
+            self.receiver.max_message_bytes as u64,
+        )?;
+        positive(
+            "receiver.max_events_per_batch",
+            self.receiver.max_events_per_batch as u64,
+        )?;
+        positive("receiver.queue_batches", self.receiver.queue_batches as u64)?;
+        positive(
+            "receiver.max_streams_per_connection",
+            u64::from(self.receiver.max_streams_per_connection),
+        )?;
+        positive(
+            "receiver.max_event_bytes",
+            self.receiver.max_event_bytes as u64,
+        )?;
+        positive(
+            "receiver.stream_events_per_sec",
+            self.receiver.stream_events_per_sec,
+        )?;
+        positive(
+            "receiver.stream_burst_events",
+            self.receiver.stream_burst_events,
+        )?;
+        positive(
+            "receiver.max_connections",
+            self.receiver.max_connections as u64,
+        )?;
+        positive(
+            "receiver.handshake_timeout_ms",
+            self.receiver.handshake_timeout_ms,
+        )?;
+        positive(
+            "receiver.idle_timeout_secs",
+            self.receiver.idle_timeout_secs,
+        )?;
+        positive(
+            "correlator.max_open_turns_per_agent",
+            self.correlator.max_open_turns_per_agent as u64,
+        )?;
+        positive(
+            "correlator.max_open_turns",
+            self.correlator.max_open_turns as u64,
+        )?;
+        positive(
+            "correlator.max_sessions_per_agent",
+            self.correlator.max_sessions_per_agent as u64,
+        )?;
+        positive(
+            "correlator.max_sessions",
+            self.correlator.max_sessions as u64,
+        )?;
+        positive(
+            "correlator.max_bytes_per_agent",
+            self.correlator.max_bytes_per_agent as u64,
+        )?;
+        positive("correlator.max_bytes", self.correlator.max_bytes as u64)?;
+        positive("correlator.state_ttl_secs", self.correlator.state_ttl_secs)?;
+        positive("correlator.tick_ms", self.correlator.tick_ms)?;
+        positive("correlator.gap_timeout_ms", self.correlator.gap_timeout_ms)?;
+        positive("batch.max_spans", self.batch.max_spans as u64)?;
+        positive("batch.max_bytes", self.batch.max_bytes as u64)?;
+        positive("batch.timeout_ms", self.batch.timeout_ms)?;
+        positive("batch.queue", self.batch.queue as u64)?;
+        if let Some(otlp) = &self.exporters.otlp {
+            let uri: http::Uri = otlp.endpoint.parse().map_err(|e| {
+                ConfigError::new(
+                    "exporters.otlp.endpoint",
+                    format!("`{}` is not a URL ({e})", otlp.endpoint),
+                )
+            })?;
+            if !matches!(uri.scheme_str(), Some("http" | "https")) {
+                return Err(ConfigError::new(
+                    "exporters.otlp.endpoint",
+                    format!("`{}` must start with http:// or https://", otlp.endpoint),
+                ));
+            }
+            if uri.host().is_none() {
+                return Err(ConfigError::new(
+                    "exporters.otlp.endpoint",
+                    format!("`{}` has no host", otlp.endpoint),
+                ));
+            }
+            positive("exporters.otlp.timeout_ms", otlp.timeout_ms)?;
+            otlp.all_headers()?;
+            otlp.tls_settings()?;
+        }
+        if let Some(path) = self.span_file() {
+            crate::checks::span_file(&path)
+                .map_err(|reason| ConfigError::new("exporters.file.path", reason))?;
+        }
+        if let Some(metrics) = &self.exporters.otlp_metrics {
+            metrics.validate()?;
+        }
+        if self.shutdown.grace_ms >= 30_000 {
+            return Err(ConfigError::new(
+                "shutdown.grace_ms",
+                "must be below 30000 (Kubernetes' default termination grace period)",
+            ));
+        }
+        if self.runtime.worker_threads > MAX_WORKER_THREADS {
+            return Err(ConfigError::new(
+                "runtime.worker_threads",
+                format!("must be at most {MAX_WORKER_THREADS} (0: one per CPU)"),
+            ));
+        }
+        self.processing
+            .validate()
+            .map_err(|e| ConfigError::new(format!("processing.{}", e.path()), e.to_string()))?;
+        crate::checks::log_filter(&self.log.level)
+            .map_err(|reason| ConfigError::new("log.level", reason))?;
+        // It replaces `log.level` (see `init_logging`).
+        if let Some(filter) = env("RUST_LOG").filter(|f| !f.is_empty()) {
+            crate::checks::log_filter(&filter)
+                .map_err(|reason| ConfigError::new("RUST_LOG", reason))?;
+        }
+        Ok(())
+    }
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, marked `…`.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+pub(crate) fn positive(path: &str, value: u64) -> Result<(), ConfigError> {
+    if value == 0 {
+        Err(ConfigError::new(path, "must be greater than 0"))
+    } else {
+        Ok(())
+    }
+}
