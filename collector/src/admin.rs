@@ -3,7 +3,7 @@
 //! | path | answer |
 //! |---|---|
 //! | `GET /metrics` | Prometheus text exposition (0.0.4; OpenMetrics when the `Accept` header asks for it); with `admin.metrics_auth`, `401` without `Authorization: Bearer <token>` |
-//! | `GET /livez` | `200` while the process runs |
+//! | `GET /livez` | `200` while the process runs; `503` (`not live: the <stage> stage stopped`) once a stage ended on its own, until the process exits |
 //! | `GET /readyz` | `200` (`ready`) once the ingest listener is bound and the exporter stage runs with its queue open; `503` (`not ready: <why>`) before that, when the ingest stopped or the exporter queue closed, and from the start of the drain |
 //! | any other path | `404`; a known path with a method other than `GET`/`HEAD`: `405` |
 //!
@@ -70,7 +70,8 @@ const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 ///
 /// Ready means: the ingest listener is bound and serving, the exporter stage
 /// runs, its queue (the channel from the correlator) is usable, and no drain
-/// has started. Through a drain the process stays live (`/livez` 200) but
+/// has started. Through a drain after a signal the process stays live
+/// (`/livez` 200) but
 /// not ready, so load balancers and Kubernetes stop sending new agents
 /// while the acknowledged events are exported.
 #[derive(Default)]
@@ -78,6 +79,9 @@ pub struct Readiness {
     receiver_bound: AtomicBool,
     exporter_running: AtomicBool,
     draining: AtomicBool,
+    /// The stage that ended on its own, if one did: the process is no
+    /// longer live (`/livez` 503) while it drains and exits.
+    failed_stage: std::sync::OnceLock<&'static str>,
     /// Further conditions, read on each probe.
     requirements: RwLock<Vec<Requirement>>,
 }
@@ -99,6 +103,16 @@ impl Readiness {
     /// receiver). Not ready from then on, whatever the other flags say.
     pub fn set_draining(&self) {
         self.draining.store(true, Ordering::Release);
+    }
+    /// `stage` ended on its own: `/livez` answers 503 naming it from now on
+    /// (the first stage to fail is the one named), and the drain starts.
+    pub fn set_failed(&self, stage: &'static str) {
+        let _ = self.failed_stage.set(stage);
+        self.set_draining();
+    }
+    /// `Err(stage)` once a stage ended on its own.
+    pub fn live(&self) -> Result<(), &'static str> {
+        self.failed_stage.get().map_or(Ok(()), |stage| Err(*stage))
     }
     /// Adds a condition read on each probe, e.g. that the exporter's queue
     /// is usable ([`Readiness::channel_open`] of its channel); `/readyz`
@@ -729,7 +743,13 @@ fn respond(state: &AdminState, request: &Request<Incoming>) -> Response<Full<Byt
         return response;
     }
     let response = match path {
-        "/livez" => text(StatusCode::OK, "ok\n"),
+        "/livez" => match state.readiness.live() {
+            Ok(()) => text(StatusCode::OK, "ok\n"),
+            Err(stage) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not live: the {stage} stage stopped\n"),
+            ),
+        },
         "/readyz" => match state.readiness.check() {
             Ok(()) => text(StatusCode::OK, "ready\n"),
             Err(why) => text(

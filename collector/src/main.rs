@@ -13,6 +13,7 @@
 
 mod admin;
 mod derived;
+mod fault;
 mod persist;
 mod pipeline;
 mod series;
@@ -34,6 +35,7 @@ use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_exporter::Sink;
 use hermes_receiver::{Ingest, Limits, ListenAddr, Listener, ReceiverStats};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc instead of glibc's malloc: every event and span is a tree of
@@ -512,7 +514,14 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
                 .any(|sink| sink.name() == "file" && sink.failing())
         }
     });
-    let exporter = tokio::spawn(stage.run(export_rx, exporter_shutdown.clone()));
+    let exporter = tokio::spawn(fault::stage(
+        "exporter",
+        stage.run(export_rx, exporter_shutdown.clone()),
+        {
+            let stats = exporter_stats.clone();
+            move || stats
+        },
+    ));
     readiness.set_exporter_running(true);
 
     let correlator = Correlator::new(hermes_correlator::Config {
@@ -570,19 +579,23 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
         _ => (None, None),
     };
     let pipeline_stop = CancellationToken::new();
-    let pipeline = tokio::spawn(pipeline::run(
-        pipeline_rx,
-        export_tx,
-        pipeline::Steps {
-            sequencer,
-            correlator,
-            derived: derived.clone(),
-            processor,
-        },
-        Duration::from_millis(config.correlator.tick_ms),
-        pipeline_stats.clone(),
-        tracker,
-        pipeline_stop.clone(),
+    let pipeline = tokio::spawn(fault::stage(
+        "correlator",
+        pipeline::run(
+            pipeline_rx,
+            export_tx,
+            pipeline::Steps {
+                sequencer,
+                correlator,
+                derived: derived.clone(),
+                processor,
+            },
+            Duration::from_millis(config.correlator.tick_ms),
+            pipeline_stats.clone(),
+            tracker,
+            pipeline_stop.clone(),
+        ),
+        || None,
     ));
 
     let receiver_stats = Arc::new(ReceiverStats::default());
@@ -675,16 +688,19 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
     });
 
     let mut stages = Stages {
-        server,
-        pipeline,
-        exporter,
-        admin: admin_task,
+        server: Some(server),
+        pipeline: Some(pipeline),
+        exporter: Some(exporter),
+        admin: Some(admin_task),
     };
     let stage_died = tokio::select! {
         () = signals.stop() => None,
         died = stages.first_to_end() => Some(died),
     };
-    readiness.set_draining();
+    match stage_died {
+        Some(stage) => readiness.set_failed(stage),
+        None => readiness.set_draining(),
+    }
     let grace = Duration::from_millis(config.shutdown.grace_ms);
     let deadline = tokio::time::Instant::now() + grace;
     drain_deadline.set(deadline);
@@ -706,13 +722,15 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
     shutdown.cancel();
     let linger = limits.connections.shutdown_linger + Duration::from_millis(500);
     let receiver_deadline = deadline.min(tokio::time::Instant::now() + linger);
-    match tokio::time::timeout_at(receiver_deadline, &mut stages.server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "receiver ended with an error"),
-        Ok(Err(e)) => tracing::error!(error = %e, "receiver task failed"),
-        Err(_) => {
-            tracing::warn!("ingest connections did not close; dropping them");
-            stages.server.abort();
+    if let Some(server) = stages.server.as_mut() {
+        match tokio::time::timeout_at(receiver_deadline, &mut *server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "receiver ended with an error"),
+            Ok(Err(e)) => tracing::error!(error = %e, "receiver task failed"),
+            Err(_) => {
+                tracing::warn!("ingest connections did not close; dropping them");
+                server.abort();
+            }
         }
     }
     // 2. The correlator takes what is queued and closes what is open
@@ -720,22 +738,29 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
     //    lets the exporter stage drain.
     pipeline_stop.cancel();
     let mut lost_open_turns = 0;
-    let ended = match tokio::time::timeout_at(deadline, &mut stages.pipeline).await {
-        Ok(Ok(ended)) => ended,
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "correlator task failed; its open turns are lost");
+    let ended = match stages.pipeline.as_mut() {
+        // The correlator ended on its own: its open turns went with it.
+        None => {
             lost_open_turns = pipeline_stats.open_turns.load(Ordering::Relaxed);
             None
         }
-        Err(_) => {
-            lost_open_turns = pipeline_stats.open_turns.load(Ordering::Relaxed);
-            tracing::error!(
-                open_turns = lost_open_turns,
-                "correlator did not drain within the grace period; its open turns are lost"
-            );
-            stages.pipeline.abort();
-            None
-        }
+        Some(pipeline) => match tokio::time::timeout_at(deadline, &mut *pipeline).await {
+            Ok(Ok(ended)) => ended,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "correlator task failed; its open turns are lost");
+                lost_open_turns = pipeline_stats.open_turns.load(Ordering::Relaxed);
+                None
+            }
+            Err(_) => {
+                lost_open_turns = pipeline_stats.open_turns.load(Ordering::Relaxed);
+                tracing::error!(
+                    open_turns = lost_open_turns,
+                    "correlator did not drain within the grace period; its open turns are lost"
+                );
+                pipeline.abort();
+                None
+            }
+        },
     };
     // Everything is recorded: the derived metrics' last OTLP export runs
     // beside the exporters' drain, bounded by the same deadline.
@@ -744,12 +769,13 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
     //    counted as failed before the stage returns (it ends by the deadline
     //    set above, plus a moment to count).
     exporter_shutdown.cancel();
-    if tokio::time::timeout_at(deadline + Duration::from_secs(2), &mut stages.exporter)
-        .await
-        .is_err()
+    if let Some(exporter) = stages.exporter.as_mut()
+        && tokio::time::timeout_at(deadline + Duration::from_secs(2), &mut *exporter)
+            .await
+            .is_err()
     {
         tracing::error!("exporter stage did not stop; unexported spans are lost");
-        stages.exporter.abort();
+        exporter.abort();
     }
     if let Some(flush) = metrics_flush {
         let _ = flush.await;
@@ -771,7 +797,9 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
     // The admin server goes last: /livez answers and /readyz says 503
     // throughout the drain.
     admin_shutdown.cancel();
-    let _ = (&mut stages.admin).await;
+    if let Some(admin) = stages.admin.as_mut() {
+        let _ = admin.await;
+    }
     let sent: u64 = exporter_stats.sinks().iter().map(|s| s.spans_sent()).sum();
     let failed = spans_failed(&exporter_stats);
     let lost_in_drain = failed.saturating_sub(failed_before);
@@ -820,12 +848,13 @@ fn spans_failed(stats: &hermes_exporter::ExporterStats) -> u64 {
 }
 
 /// The long-running tasks of the pipeline; the process drains and exits
-/// when any of them ends on its own.
+/// when any of them ends on its own. A task that has ended is `None`: its
+/// handle is never polled again.
 struct Stages {
-    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-    pipeline: tokio::task::JoinHandle<pipeline::Ended>,
-    exporter: tokio::task::JoinHandle<Arc<hermes_exporter::ExporterStats>>,
-    admin: tokio::task::JoinHandle<std::io::Result<()>>,
+    server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    pipeline: Option<JoinHandle<pipeline::Ended>>,
+    exporter: Option<JoinHandle<Arc<hermes_exporter::ExporterStats>>>,
+    admin: Option<JoinHandle<std::io::Result<()>>>,
 }
 
 impl Stages {
@@ -833,14 +862,25 @@ impl Stages {
     /// (logging how it ended).
     async fn first_to_end(&mut self) -> &'static str {
         let (stage, how) = tokio::select! {
-            r = &mut self.server => ("receiver", describe(r.map(|r| r.map_err(|e| e.to_string())))),
-            r = &mut self.pipeline => ("correlator", describe(r.map(|_| Ok(())))),
-            r = &mut self.exporter => ("exporter", describe(r.map(|_| Ok(())))),
-            r = &mut self.admin => ("admin", describe(r.map(|r| r.map_err(|e| e.to_string())))),
+            r = join(&mut self.server) => ("receiver", describe(r.map(|r| r.map_err(|e| e.to_string())))),
+            r = join(&mut self.pipeline) => ("correlator", describe(r.map(|_| Ok(())))),
+            r = join(&mut self.exporter) => ("exporter", describe(r.map(|_| Ok(())))),
+            r = join(&mut self.admin) => ("admin", describe(r.map(|r| r.map_err(|e| e.to_string())))),
         };
         tracing::error!(stage, how, "a pipeline stage ended on its own");
         stage
     }
+}
+
+/// Waits for the task in `handle` and takes it; pending forever when the
+/// task has already been joined.
+async fn join<T>(handle: &mut Option<JoinHandle<T>>) -> Result<T, tokio::task::JoinError> {
+    let Some(task) = handle.as_mut() else {
+        return std::future::pending().await;
+    };
+    let joined = task.await;
+    *handle = None;
+    joined
 }
 
 fn describe(joined: Result<Result<(), String>, tokio::task::JoinError>) -> String {

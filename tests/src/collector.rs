@@ -53,10 +53,24 @@ impl Collector {
     /// `yaml` (which must set `receiver.listen` to `listen` and
     /// `admin.listen` to `127.0.0.1:0`).
     pub fn start_with_config(cwd: &Path, listen: &str, yaml: &str) -> Collector {
+        Self::start_with_config_env(cwd, listen, yaml, &[])
+    }
+
+    /// As [`Collector::start_with_config`], with `env` added to the
+    /// process' environment.
+    pub fn start_with_config_env(
+        cwd: &Path,
+        listen: &str,
+        yaml: &str,
+        env: &[(&str, &str)],
+    ) -> Collector {
         let config = cwd.join("collector.yaml");
         std::fs::write(&config, yaml).unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
         let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
-        cmd.current_dir(cwd).arg("--config").arg(&config);
+        cmd.current_dir(cwd)
+            .arg("--config")
+            .arg(&config)
+            .envs(env.iter().copied());
         Self::spawn(cmd, format!("http://{listen}"))
     }
 
