@@ -37,7 +37,7 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, 
 use hermes_benches::{FIXTURES, convert, load_fixture, shim_info, span_batch, span_count};
 use hermes_collector_shim::config::CaptureLevel;
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
-use hermes_correlator::{Config, Correlator, to_resource_spans};
+use hermes_correlator::{Config, Correlation, Correlator, to_resource_spans};
 use hermes_exporter::encode::encode_request;
 use hermes_processor::{AttributeSet, ProcessorConfig, SpanProcessor};
 use hermes_proto::codec::decode;
@@ -95,21 +95,15 @@ fn sequencer_correlator(c: &mut Criterion) {
                 b.iter_batched(
                     || input.clone(),
                     |input| {
-                        let mut sequencer = Sequencer::new(SequencerConfig::default());
-                        let mut correlator = Correlator::new(Config::default());
-                        let mut ready = Vec::with_capacity(input.len());
+                        let mut correlation = Correlation::new(
+                            Sequencer::new(SequencerConfig::default()),
+                            Correlator::new(Config::default()),
+                        );
                         let mut out = Vec::with_capacity(16);
                         for event in input {
-                            sequencer.push(&shim, 0, event, 1, &mut ready);
-                            for (shim, event) in ready.drain(..) {
-                                correlator.ingest(&shim, &event, &mut out);
-                            }
+                            correlation.push_batch(&shim, 0, [event], 0, 1, &mut out);
                         }
-                        sequencer.flush_all(&mut ready);
-                        for (shim, event) in ready.drain(..) {
-                            correlator.ingest(&shim, &event, &mut out);
-                        }
-                        correlator.flush_all(&mut out);
+                        correlation.flush_all(&mut out);
                         out
                     },
                     BatchSize::SmallInput,
@@ -275,18 +269,16 @@ fn stages_per_event(c: &mut Criterion) {
     group.throughput(Throughput::Elements(events as u64));
     group.bench_function("metadata", |b| {
         b.iter(|| {
-            let mut sequencer = Sequencer::new(SequencerConfig::default());
-            let mut correlator = Correlator::new(Config::default());
-            let mut ready = Vec::with_capacity(512);
+            let mut correlation = Correlation::new(
+                Sequencer::new(SequencerConfig::default()),
+                Correlator::new(Config::default()),
+            );
             let mut out = Vec::with_capacity(512);
             let mut bytes = 0;
             for wire in &batches {
                 let batch = ReceivedBatch::decode(wire.as_slice()).unwrap().batch;
                 let shim = batch.shim.unwrap_or_default();
-                sequencer.push_batch(&shim, batch.floor_seq, batch.events, 0, 1, &mut ready);
-                for (shim, event) in ready.drain(..) {
-                    correlator.ingest(&shim, &event, &mut out);
-                }
+                correlation.push_batch(&shim, batch.floor_seq, batch.events, 0, 1, &mut out);
                 if !out.is_empty() {
                     let mut spans = to_resource_spans(std::mem::take(&mut out));
                     processor.process(&mut spans);

@@ -30,8 +30,8 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use hermes_config as config;
 use hermes_config::{Config, ConfigError, EXIT_CONFIG};
-use hermes_correlator::Correlator;
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
+use hermes_correlator::{Correlation, Correlator};
 use hermes_exporter::Sink;
 use hermes_receiver::{Ingest, Limits, ListenAddr, Listener, ReceiverStats};
 use tokio::sync::mpsc;
@@ -585,8 +585,7 @@ async fn serve(config: Config) -> anyhow::Result<Outcome> {
             pipeline_rx,
             export_tx,
             pipeline::Steps {
-                sequencer,
-                correlator,
+                correlation: Correlation::new(sequencer, correlator),
                 derived: derived.clone(),
                 processor,
             },

@@ -32,8 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hermes_correlator::sequencer::{Ready, Sequencer};
-use hermes_correlator::{Correlator, Expiry, FinishedSpan, to_resource_spans};
+use hermes_correlator::{Correlation, Expiry, FinishedSpan, to_resource_spans};
 use hermes_processor::SpanProcessor;
 
 use crate::derived::DerivedMetrics;
@@ -70,8 +69,7 @@ pub struct PipelineStats {
 /// correlator; finished spans through the processor, then recorded in the
 /// derived metrics.
 pub struct Steps {
-    pub sequencer: Sequencer,
-    pub correlator: Correlator,
+    pub correlation: Correlation,
     pub derived: DerivedMetrics,
     pub processor: SpanProcessor,
 }
@@ -286,18 +284,10 @@ pub async fn run(
     stop: CancellationToken,
 ) -> Ended {
     let Steps {
-        mut sequencer,
-        mut correlator,
+        mut correlation,
         mut derived,
         mut processor,
     } = steps;
-    let open_lsn = |sequencer: &Sequencer, correlator: &Correlator| {
-        [sequencer.min_held_lsn(), correlator.min_lsn()]
-            .into_iter()
-            .flatten()
-            .min()
-    };
-    let mut ready: Vec<Ready> = Vec::new();
     let mut timer = tokio::time::interval(tick);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out: Vec<FinishedSpan> = Vec::new();
@@ -307,12 +297,10 @@ pub async fn run(
         // Nothing open, held or unsettled: a tick would do nothing, so the
         // timer stops until the next batch (an idle collector sleeps), or
         // until the TTL of what only the TTL closes.
-        let expiry = match correlator.expiry() {
-            Expiry::EveryTick => Expiry::EveryTick,
-            _ if sequencer.held() > 0 => Expiry::EveryTick,
+        let expiry = match correlation.expiry() {
             _ if tracker
                 .as_ref()
-                .is_some_and(|t| !t.is_settled(open_lsn(&sequencer, &correlator))) =>
+                .is_some_and(|t| !t.is_settled(correlation.min_open_lsn())) =>
             {
                 Expiry::EveryTick
             }
@@ -349,20 +337,18 @@ pub async fn run(
                     // correlator's clock and closes nothing that is not due.
                     // The timer starts over from here, rather than firing at
                     // once for its overdue tick and expiring a second time.
-                    correlator.expire(now, &mut out);
+                    correlation.catch_up(now, &mut out);
                     timer.reset();
                 }
-                sequencer.push_batch(&shim, floor, batch.events, lsn, now, &mut ready);
+                correlation.push_batch(&shim, floor, batch.events, lsn, now, &mut out);
             }
             () = due => {
-                let now = now_unix_nanos();
-                sequencer.expire(now, &mut ready);
-                correlator.expire(now, &mut out);
+                correlation.tick(now_unix_nanos(), &mut out);
                 if let Some(tracker) = tracker.as_mut()
-                    && let Some(below) = tracker.pressure(correlator.min_lsn())
+                    && let Some(below) = tracker.pressure(correlation.correlator().min_lsn())
                 {
                     let before = out.len();
-                    correlator.evict_below_lsn(below, &mut out);
+                    correlation.evict_below_lsn(below, &mut out);
                     tracing::warn!(
                         below,
                         spans = out.len() - before,
@@ -372,15 +358,7 @@ pub async fn run(
                 ticked = true;
             }
         }
-        if let Some(lsn) = sequencer.take_released_lsn() {
-            correlator.set_lsn(lsn);
-        }
-        // By reference: an `Event` is 272 bytes, not worth a move.
-        for (shim, event) in &ready {
-            correlator.ingest(shim, event, &mut out);
-        }
-        ready.clear();
-        publish(&sequencer, &correlator, &stats);
+        publish(&correlation, &stats);
         if !out.is_empty() {
             let mut spans = std::mem::take(&mut out);
             if let Some(tracker) = tracker.as_mut() {
@@ -395,7 +373,7 @@ pub async fn run(
                     tracing::error!(
                         "exporter stage is gone; spans of the remaining events are lost"
                     );
-                    return tracker.map(|t| (t, open_lsn(&sequencer, &correlator)));
+                    return tracker.map(|t| (t, correlation.min_open_lsn()));
                 }
             }
         }
@@ -405,21 +383,16 @@ pub async fn run(
         if std::mem::take(&mut ticked)
             && let Some(tracker) = tracker.as_mut()
         {
-            tracker.settle(open_lsn(&sequencer, &correlator));
+            tracker.settle(correlation.min_open_lsn());
         }
     }
     if let Some(tracker) = tracker {
         // Open state stays open: the queue keeps its records for the next
         // start.
-        let open = open_lsn(&sequencer, &correlator);
-        return Some((tracker, open));
+        return Some((tracker, correlation.min_open_lsn()));
     }
-    sequencer.flush_all(&mut ready);
-    for (shim, event) in ready.drain(..) {
-        correlator.ingest(&shim, &event, &mut out);
-    }
-    correlator.flush_all(&mut out);
-    publish(&sequencer, &correlator, &stats);
+    correlation.flush_all(&mut out);
+    publish(&correlation, &stats);
     if !out.is_empty() {
         let n = out.len();
         if export
@@ -436,7 +409,8 @@ pub async fn run(
     None
 }
 
-fn publish(sequencer: &Sequencer, correlator: &Correlator, stats: &PipelineStats) {
+fn publish(correlation: &Correlation, stats: &PipelineStats) {
+    let (sequencer, correlator) = (correlation.sequencer(), correlation.correlator());
     let s = correlator.stats();
     stats.events.store(s.events, Ordering::Relaxed);
     stats.spans.store(s.spans, Ordering::Relaxed);

@@ -13,8 +13,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use arbitrary::{Arbitrary, Unstructured};
-use hermes_correlator::sequencer::{Ready, Sequencer, SequencerConfig};
-use hermes_correlator::{Config as CorrelatorConfig, Correlator, FinishedSpan};
+use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
+use hermes_correlator::{Config as CorrelatorConfig, Correlation, Correlator, FinishedSpan};
 use hermes_proto::hooks;
 use hermes_proto::received::ReceivedBatch;
 use hermes_proto::v1::{self, EventBatch, event::Body};
@@ -284,10 +284,8 @@ fn shim(instance: u8) -> v1::ShimInfo {
 
 struct Pipeline {
     limits: Limits,
-    sequencer: Sequencer,
-    correlator: Correlator,
+    correlation: Correlation,
     now: u64,
-    ready: Vec<Ready>,
     spans: Vec<FinishedSpan>,
     /// (trace id, span id) of every span emitted so far.
     emitted: std::collections::HashSet<(Vec<u8>, Vec<u8>)>,
@@ -299,19 +297,20 @@ impl Pipeline {
     fn new() -> Self {
         Self {
             limits: limits(),
-            sequencer: Sequencer::new(SequencerConfig {
-                max_held: MAX_HELD,
-                max_instances: MAX_INSTANCES,
-                gap_timeout_nanos: GAP_TIMEOUT_MS * MS,
-            }),
-            correlator: Correlator::new(CorrelatorConfig {
-                max_open_turns: MAX_OPEN_TURNS,
-                state_ttl_nanos: TTL_MS * MS,
-                turn_end_grace_nanos: 500 * MS,
-                ..CorrelatorConfig::default()
-            }),
+            correlation: Correlation::new(
+                Sequencer::new(SequencerConfig {
+                    max_held: MAX_HELD,
+                    max_instances: MAX_INSTANCES,
+                    gap_timeout_nanos: GAP_TIMEOUT_MS * MS,
+                }),
+                Correlator::new(CorrelatorConfig {
+                    max_open_turns: MAX_OPEN_TURNS,
+                    state_ttl_nanos: TTL_MS * MS,
+                    turn_end_grace_nanos: 500 * MS,
+                    ..CorrelatorConfig::default()
+                }),
+            ),
             now: T0,
-            ready: Vec::new(),
             spans: Vec::new(),
             emitted: std::collections::HashSet::new(),
             parents: Vec::new(),
@@ -343,29 +342,20 @@ impl Pipeline {
         }
         let batch = received.batch;
         let Some(shim) = batch.shim else { return };
-        self.sequencer.push_batch(
+        self.correlation.push_batch(
             &shim,
             batch.floor_seq,
             batch.events,
             0,
             self.now,
-            &mut self.ready,
+            &mut self.spans,
         );
-        self.correlate();
-    }
-
-    fn correlate(&mut self) {
-        for (shim, event) in self.ready.drain(..) {
-            self.correlator.ingest(&shim, &event, &mut self.spans);
-        }
         self.take_spans();
     }
 
     fn tick(&mut self, advance: u64) {
         self.now += advance;
-        self.sequencer.expire(self.now, &mut self.ready);
-        self.correlate();
-        self.correlator.expire(self.now, &mut self.spans);
+        self.correlation.tick(self.now, &mut self.spans);
         self.take_spans();
     }
 
@@ -401,8 +391,8 @@ impl Pipeline {
             }
             Op::Tick { ms } => self.tick(u64::from(*ms) * MS),
         }
-        assert!(self.sequencer.held() <= MAX_HELD * MAX_INSTANCES);
-        assert!(self.correlator.open_turns() <= MAX_OPEN_TURNS);
+        assert!(self.correlation.sequencer().held() <= MAX_HELD * MAX_INSTANCES);
+        assert!(self.correlation.correlator().open_turns() <= MAX_OPEN_TURNS);
     }
 }
 
@@ -421,12 +411,12 @@ pub fn pipeline(data: &[u8]) {
     for _ in 0..=MAX_HELD {
         p.tick(GAP_TIMEOUT_MS * MS);
     }
-    let open_before_flush = p.correlator.open_turns();
-    assert_eq!(p.sequencer.held(), 0);
+    let open_before_flush = p.correlation.correlator().open_turns();
+    assert_eq!(p.correlation.sequencer().held(), 0);
     // ... and flush_all closes what far-future times keep open.
-    p.correlator.flush_all(&mut p.spans);
+    p.correlation.flush_all(&mut p.spans);
     p.take_spans();
-    assert_eq!(p.correlator.open_turns(), 0);
+    assert_eq!(p.correlation.correlator().open_turns(), 0);
     assert!(open_before_flush <= MAX_OPEN_TURNS);
     for (trace, parent, name) in &p.parents {
         assert!(

@@ -13,7 +13,7 @@ use hermes_collector_shim::attempts::AttemptTracker;
 use hermes_collector_shim::config::CaptureLevel;
 use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
-use hermes_correlator::{Config, Correlator, FinishedSpan, to_resource_spans};
+use hermes_correlator::{Config, Correlation, Correlator, FinishedSpan, to_resource_spans};
 use hermes_proto::v1;
 use hermes_span::common::v1::any_value::Value;
 use hermes_span::trace::v1::{Span, status::StatusCode};
@@ -326,20 +326,18 @@ fn replay_is_deterministic() {
 }
 
 /// Feeds `events` one by one in the given arrival order through the
-/// sequencer (as the collector's pipeline does) and the correlator.
+/// sequencer and the correlator, as the collector's stage does.
 fn correlate_arrivals(arrivals: &[v1::Event]) -> Vec<FinishedSpan> {
-    let mut sequencer = Sequencer::new(SequencerConfig::default());
-    let mut c = Correlator::new(Config::default());
-    let (mut ready, mut out) = (Vec::new(), Vec::new());
+    let mut correlation = Correlation::new(
+        Sequencer::new(SequencerConfig::default()),
+        Correlator::new(Config::default()),
+    );
+    let mut out = Vec::new();
     let shim = shim();
     for e in arrivals {
-        sequencer.push(&shim, 0, e.clone(), 0, &mut ready);
+        correlation.push_batch(&shim, 0, [e.clone()], 0, 0, &mut out);
     }
-    sequencer.flush_all(&mut ready);
-    for (shim, e) in ready {
-        c.ingest(&shim, &e, &mut out);
-    }
-    c.flush_all(&mut out);
+    correlation.flush_all(&mut out);
     out
 }
 

@@ -28,9 +28,12 @@
 mod approval;
 mod attrs;
 mod content;
+pub mod correlation;
 mod fair;
 pub mod ids;
 pub mod sequencer;
+
+pub use correlation::Correlation;
 
 use std::collections::HashMap;
 use std::sync::Arc;

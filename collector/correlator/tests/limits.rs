@@ -26,7 +26,8 @@
 
 use std::collections::HashSet;
 
-use hermes_correlator::sequencer::{Ready, Sequencer, SequencerConfig};
+use hermes_correlator::Correlation;
+use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlator, FinishedSpan};
 use hermes_proto::hooks;
 use hermes_proto::v1::{self, event::Body};
@@ -237,40 +238,33 @@ fn shim(instance: usize) -> v1::ShimInfo {
 }
 
 struct Pipeline {
-    sequencer: Sequencer,
-    correlator: Correlator,
+    correlation: Correlation,
     now: u64,
-    ready: Vec<Ready>,
     spans: Vec<FinishedSpan>,
 }
 
 impl Pipeline {
     fn new() -> Self {
         Self {
-            sequencer: Sequencer::new(SequencerConfig {
-                max_held: MAX_HELD,
-                max_instances: MAX_INSTANCES,
-                gap_timeout_nanos: 1_000 * MS,
-            }),
-            correlator: Correlator::new(Config {
-                max_open_turns: MAX_OPEN_TURNS,
-                max_sessions_per_agent: MAX_SESSIONS_PER_AGENT,
-                max_sessions: MAX_SESSIONS,
-                max_bytes_per_agent: MAX_BYTES_PER_AGENT,
-                max_bytes: MAX_BYTES,
-                state_ttl_nanos: TTL_MS * MS,
-                turn_end_grace_nanos: 500 * MS,
-                ..Config::default()
-            }),
+            correlation: Correlation::new(
+                Sequencer::new(SequencerConfig {
+                    max_held: MAX_HELD,
+                    max_instances: MAX_INSTANCES,
+                    gap_timeout_nanos: 1_000 * MS,
+                }),
+                Correlator::new(Config {
+                    max_open_turns: MAX_OPEN_TURNS,
+                    max_sessions_per_agent: MAX_SESSIONS_PER_AGENT,
+                    max_sessions: MAX_SESSIONS,
+                    max_bytes_per_agent: MAX_BYTES_PER_AGENT,
+                    max_bytes: MAX_BYTES,
+                    state_ttl_nanos: TTL_MS * MS,
+                    turn_end_grace_nanos: 500 * MS,
+                    ..Config::default()
+                }),
+            ),
             now: T0,
-            ready: Vec::new(),
             spans: Vec::new(),
-        }
-    }
-
-    fn correlate_ready(&mut self) {
-        for (shim, event) in self.ready.drain(..) {
-            self.correlator.ingest(&shim, &event, &mut self.spans);
         }
     }
 
@@ -282,35 +276,39 @@ impl Pipeline {
                     floor_seq,
                     event,
                 } = *arrival;
-                self.sequencer
-                    .push(&shim(instance), floor_seq, event, self.now, &mut self.ready);
+                self.correlation.push_batch(
+                    &shim(instance),
+                    floor_seq,
+                    [event],
+                    0,
+                    self.now,
+                    &mut self.spans,
+                );
             }
             Step::Tick(advance) => {
                 self.now += advance;
-                self.sequencer.expire(self.now, &mut self.ready);
-                self.correlate_ready();
-                self.correlator.expire(self.now, &mut self.spans);
+                self.correlation.tick(self.now, &mut self.spans);
             }
         }
-        self.correlate_ready();
     }
 
     fn assert_within_limits(&self) {
+        let (sequencer, correlator) = (self.correlation.sequencer(), self.correlation.correlator());
         assert!(
-            self.sequencer.held() <= MAX_HELD * MAX_INSTANCES,
+            sequencer.held() <= MAX_HELD * MAX_INSTANCES,
             "sequencer holds {}",
-            self.sequencer.held()
+            sequencer.held()
         );
         assert!(
-            self.correlator.open_turns() <= MAX_OPEN_TURNS,
+            correlator.open_turns() <= MAX_OPEN_TURNS,
             "{} turns open",
-            self.correlator.open_turns()
+            correlator.open_turns()
         );
-        let gauges = self.correlator.gauges();
+        let gauges = correlator.gauges();
         assert!(gauges.sessions <= MAX_SESSIONS as u64, "{gauges:?}");
         assert!(gauges.held_bytes <= MAX_BYTES as u64, "{gauges:?}");
         for instance in 0..3 {
-            let (_, sessions, bytes) = self.correlator.agent_usage(&format!("inst-{instance}"));
+            let (_, sessions, bytes) = correlator.agent_usage(&format!("inst-{instance}"));
             assert!(sessions <= MAX_SESSIONS_PER_AGENT, "{sessions} sessions");
             assert!(bytes <= MAX_BYTES_PER_AGENT, "{bytes} bytes");
         }
@@ -390,21 +388,18 @@ fn run(steps: &[Step]) -> Result<Vec<FinishedSpan>, TestCaseError> {
         // One hole per instance is skipped per timer tick: as many ticks as
         // there can be holes.
         for _ in 0..=MAX_HELD {
-            p.sequencer.expire(p.now, &mut p.ready);
+            p.correlation.tick(p.now, &mut p.spans);
         }
-        p.correlate_ready();
         p.now += (TTL_MS + 1_000) * MS;
-        p.correlator.expire(p.now, &mut p.spans);
-        prop_assert_eq!(p.sequencer.held(), 0);
-        prop_assert_eq!(p.correlator.open_turns(), 0);
+        p.correlation.tick(p.now, &mut p.spans);
+        prop_assert_eq!(p.correlation.sequencer().held(), 0);
+        prop_assert_eq!(p.correlation.correlator().open_turns(), 0);
         // Every byte and session charged is refunded once all expired.
-        prop_assert_eq!(p.correlator.gauges(), Default::default());
+        prop_assert_eq!(p.correlation.correlator().gauges(), Default::default());
     }
-    p.sequencer.flush_all(&mut p.ready);
-    p.correlate_ready();
-    p.correlator.flush_all(&mut p.spans);
-    prop_assert_eq!(p.sequencer.held(), 0);
-    prop_assert_eq!(p.correlator.open_turns(), 0);
+    p.correlation.flush_all(&mut p.spans);
+    prop_assert_eq!(p.correlation.sequencer().held(), 0);
+    prop_assert_eq!(p.correlation.correlator().open_turns(), 0);
     assert_turns_unique(&p.spans);
     Ok(p.spans)
 }

@@ -42,8 +42,8 @@ use hermes_collector_shim::attempts::AttemptTracker;
 use hermes_collector_shim::config::CaptureLevel;
 use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_collector_shim::sender::{self, PassThrough, SenderConfig, SenderShared, Started};
-use hermes_correlator::sequencer::{Ready, Sequencer, SequencerConfig};
-use hermes_correlator::{Correlator, FinishedSpan};
+use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
+use hermes_correlator::{Correlation, Correlator, FinishedSpan};
 use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch, ShimInfo};
 use tokio::sync::mpsc;
@@ -216,9 +216,7 @@ fn now_nanos() -> u64 {
 /// The spans the collector must produce: its sequencer and correlator, with
 /// default settings, over the events sent.
 struct Expect {
-    sequencer: Sequencer,
-    correlator: Correlator,
-    ready: Vec<Ready>,
+    correlation: Correlation,
     out: Vec<FinishedSpan>,
     ids: BTreeSet<String>,
 }
@@ -230,29 +228,28 @@ fn hex(bytes: &[u8]) -> String {
 impl Expect {
     fn new() -> Self {
         Expect {
-            sequencer: Sequencer::new(SequencerConfig::default()),
-            correlator: Correlator::new(hermes_correlator::Config::default()),
-            ready: Vec::new(),
+            correlation: Correlation::new(
+                Sequencer::new(SequencerConfig::default()),
+                Correlator::new(hermes_correlator::Config::default()),
+            ),
             out: Vec::new(),
             ids: BTreeSet::new(),
         }
     }
 
     fn push(&mut self, shim: &ShimInfo, event: &Event) {
-        self.sequencer.push(
+        self.correlation.push_batch(
             shim,
             0,
-            event.clone(),
+            [event.clone()],
+            0,
             event.time_unix_nano,
-            &mut self.ready,
+            &mut self.out,
         );
         self.drain();
     }
 
     fn drain(&mut self) {
-        for (shim, event) in self.ready.drain(..) {
-            self.correlator.ingest(&shim, &event, &mut self.out);
-        }
         for span in self.out.drain(..) {
             self.ids.insert(format!(
                 "{}/{}",
@@ -264,9 +261,7 @@ impl Expect {
 
     /// Closes everything (as the collector does at shutdown); the span ids.
     fn finish(&mut self) -> BTreeSet<String> {
-        self.sequencer.flush_all(&mut self.ready);
-        self.drain();
-        self.correlator.flush_all(&mut self.out);
+        self.correlation.flush_all(&mut self.out);
         self.drain();
         std::mem::take(&mut self.ids)
     }

@@ -1,0 +1,119 @@
+//! [`Correlation`]: the sequencer and the correlator as one unit, the way
+//! every driver runs them (the collector's stage, the fuzz target, benches,
+//! replay tests and the load generator): a batch is put in capture order,
+//! the events it releases are correlated, and finished spans come out.
+//!
+//! Like its parts it does no I/O and reads no clock: the caller passes the
+//! wall-clock time of each call.
+
+use hermes_proto::v1::{Event, ShimInfo};
+
+use crate::sequencer::{Ready, Sequencer};
+use crate::{Correlator, Expiry, FinishedSpan};
+
+/// The sequencer feeding the correlator.
+pub struct Correlation {
+    sequencer: Sequencer,
+    correlator: Correlator,
+    /// Events the sequencer released, until the correlator takes them.
+    ready: Vec<Ready>,
+}
+
+impl Correlation {
+    /// Joins a sequencer and a correlator.
+    pub fn new(sequencer: Sequencer, correlator: Correlator) -> Self {
+        Self {
+            sequencer,
+            correlator,
+            ready: Vec::new(),
+        }
+    }
+
+    /// Takes the events of one batch of `shim` (acknowledged below
+    /// `floor_seq` at the shim, stored at `lsn` in the persistent queue, 0
+    /// without one) at wall-clock `now`, and correlates what is in capture
+    /// order; finished spans are appended to `out`.
+    pub fn push_batch(
+        &mut self,
+        shim: &ShimInfo,
+        floor_seq: u64,
+        events: impl IntoIterator<Item = Event>,
+        lsn: u64,
+        now: u64,
+        out: &mut Vec<FinishedSpan>,
+    ) {
+        self.sequencer
+            .push_batch(shim, floor_seq, events, lsn, now, &mut self.ready);
+        self.correlate(out);
+    }
+
+    /// The timers at wall-clock `now`: holes older than the gap timeout are
+    /// skipped, turns past their TTL closed.
+    pub fn tick(&mut self, now: u64, out: &mut Vec<FinishedSpan>) {
+        self.sequencer.expire(now, &mut self.ready);
+        self.correlator.expire(now, out);
+        self.correlate(out);
+    }
+
+    /// Before a batch that arrives while the timer slept: sets the
+    /// correlator's clock to `now` and closes only what is due, so the batch
+    /// never meets state its TTL should have closed.
+    pub fn catch_up(&mut self, now: u64, out: &mut Vec<FinishedSpan>) {
+        self.correlator.expire(now, out);
+    }
+
+    /// At shutdown: releases everything held, whatever the holes, and
+    /// closes everything open.
+    pub fn flush_all(&mut self, out: &mut Vec<FinishedSpan>) {
+        self.sequencer.flush_all(&mut self.ready);
+        self.correlate(out);
+        self.correlator.flush_all(out);
+    }
+
+    /// When the timers next have something to do: every tick while events
+    /// are held or anything is open.
+    pub fn expiry(&self) -> Expiry {
+        match self.correlator.expiry() {
+            Expiry::EveryTick => Expiry::EveryTick,
+            _ if self.sequencer.held() > 0 => Expiry::EveryTick,
+            expiry => expiry,
+        }
+    }
+
+    /// The lowest persistent-queue lsn that held events or open state still
+    /// need, if any.
+    pub fn min_open_lsn(&self) -> Option<u64> {
+        [self.sequencer.min_held_lsn(), self.correlator.min_lsn()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Closes, as incomplete, open state that needs records below `lsn`.
+    pub fn evict_below_lsn(&mut self, lsn: u64, out: &mut Vec<FinishedSpan>) {
+        self.correlator.evict_below_lsn(lsn, out);
+    }
+
+    /// The sequencer (its counters and held events).
+    pub fn sequencer(&self) -> &Sequencer {
+        &self.sequencer
+    }
+
+    /// The correlator (its counters and gauges).
+    pub fn correlator(&self) -> &Correlator {
+        &self.correlator
+    }
+
+    /// Hands the released events to the correlator, each with the lsn of
+    /// the batch it came in.
+    fn correlate(&mut self, out: &mut Vec<FinishedSpan>) {
+        if let Some(lsn) = self.sequencer.take_released_lsn() {
+            self.correlator.set_lsn(lsn);
+        }
+        // By reference: an `Event` is 272 bytes, not worth a move.
+        for (shim, event) in &self.ready {
+            self.correlator.ingest(shim, event, out);
+        }
+        self.ready.clear();
+    }
+}
