@@ -42,6 +42,7 @@ fn forbidden_env(key: &str) -> bool {
 pub struct HermesHome {
     dir: TempDir,
     venv: PathBuf,
+    hermes_version: String,
     base_url: String,
     model: String,
     timeout: Duration,
@@ -74,7 +75,8 @@ impl HermesHome {
 
     /// Like [`new`](Self::new), running another hermes-agent release
     /// (`"0.18.2"`) from its own venv ([`ensure_venv_for`]), configured the
-    /// same way.
+    /// same way (before 0.19, `hermes config set` has no `--force`: the
+    /// nudge keys are set without it).
     pub fn with_hermes(hermes_version: &str, base_url: &str, model: &str) -> HermesHome {
         let venv = ensure_venv_for(hermes_version);
         let dir = tempfile::Builder::new()
@@ -84,6 +86,7 @@ impl HermesHome {
         let home = HermesHome {
             dir,
             venv,
+            hermes_version: hermes_version.to_string(),
             base_url: base_url.to_string(),
             model: model.to_string(),
             timeout: env_secs("HERMES_E2E_CHAT_TIMEOUT_SECS", DEFAULT_RUN_TIMEOUT),
@@ -91,6 +94,13 @@ impl HermesHome {
         for d in [home.hermes_home(), home.work_dir()] {
             std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("create {}: {e}", d.display()));
         }
+        let force = if at_least(hermes_version, (0, 19)) {
+            "--force "
+        } else {
+            ""
+        };
+        let memory_nudge = format!("{force}memory.nudge_interval");
+        let skills_nudge = format!("{force}skills.creation_nudge_interval");
         home.config_set_many(&[
             ("model.provider", "custom"),
             ("model.base_url", base_url),
@@ -99,10 +109,15 @@ impl HermesHome {
             ("model.context_length", "128000"),
             ("security.tirith_enabled", "false"),
             ("curator.enabled", "false"),
-            ("--force memory.nudge_interval", "0"),
-            ("--force skills.creation_nudge_interval", "0"),
+            (&memory_nudge, "0"),
+            (&skills_nudge, "0"),
         ]);
         home
+    }
+
+    /// The hermes-agent release this home runs.
+    pub fn hermes_version(&self) -> &str {
+        &self.hermes_version
     }
 
     /// The temporary `HOME`.
@@ -256,10 +271,44 @@ for argv in json.loads(os.environ["HERMES_E2E_ARGV"]):
         assert!(out.success(), "hermes config set …: {}", out.describe());
     }
 
-    /// `hermes plugins enable NAME` (the plugin must be installed in the
-    /// venv: `pip install ./agent-shim`). Returns the command's output.
+    /// `hermes plugins enable NAME --no-allow-tool-override` (the plugin
+    /// must be installed in the venv: `pip install ./agent-shim`), as the
+    /// README says: an observer never replaces built-in tools, and the flag
+    /// answers the question Hermes (0.18 and later) would otherwise ask on
+    /// stdin. Before 0.18 the command has no such flag (and no question).
+    /// Returns the command's output.
     pub fn try_enable_plugin(&self, name: &str) -> RunOutput {
-        self.hermes(&["plugins", "enable", name], &[], ADMIN_TIMEOUT)
+        let mut args = vec!["plugins", "enable", name];
+        if at_least(&self.hermes_version, (0, 18)) {
+            args.push("--no-allow-tool-override");
+        }
+        self.hermes(&args, &[], ADMIN_TIMEOUT)
+    }
+
+    /// Lists `name` in `plugins.enabled` of `$HERMES_HOME/config.yaml`
+    /// (through the venv's PyYAML), the way to enable a pip plugin where
+    /// `hermes plugins enable` cannot (0.17); panics on failure.
+    pub fn enable_plugin_in_config(&self, name: &str) {
+        let code = r#"
+import os, yaml
+path = os.path.join(os.environ["HERMES_HOME"], "config.yaml")
+with open(path, encoding="utf-8") as f:
+    config = yaml.safe_load(f) or {}
+plugins = config.setdefault("plugins", {}) or {}
+config["plugins"] = plugins
+enabled = plugins.get("enabled") or []
+if os.environ["HERMES_E2E_PLUGIN"] not in enabled:
+    enabled.append(os.environ["HERMES_E2E_PLUGIN"])
+plugins["enabled"] = enabled
+with open(path, "w", encoding="utf-8") as f:
+    yaml.safe_dump(config, f, sort_keys=False)
+"#;
+        let out = self.python(code, &[("HERMES_E2E_PLUGIN", name)], ADMIN_TIMEOUT);
+        assert!(
+            out.success(),
+            "plugins.enabled += {name}: {}",
+            out.describe()
+        );
     }
 
     /// `hermes plugins enable NAME`; panics on failure.
@@ -339,6 +388,13 @@ for argv in json.loads(os.environ["HERMES_E2E_ARGV"]):
         }
         out.output
     }
+}
+
+/// Whether `version` (`"0.18.2"`) is at least `(major, minor)`.
+fn at_least(version: &str, (major, minor): (u32, u32)) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    found >= (major, minor)
 }
 
 /// A Python prelude for [`HermesHome::run_python`] snippets: imports

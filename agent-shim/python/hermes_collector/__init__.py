@@ -9,7 +9,11 @@ the events to the collector over gRPC.
 
 Configuration comes from ``HERMES_COLLECTOR_*`` environment variables (see
 README.md). Nothing here raises into Hermes: bad settings are logged as
-warnings and replaced by defaults. With ``HERMES_COLLECTOR_SPOOL_DIR`` set,
+warnings and replaced by defaults. The ``hermes_collector`` logger also says,
+once, when the collector cannot be reached (endpoint, for how long, what
+happens to the events), when it is reachable again, and at exit what was not
+delivered; Hermes writes these records to ``agent.log`` (warnings to
+``errors.log`` too), never to the terminal. With ``HERMES_COLLECTOR_SPOOL_DIR`` set,
 what the bounded exit flush cannot deliver is written to a spool file there
 and sent by the next process that starts the plugin with the same directory.
 """
@@ -29,6 +33,10 @@ __all__ = ["register", "flush", "stats"]
 __version__: str = _core.__version__
 
 _log = logging.getLogger("hermes_collector")
+# Records reach Hermes' own handlers (agent.log, errors.log) by propagation;
+# without any handler configured (logging not set up yet), this one keeps
+# Python's last-resort handler from printing them on the user's terminal.
+_log.addHandler(logging.NullHandler())
 
 _ENV_PREFIX = "HERMES_COLLECTOR_"
 _DEFAULT_EXIT_FLUSH_MS = 2000

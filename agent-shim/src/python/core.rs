@@ -44,6 +44,7 @@ use crate::clock;
 use crate::config::{CaptureLevel, ShimConfig};
 use crate::convert::{JsonKwargs, Stamp, to_event};
 use crate::queue::{QueueRx, QueueTx, SeqSource, event_queue};
+use crate::sender::reach::Notice;
 use crate::sender::spool::SpoolConfig;
 use crate::sender::{self, Convert, SenderConfig, SenderShared};
 
@@ -61,6 +62,15 @@ const MIN_SEAL_WAIT: Duration = Duration::from_millis(200);
 const DISCONNECTED_EXIT_WAIT: Duration = Duration::from_millis(250);
 /// Longest wait at exit for the sender to write the spool file.
 const SPOOL_EXIT_WAIT: Duration = Duration::from_secs(1);
+/// Longest wait at exit for the sender's exit notices.
+const REPORT_EXIT_WAIT: Duration = Duration::from_millis(500);
+/// The logger the notices go to: Hermes' logging setup writes its INFO
+/// records to `agent.log` and its WARNING records to `errors.log` too, and
+/// (unless the user asked for verbose output) none to the terminal.
+const LOGGER: &str = "hermes_collector";
+/// `logging.WARNING`, `logging.INFO`.
+const WARNING: u8 = 30;
+const INFO: u8 = 20;
 
 /// One captured hook call, as queued.
 pub(crate) struct HookItem {
@@ -176,6 +186,26 @@ impl Convert for PyConverter {
         }
         self.gate.leave();
         events
+    }
+
+    /// Logs `notice` through the `hermes_collector` logger, on the sender
+    /// thread (the hook path never waits for it); not once the interpreter
+    /// is exiting past `shutdown`.
+    fn notice(&mut self, notice: &Notice) {
+        if !self.gate.enter() {
+            return;
+        }
+        let level = if notice.is_warning() { WARNING } else { INFO };
+        let text = notice.to_string();
+        Python::try_attach(|py| {
+            let logged = py
+                .import("logging")
+                .and_then(|logging| logging.call_method1("getLogger", (LOGGER,)))
+                .and_then(|logger| logger.call_method1("log", (level, text)));
+            // A logging failure is not the agent's: never raised, never printed.
+            let _ = logged;
+        });
+        self.gate.leave();
     }
 }
 
@@ -352,8 +382,9 @@ pub(crate) fn flush(py: Python<'_>, timeout_ms: u64) -> bool {
 }
 
 /// Interpreter exit: flush up to `timeout_ms` (with a spool: then write what
-/// is left to the spool), then stop the sender from attaching to the
-/// interpreter again. Returns whether every event was delivered or spooled.
+/// is left to the spool), have the sender log its exit notices (an outage
+/// not reported yet, events not delivered), then stop the sender from
+/// attaching to the interpreter again. Returns whether every event was delivered or spooled.
 #[pyfunction]
 pub(crate) fn shutdown(py: Python<'_>, timeout_ms: u64) -> bool {
     let Some(core) = CORE.load_full() else {
@@ -378,6 +409,11 @@ pub(crate) fn shutdown(py: Python<'_>, timeout_ms: u64) -> bool {
         flushed = py.detach(move || {
             shared.spool_and_wait(SPOOL_EXIT_WAIT) && shared.settled_events() >= target
         });
+    }
+    if core.started.load(Ordering::Acquire) {
+        let shared = Arc::clone(&core.shared);
+        let target = core.tx.counters().enqueued();
+        py.detach(move || shared.report_exit_and_wait(target, REPORT_EXIT_WAIT));
     }
     let seal_wait = timeout.saturating_sub(started.elapsed()).max(MIN_SEAL_WAIT);
     let gate = Arc::clone(&core.gate);

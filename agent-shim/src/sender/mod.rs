@@ -9,8 +9,10 @@
 //! Invariants:
 //! - Runs on one dedicated thread named [`THREAD_NAME`] with its own tokio
 //!   current-thread runtime; nothing here blocks a hook thread, and nothing
-//!   here logs (the only diagnostics are [`SenderShared`] counters and the last
-//!   error text).
+//!   here logs: the diagnostics are [`SenderShared`] counters, the last
+//!   error text and the [`reach::Notice`]s handed to [`Convert::notice`]
+//!   (an outage once it lasted `report_unreachable_after`, its end, and at
+//!   exit what was not delivered).
 //! - A batch holds at most `max_batch_events` events, in ascending seq order.
 //! - The sender looks at the queue on its own timer, not because an event
 //!   was queued (so the hook path makes no system call): every `linger` while
@@ -42,6 +44,7 @@
 
 pub mod backoff;
 pub mod conn;
+pub mod reach;
 pub mod spool;
 pub mod unacked;
 
@@ -59,6 +62,7 @@ use crate::config::CollectorEndpoint;
 use crate::queue::{QueueCounters, QueueRx, QueueTx, event_queue};
 use backoff::Backoff;
 use conn::{Conn, ConnError, ConnEvent, ConnOptions};
+use reach::{Holding, Notice, Reach};
 use spool::SpoolConfig;
 use unacked::UnackedBuffer;
 
@@ -79,6 +83,14 @@ pub trait Convert {
     /// Converts a batch of items. Returns one event per item, or fewer if
     /// some could not be converted (they count as discarded).
     fn convert(&mut self, items: Vec<Self::Item>) -> Vec<Event>;
+
+    /// Says `notice` where the agent's operator reads it (the Python
+    /// extension: the `hermes_collector` logger). Called on the sender
+    /// thread a few times per outage at most, never per event. The default
+    /// says nothing.
+    fn notice(&mut self, notice: &Notice) {
+        let _ = notice;
+    }
 }
 
 /// A converter for senders fed with ready events (the load generator, tests):
@@ -145,6 +157,9 @@ pub struct SenderConfig {
     pub close_grace: Duration,
     /// The disk spool, if any.
     pub spool: Option<SpoolConfig>,
+    /// How long no stream can be opened before the outage is reported
+    /// ([`Convert::notice`]); default [`reach::DEFAULT_REPORT_AFTER`].
+    pub report_unreachable_after: Duration,
 }
 
 impl SenderConfig {
@@ -164,6 +179,7 @@ impl SenderConfig {
             conn: ConnOptions::default(),
             close_grace: Duration::from_secs(5),
             spool: None,
+            report_unreachable_after: reach::DEFAULT_REPORT_AFTER,
         }
     }
 }
@@ -190,6 +206,11 @@ pub struct SenderShared {
     spool_notify: Notify,
     /// Bumped by the sender after each spool request it handled.
     spool_rounds: AtomicU64,
+    exit_notify: Notify,
+    /// Events captured before the exit, for the exit report.
+    exit_target: AtomicU64,
+    /// Bumped by the sender after each exit report it made.
+    exit_rounds: AtomicU64,
 }
 
 /// A snapshot of the sender's counters.
@@ -247,11 +268,25 @@ impl SenderShared {
     /// spool the sender only acknowledges the request. Must not be called
     /// on the sender thread.
     pub fn spool_and_wait(&self, timeout: Duration) -> bool {
+        Self::request_and_wait(&self.spool_notify, &self.spool_rounds, timeout)
+    }
+
+    /// Asks the sender for its exit notices ([`Convert::notice`]): the
+    /// outage, if one is on and was not reported yet, and the events of the
+    /// `target` captured that are not delivered (spooled or lost). Blocks
+    /// the calling thread until it made them or `timeout` passed; returns
+    /// whether it did. Must not be called on the sender thread.
+    pub fn report_exit_and_wait(&self, target: u64, timeout: Duration) -> bool {
+        self.exit_target.store(target, Ordering::Release);
+        Self::request_and_wait(&self.exit_notify, &self.exit_rounds, timeout)
+    }
+
+    fn request_and_wait(notify: &Notify, rounds: &AtomicU64, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
-        let round = self.spool_rounds.load(Ordering::Acquire);
-        self.spool_notify.notify_one();
+        let round = rounds.load(Ordering::Acquire);
+        notify.notify_one();
         loop {
-            if self.spool_rounds.load(Ordering::Acquire) > round {
+            if rounds.load(Ordering::Acquire) > round {
                 return true;
             }
             let now = std::time::Instant::now();
@@ -544,10 +579,17 @@ pub async fn run<C: Convert>(
     shared: Arc<SenderShared>,
     queue: Arc<QueueCounters>,
 ) {
+    let mut reach = Reach::new(&config.endpoint.url, config.report_unreachable_after);
+    let holding = Holding {
+        max_batches: config.max_unacked_batches,
+        max_bytes: config.max_unacked_bytes,
+        spool_dir: config.spool.as_ref().map(|s| s.dir.clone()),
+    };
     let target = match conn::target(&config.endpoint, &config.conn) {
         Ok(target) => Some(target),
         Err(e) => {
             shared.set_error(&e);
+            reach.failed(Instant::now(), reach::error_chain(&e), 0);
             None
         }
     };
@@ -633,7 +675,13 @@ pub async fn run<C: Convert>(
         tokio::select! {
             biased;
             event = next_conn_event(&mut conn) => match event {
-                ConnEvent::Connected => shared.connected.store(true, Ordering::Release),
+                ConnEvent::Connected => {
+                    shared.connected.store(true, Ordering::Release);
+                    let evicted = shared.evicted_events.load(Ordering::Acquire);
+                    if let Some(notice) = reach.connected(Instant::now(), evicted) {
+                        batcher.converter.notice(&notice);
+                    }
+                }
                 ConnEvent::Ack(ack) => {
                     let acked = pending.ack(ack.first_seq, ack.last_seq);
                     shared.acked_events.fetch_add(acked, Ordering::AcqRel);
@@ -643,6 +691,8 @@ pub async fn run<C: Convert>(
                     conn = None;
                     shared.connected.store(false, Ordering::Release);
                     shared.set_error(&error);
+                    let evicted = shared.evicted_events.load(Ordering::Acquire);
+                    reach.failed(Instant::now(), reach::error_chain(&error), evicted);
                     pending.mark_all_unsent();
                     reconnect_at = Instant::now() + backoff.next_delay();
                 }
@@ -664,6 +714,23 @@ pub async fn run<C: Convert>(
                 poll_at = if rx.take_urgent() || !asleep { now } else { now + config.linger };
                 asleep = false;
                 shared.asleep.store(false, Ordering::Release);
+            }
+            () = tokio::time::sleep_until(reach.report_at().unwrap_or(now + far)), if reach.report_at().is_some() => {
+                if let Some(notice) = reach.report(Instant::now(), &holding) {
+                    batcher.converter.notice(&notice);
+                }
+            }
+            () = shared.exit_notify.notified() => {
+                let count = reach::ExitCount {
+                    captured: shared.exit_target.load(Ordering::Acquire),
+                    settled: shared.settled_events(),
+                    spooled: shared.spooled_events.load(Ordering::Acquire),
+                    spool_dropped: shared.spool_dropped_events.load(Ordering::Acquire),
+                };
+                for notice in reach.exit_notices(Instant::now(), &holding, &count) {
+                    batcher.converter.notice(&notice);
+                }
+                shared.exit_rounds.fetch_add(1, Ordering::AcqRel);
             }
             () = shared.spool_notify.notified() => {
                 batcher.spool_all(&mut rx, &mut buf, &mut pending, &shared, &queue, config.spool.as_ref(), max_batch);
@@ -728,3 +795,5 @@ pub async fn run<C: Convert>(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_reach;

@@ -133,7 +133,7 @@ impl EventIngest for TestIngest {
 }
 
 /// An in-process collector on its own thread and runtime.
-struct TestCollector {
+pub(super) struct TestCollector {
     addr: std::net::SocketAddr,
     received: Received,
     stop: Option<oneshot::Sender<()>>,
@@ -141,7 +141,7 @@ struct TestCollector {
 }
 
 impl TestCollector {
-    fn start(port: u16, fail_first_stream_after: Option<usize>) -> TestCollector {
+    pub(super) fn start(port: u16, fail_first_stream_after: Option<usize>) -> TestCollector {
         Self::start_with(port, fail_first_stream_after, None)
     }
 
@@ -186,7 +186,7 @@ impl TestCollector {
         }
     }
 
-    fn endpoint(&self) -> String {
+    pub(super) fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }
 }
@@ -205,7 +205,7 @@ impl Drop for TestCollector {
 /// A port nothing listens on, from below Linux' ephemeral range so that no
 /// outgoing connection (the sender's own included) can take it meanwhile;
 /// probed by connecting (a probe listener could leak into a forked child).
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     static CURSOR: AtomicU16 = AtomicU16::new(0);
     let base = (std::process::id() % 8_000) as u16;
     (0..8_000)
@@ -214,7 +214,7 @@ fn free_port() -> u16 {
         .unwrap()
 }
 
-fn shim() -> ShimInfo {
+pub(super) fn shim() -> ShimInfo {
     shim_named("0123456789abcdef0123456789abcdef")
 }
 
@@ -229,7 +229,7 @@ fn shim_named(instance_id: &str) -> ShimInfo {
     }
 }
 
-fn config(endpoint: String) -> SenderConfig {
+pub(super) fn config(endpoint: String) -> SenderConfig {
     let mut config = SenderConfig::new(endpoint, shim());
     config.linger = Duration::from_millis(5);
     config.backoff_min = Duration::from_millis(20);
