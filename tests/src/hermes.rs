@@ -91,6 +91,15 @@ impl HermesHome {
         for d in [home.hermes_home(), home.work_dir()] {
             std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("create {}: {e}", d.display()));
         }
+        // `config set --force` (needed by 0.19 for these two keys) does not
+        // exist before 0.19; older releases set them without it.
+        let force = if hermes_version == DEFAULT_HERMES_VERSION {
+            "--force "
+        } else {
+            ""
+        };
+        let memory_nudge = format!("{force}memory.nudge_interval");
+        let skills_nudge = format!("{force}skills.creation_nudge_interval");
         home.config_set_many(&[
             ("model.provider", "custom"),
             ("model.base_url", base_url),
@@ -99,8 +108,8 @@ impl HermesHome {
             ("model.context_length", "128000"),
             ("security.tirith_enabled", "false"),
             ("curator.enabled", "false"),
-            ("--force memory.nudge_interval", "0"),
-            ("--force skills.creation_nudge_interval", "0"),
+            (memory_nudge.as_str(), "0"),
+            (skills_nudge.as_str(), "0"),
         ]);
         home
     }
