@@ -22,7 +22,11 @@ Each entry answers one *main-conversation* chat completion request, in order:
 Optional keys of an entry: ``delay_ms`` (sleep before answering),
 ``finish_reason`` (override), ``model`` (response model), ``id`` inside a
 tool call (override the generated ``call_<n>``), ``retry_after`` on an error
-entry (``Retry-After`` header value), ``message`` on an error entry.
+entry (``Retry-After`` header value), ``message`` on an error entry, and
+``only_if``: a text the request's first user message must contain for the
+entry to answer it (for agents whose requests race, e.g. a background
+subagent and its parent). A request takes the first unused entry it may;
+entries without ``only_if`` are taken in order as before.
 
 ``usage`` may give ``prompt_tokens``, ``completion_tokens``, ``total_tokens``,
 ``cached_tokens`` / ``prompt_tokens_details.cached_tokens`` and
@@ -183,19 +187,28 @@ class Script:
         if not isinstance(entries, list):
             raise SystemExit("script must be a list of entries")
         self.entries = entries
-        self.next_index = 0
+        self.used = set()
         self.next_call = 1
         self.next_completion = 1
         self.seq = 0
         self.lock = threading.Lock()
 
-    def take(self):
+    def take(self, body=None):
         """Return (index, entry) of the next main-conversation answer."""
         with self.lock:
-            if self.next_index < len(self.entries):
-                idx = self.next_index
-                self.next_index += 1
-                return idx, self.entries[idx]
+            first_user = ""
+            for msg in (body or {}).get("messages") or [] if isinstance(body, dict) else []:
+                if isinstance(msg, dict) and msg.get("role") == "user":
+                    first_user = _text_of(msg.get("content"))
+                    break
+            for idx in range(len(self.entries)):
+                if idx in self.used:
+                    continue
+                entry = self.entries[idx]
+                wanted = entry.get("only_if") if isinstance(entry, dict) else None
+                if wanted is None or wanted in first_user:
+                    self.used.add(idx)
+                    return idx, entry
             for idx in range(len(self.entries) - 1, -1, -1):
                 entry = self.entries[idx]
                 if isinstance(entry, dict) and "content" in entry and "error" not in entry:
@@ -347,7 +360,7 @@ class Handler(BaseHTTPRequestHandler):
             entry = {"content": self.script.aux_content, "usage": {"prompt_tokens": 50, "completion_tokens": 5}}
             self._answer(entry, stream, include_usage)
             return
-        idx, entry = self.script.take()
+        idx, entry = self.script.take(body)
         if not isinstance(entry, dict):
             entry = {"content": str(entry)}
         status = int(entry["error"]) if "error" in entry else 200

@@ -38,6 +38,12 @@ pub mod hooks {
     pub const PRE_APPROVAL_REQUEST: &str = "pre_approval_request";
     pub const POST_APPROVAL_RESPONSE: &str = "post_approval_response";
 
+    /// Not a Hermes hook: the shim's last event before its process ends
+    /// (after every hook the agent fired), so the collector knows that
+    /// whatever of that agent is still open was cut off by the exit. The
+    /// dot keeps it apart from every Hermes hook name.
+    pub const PROCESS_EXIT: &str = "hermes_collector.process_exit";
+
     /// Every observer hook of Hermes 0.19.0 the collector understands.
     pub const ALL: [&str; 15] = [
         ON_SESSION_START,

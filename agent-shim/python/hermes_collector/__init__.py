@@ -97,6 +97,9 @@ def stats() -> Dict[str, Any]:
 
 
 def _at_exit() -> None:
+    # From here on hooks (background daemon threads keep firing them until
+    # the interpreter finalizes) convert their own events; a callback after
+    # finalization delivers or spools them with the exit marker.
     try:
         _core.shutdown(_exit_flush_ms)
     except Exception:

@@ -1,7 +1,8 @@
 //! The process-wide core: configuration, queue, sender thread, exit gate.
 //!
 //! Owns: [`CORE`], the one live [`Core`] of the process, and the Python
-//! functions `configure`, `flush`, `shutdown`, `stats`, `after_fork_in_child`.
+//! functions `configure`, `flush`, `stats`, `after_fork_in_child` (the exit
+//! path, `shutdown` and the process-exit callback, is [`super::exit`]).
 //!
 //! Invariants:
 //! - The hook path reaches the core through a lock-free `ArcSwapOption` load;
@@ -18,13 +19,17 @@
 //!   and `leave`. `shutdown` (at interpreter exit) seals the gate and waits,
 //!   with the GIL released, until the sender is outside, so the sender never
 //!   attaches to a finalizing interpreter (CPython 3.11/3.12 would end the
-//!   thread with `pthread_exit`). Events captured after that are not sent.
+//!   thread with `pthread_exit`). From the start of `shutdown` on, hooks
+//!   convert their own event on their thread (GIL held) and queue it ready
+//!   ([`HookItem::event`]), so what daemon threads capture while the
+//!   interpreter exits needs no interpreter on the sender's side; the exit
+//!   callback of [`super::exit`] delivers or spools it.
 //! - `flush` and `shutdown` wait with the GIL released and never longer than
 //!   their timeout.
 //! - With a spool (`HERMES_COLLECTOR_SPOOL_DIR`): `configure` starts the
 //!   sender at once, so spool files of earlier processes are replayed even if
 //!   this one captures nothing; `shutdown` asks the sender to spool what the
-//!   exit flush could not deliver and waits at most [`SPOOL_EXIT_WAIT`] for
+//!   exit flush could not deliver and waits a bounded time for
 //!   it (with no stream open it spools at once instead of waiting for a
 //!   collector that is down).
 
@@ -54,16 +59,6 @@ pub(crate) static CORE: ArcSwapOption<Core> = ArcSwapOption::const_empty();
 /// Items converted per GIL acquisition.
 const CONVERT_CHUNK: usize = 64;
 
-/// How long `shutdown` waits for the sender to leave the interpreter at least.
-const MIN_SEAL_WAIT: Duration = Duration::from_millis(200);
-/// Longest exit flush while no stream to the collector is open: waiting the
-/// whole `HERMES_COLLECTOR_EXIT_FLUSH_MS` for a collector that is down would
-/// only delay the agent's exit.
-const DISCONNECTED_EXIT_WAIT: Duration = Duration::from_millis(250);
-/// Longest wait at exit for the sender to write the spool file.
-const SPOOL_EXIT_WAIT: Duration = Duration::from_secs(1);
-/// Longest wait at exit for the sender's exit notices.
-const REPORT_EXIT_WAIT: Duration = Duration::from_millis(500);
 /// The logger the notices go to: Hermes' logging setup writes its INFO
 /// records to `agent.log` and its WARNING records to `errors.log` too, and
 /// (unless the user asked for verbose output) none to the terminal.
@@ -83,11 +78,14 @@ pub(crate) struct HookItem {
     pub kwargs: Option<Py<PyDict>>,
     /// Hook-time JSON snapshot of `args` (capture level `content` only).
     pub args_json: Option<String>,
+    /// The event itself, converted on the hook's thread (the process is
+    /// exiting: the sender may no longer attach to the interpreter).
+    pub event: Option<Box<Event>>,
 }
 
 /// Guards the sender's access to the interpreter against finalization.
 #[derive(Debug, Default)]
-pub(crate) struct GilGate {
+pub(super) struct GilGate {
     sealed: AtomicBool,
     inside: AtomicBool,
 }
@@ -112,7 +110,7 @@ impl GilGate {
     }
 
     /// Seals the gate and waits until the sender is outside. Call without the GIL.
-    fn seal_and_wait(&self, timeout: Duration) -> bool {
+    pub(super) fn seal_and_wait(&self, timeout: Duration) -> bool {
         self.sealed.store(true, Ordering::SeqCst);
         let deadline = Instant::now() + timeout;
         while self.inside.load(Ordering::SeqCst) {
@@ -131,7 +129,7 @@ struct PyConverter {
     gate: Arc<GilGate>,
 }
 
-fn convert_item(py: Python<'_>, item: HookItem, capture: CaptureLevel) -> Event {
+pub(super) fn convert_item(py: Python<'_>, item: HookItem, capture: CaptureLevel) -> Event {
     let stamp = Stamp {
         seq: item.seq,
         hook: &item.hook,
@@ -161,13 +159,27 @@ impl Convert for PyConverter {
     type Item = HookItem;
 
     fn convert(&mut self, items: Vec<HookItem>) -> Vec<Event> {
+        // Events converted on their hook's thread need no interpreter.
+        let mut events = Vec::with_capacity(items.len());
+        let items: Vec<HookItem> = items
+            .into_iter()
+            .filter_map(|mut item| match item.event.take() {
+                Some(event) => {
+                    events.push(*event);
+                    None
+                }
+                None => Some(item),
+            })
+            .collect();
+        if items.is_empty() {
+            return events;
+        }
         if !self.gate.enter() {
             // Interpreter exiting: the references are released by PyO3 later
             // (or never, at process exit).
-            return Vec::new();
+            return events;
         }
         let capture = self.capture;
-        let mut events = Vec::with_capacity(items.len());
         let mut items = items.into_iter().peekable();
         // The GIL is taken once per chunk, not per batch, so a large batch
         // never keeps agent threads waiting for more than a chunk's work.
@@ -216,11 +228,15 @@ pub(crate) struct Core {
     instance_id: String,
     pid: u32,
     seq: SeqSource,
-    tx: QueueTx<HookItem>,
+    pub(super) tx: QueueTx<HookItem>,
     rx: Mutex<Option<QueueRx<HookItem>>>,
-    started: AtomicBool,
-    shared: Arc<SenderShared>,
-    gate: Arc<GilGate>,
+    pub(super) started: AtomicBool,
+    pub(super) shared: Arc<SenderShared>,
+    pub(super) gate: Arc<GilGate>,
+    /// Set by `shutdown`: hooks convert their own events from then on.
+    exiting: AtomicBool,
+    /// When `shutdown` started: the exit callback's budget counts from here.
+    pub(super) exit_started: Mutex<Option<Instant>>,
 }
 
 /// Random 128-bit id, hex. Uses the OS generator, so a forked child never
@@ -251,7 +267,62 @@ impl Core {
             started: AtomicBool::new(false),
             shared: Arc::new(SenderShared::default()),
             gate: Arc::new(GilGate::default()),
+            exiting: AtomicBool::new(false),
+            exit_started: Mutex::new(None),
         }
+    }
+
+    /// Whether the interpreter is exiting (`shutdown` ran): the hook path
+    /// then converts on its own thread ([`Core::enqueue_converted`]).
+    #[inline]
+    pub(crate) fn is_exiting(&self) -> bool {
+        self.exiting.load(Ordering::Acquire)
+    }
+
+    /// Switches the hook path to converting on its own thread. Called with
+    /// the GIL held: no hook is between its check of [`Core::is_exiting`]
+    /// and its push (the hook path runs no Python code there).
+    pub(super) fn begin_exit(&self) {
+        if let Ok(mut started) = self.exit_started.lock() {
+            started.get_or_insert_with(Instant::now);
+        }
+        self.exiting.store(true, Ordering::Release);
+    }
+
+    /// The exit path of the hook: converts `item` on the calling thread
+    /// (GIL held), then stamps, numbers and queues the ready event and wakes
+    /// the sender. The stamps come after the conversion, which may run
+    /// Python code (and let another thread in): queue order stays seq order.
+    pub(crate) fn enqueue_converted(&self, py: Python<'_>, item: HookItem) {
+        let hook = Arc::clone(&item.hook);
+        let thread = Arc::clone(&item.thread);
+        let event = convert_item(py, item, self.config.capture);
+        self.enqueue_event(event, hook, thread);
+    }
+
+    /// Stamps, numbers and queues a ready event, waking the sender. Runs
+    /// no Python code (the exit callback calls it after finalization).
+    pub(super) fn enqueue_event(&self, mut event: Event, hook: Arc<str>, thread: Arc<str>) {
+        let time_unix_nano = clock::wall_unix_nano();
+        let mono_nano = clock::mono_nano();
+        let seq = self.seq.next_seq();
+        event.seq = seq;
+        event.time_unix_nano = time_unix_nano;
+        event.mono_nano = mono_nano;
+        let item = HookItem {
+            seq,
+            time_unix_nano,
+            mono_nano,
+            hook,
+            thread,
+            kwargs: None,
+            args_json: None,
+            event: Some(Box::new(event)),
+        };
+        if let Err(dropped) = self.tx.push_and_wake(item) {
+            drop(dropped);
+        }
+        self.ensure_started();
     }
 
     /// Stamps, numbers and queues one hook call; never blocks. Called with
@@ -312,7 +383,7 @@ impl Core {
         })
     }
 
-    fn flush(&self, py: Python<'_>, timeout: Duration) -> bool {
+    pub(super) fn flush(&self, py: Python<'_>, timeout: Duration) -> bool {
         let target = self.tx.counters().enqueued();
         let shared = Arc::clone(&self.shared);
         py.detach(move || shared.wait_settled(target, timeout))
@@ -363,6 +434,7 @@ pub(crate) fn configure<'py>(
         }
     };
     out.set_item("instance_id", &core.instance_id)?;
+    super::exit::register_process_exit();
     if core.config.spool_dir.is_some() {
         // Replays what earlier processes spooled, without waiting for an event.
         core.ensure_started();
@@ -379,46 +451,6 @@ pub(crate) fn flush(py: Python<'_>, timeout_ms: u64) -> bool {
         Some(core) => core.flush(py, Duration::from_millis(timeout_ms)),
         None => true,
     }
-}
-
-/// Interpreter exit: flush up to `timeout_ms` (with a spool: then write what
-/// is left to the spool), have the sender log its exit notices (an outage
-/// not reported yet, events not delivered), then stop the sender from
-/// attaching to the interpreter again. Returns whether every event was delivered or spooled.
-#[pyfunction]
-pub(crate) fn shutdown(py: Python<'_>, timeout_ms: u64) -> bool {
-    let Some(core) = CORE.load_full() else {
-        return true;
-    };
-    let started = Instant::now();
-    let mut timeout = Duration::from_millis(timeout_ms);
-    let spool = core.config.spool_dir.is_some() && core.started.load(Ordering::Acquire);
-    if !core.shared.is_connected() {
-        // With a spool, nothing is lost by not waiting for a collector that is down.
-        let wait = if spool {
-            Duration::ZERO
-        } else {
-            DISCONNECTED_EXIT_WAIT
-        };
-        timeout = timeout.min(wait);
-    }
-    let mut flushed = core.flush(py, timeout);
-    if !flushed && spool {
-        let shared = Arc::clone(&core.shared);
-        let target = core.tx.counters().enqueued();
-        flushed = py.detach(move || {
-            shared.spool_and_wait(SPOOL_EXIT_WAIT) && shared.settled_events() >= target
-        });
-    }
-    if core.started.load(Ordering::Acquire) {
-        let shared = Arc::clone(&core.shared);
-        let target = core.tx.counters().enqueued();
-        py.detach(move || shared.report_exit_and_wait(target, REPORT_EXIT_WAIT));
-    }
-    let seal_wait = timeout.saturating_sub(started.elapsed()).max(MIN_SEAL_WAIT);
-    let gate = Arc::clone(&core.gate);
-    py.detach(move || gate.seal_and_wait(seal_wait));
-    flushed
 }
 
 /// Counters of the live core: `enqueued`, `dropped`, `sent_batches`,

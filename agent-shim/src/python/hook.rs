@@ -23,6 +23,9 @@
 //! - The clock stamps, the sequence number and the push happen with no Python
 //!   code in between, so the GIL orders them across threads: queue order is
 //!   seq order and seq order is capture order.
+//! - Once the interpreter exits (`shutdown` ran) the call converts its
+//!   kwargs to the event itself, on its thread, before stamping: the only
+//!   extra work of the normal path is one atomic load.
 
 use std::cell::OnceCell;
 use std::ffi::{CStr, CString};
@@ -122,18 +125,23 @@ fn capture(py: Python<'_>, hook: &Arc<str>, urgent: bool, kwargs: Option<&Bound<
     let Some(core) = guard.as_ref() else {
         return;
     };
-    core.enqueue(
-        HookItem {
-            seq: 0,
-            time_unix_nano: 0,
-            mono_nano: 0,
-            hook: Arc::clone(hook),
-            thread,
-            kwargs,
-            args_json,
-        },
-        urgent,
-    );
+    let item = HookItem {
+        seq: 0,
+        time_unix_nano: 0,
+        mono_nano: 0,
+        hook: Arc::clone(hook),
+        thread,
+        kwargs,
+        args_json,
+        event: None,
+    };
+    if core.is_exiting() {
+        // The interpreter is exiting: the sender may no longer read the
+        // kwargs, so this thread converts them (see `super::exit`).
+        core.enqueue_converted(py, item);
+    } else {
+        core.enqueue(item, urgent);
+    }
 }
 
 /// A reference to a kwargs dict that no one else can change: the dict itself

@@ -9,9 +9,11 @@
 //! Invariants: no function here raises into Hermes from a hook call; waits
 //! (`flush`, `shutdown`) release the GIL; the sender thread attaches to the
 //! interpreter only through the exit gate in [`core`], so it never touches a
-//! finalizing interpreter.
+//! finalizing interpreter; hooks that fire while the interpreter exits, and
+//! the process-exit marker, are delivered or spooled by [`exit`].
 
 mod core;
+mod exit;
 mod hook;
 mod kwargs;
 mod pyjson;
@@ -27,7 +29,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hook::hook_callback, m)?)?;
     m.add_function(wrap_pyfunction!(core::configure, m)?)?;
     m.add_function(wrap_pyfunction!(core::flush, m)?)?;
-    m.add_function(wrap_pyfunction!(core::shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(exit::shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(core::stats, m)?)?;
     m.add_function(wrap_pyfunction!(core::after_fork_in_child, m)?)?;
     Ok(())

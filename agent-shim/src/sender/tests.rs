@@ -633,6 +633,63 @@ fn exit_spool_is_replayed_by_a_later_sender_under_its_instance_and_seqs() {
     second.close();
 }
 
+/// The exit path spools twice: at `atexit` what the flush could not
+/// deliver, then, after finalization, the hooks that fired meanwhile and
+/// the exit marker. The second file continues the first's seqs, so the
+/// replay gives the collector one gapless run of the instance.
+#[test]
+fn hooks_after_the_exit_spool_go_to_a_second_file_that_continues_the_seqs() {
+    let port = free_port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("spool");
+
+    let first = Harness::start(spool_config(endpoint.clone(), "late", &dir), Passthrough);
+    // Its look for earlier spool files is done (else it could claim its own).
+    assert!(first.shared.wait_settled(0, Duration::from_secs(5)));
+    for _ in 0..4 {
+        first.push("pre_tool_call", "");
+    }
+    assert!(first.shared.spool_and_wait(Duration::from_secs(5)));
+    // Late hooks (converted on their threads) and the marker, woken at once.
+    for _ in 0..2 {
+        first.push_and_wake("post_api_request");
+    }
+    first.push_and_wake(hermes_proto::hooks::PROCESS_EXIT);
+    assert!(!first.shared.wait_settled(7, Duration::from_millis(100)));
+    assert!(first.shared.spool_and_wait(Duration::from_secs(5)));
+    assert!(
+        first.shared.wait_settled(7, Duration::ZERO),
+        "{:?}",
+        first.shared.stats()
+    );
+    assert_eq!(first.shared.stats().spooled_events, 7);
+    let files = spool_files(&dir);
+    assert_eq!(files.len(), 2, "{files:?}");
+    first.close();
+
+    let collector = TestCollector::start(port, None);
+    let second = Harness::start(spool_config(endpoint, "next", &dir), Passthrough);
+    assert!(second.shared.wait_settled(0, Duration::from_secs(10)));
+    assert_eq!(second.shared.stats().replayed_events, 7);
+    let received: Vec<(u64, String)> = collector
+        .received
+        .batches
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|b| b.shim.as_ref().is_some_and(|s| s.instance_id == "late"))
+        .flat_map(|b| b.events.iter().map(|e| (e.seq, e.hook.clone())))
+        .collect();
+    let seqs: Vec<u64> = received.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (1..=7).collect::<Vec<_>>(), "{received:?}");
+    assert_eq!(
+        received.last().map(|(_, hook)| hook.as_str()),
+        Some(hermes_proto::hooks::PROCESS_EXIT)
+    );
+    second.close();
+}
+
 #[test]
 fn closed_queue_spools_what_close_grace_could_not_deliver() {
     let port = free_port();

@@ -29,6 +29,7 @@ mod approval;
 mod attrs;
 mod content;
 pub mod correlation;
+mod exit;
 mod fair;
 pub mod ids;
 pub mod sequencer;
@@ -47,6 +48,7 @@ use hermes_span::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span, stat
 
 pub use attrs::Attrs;
 use attrs::Interner;
+pub use exit::PROCESS_EXIT_REASON;
 use fair::{Closed, Ledger, RECORD_BYTES, TURN_BYTES, key};
 use ids::{SpanId, SpanKey, TraceId, scoped_trace_id, span_id, trace_id};
 
@@ -147,6 +149,9 @@ pub struct Stats {
     /// Events of hooks this version does not model (kept as turn events when
     /// their turn is known).
     pub unknown_hooks: u64,
+    /// Turns still running when their agent process exited (its shim's
+    /// `process_exit` marker): closed as cut off.
+    pub cut_off_at_exit: u64,
 }
 
 /// How much state the correlator holds now.
@@ -291,6 +296,8 @@ struct OpenSubagent {
     child_session_id: String,
     child_subagent_id: String,
     goal: String,
+    /// Latest end of a closed turn of the child session.
+    child_seen: u64,
     min_lsn: u64,
 }
 
@@ -665,6 +672,7 @@ impl Correlator {
                     out.push(span);
                 }
             }
+            (hooks::PROCESS_EXIT, _) => self.process_exit(instance, t, out),
             (hook, body) => {
                 self.stats.unknown_hooks += 1;
                 let turn_key = key(instance, &ids.turn_id);
@@ -744,7 +752,8 @@ impl Correlator {
         stale.sort();
         for child in stale {
             self.stats.expired += 1;
-            self.subagent_stop_at(&child, &v1::Subagent::default(), now, true, out);
+            let end = self.subagent_end(&child);
+            self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
         }
         // A link lives as long as its subagent is open (its span needs it).
         let open = &self.subagents;
@@ -791,7 +800,7 @@ impl Correlator {
             .collect();
         subs.sort();
         for child in subs {
-            let end = self.subagents.get(&child).map_or(0, |s| s.start);
+            let end = self.subagent_end(&child);
             self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
         }
         self.drop_pending_starts(|p| p.min_lsn < lsn);
@@ -813,7 +822,7 @@ impl Correlator {
         let mut subs: Vec<String> = self.subagents.keys().cloned().collect();
         subs.sort();
         for child in subs {
-            let end = self.subagents.get(&child).map_or(0, |s| s.start);
+            let end = self.subagent_end(&child);
             self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
         }
         self.stats.spans += (out.len() - before) as u64;
@@ -1254,6 +1263,7 @@ impl Correlator {
                 child_session_id: ids.child_session_id.clone(),
                 child_subagent_id: ids.child_subagent_id.clone(),
                 goal: sub.child_goal.clone(),
+                child_seen: 0,
                 min_lsn: self.lsn,
             },
         );
@@ -1414,6 +1424,9 @@ impl Correlator {
         } else {
             None
         };
+        if turn.parent.is_some() {
+            self.note_child_end(&turn.instance, &turn.session_id, end);
+        }
         turn.events
             .sort_by(|x, y| (x.time_unix_nano, &x.name).cmp(&(y.time_unix_nano, &y.name)));
         out.push(FinishedSpan {
