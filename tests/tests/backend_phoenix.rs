@@ -75,15 +75,51 @@ const USAGE: [(i64, i64); 7] = [
     (444, 44),
 ];
 
-/// The collector configuration of the README's Phoenix recipe, plus a file
-/// exporter that records what was exported.
+/// The first ```yaml block after the line `marker` in `file` (repo-relative).
+fn yaml_block(file: &str, marker: &str) -> String {
+    let text = std::fs::read_to_string(hermes_e2e::repo_root().join(file))
+        .unwrap_or_else(|e| panic!("read {file}: {e}"));
+    let after = text
+        .lines()
+        .skip_while(|l| l.trim() != marker)
+        .skip(1)
+        .skip_while(|l| l.trim() != "```yaml")
+        .skip(1);
+    let body: Vec<&str> = after.take_while(|l| l.trim() != "```").collect();
+    assert!(
+        !body.is_empty(),
+        "{file}: no ```yaml block after {marker:?}"
+    );
+    body.join("\n") + "\n"
+}
+
+/// README.md's Phoenix recipe (which deploy/README.md repeats), as the
+/// collector runs it here: its ports changed, the admin server on an
+/// ephemeral port and a file exporter added to record what was exported.
 fn collector_yaml(listen: &str, phoenix: &str, spans_file: &str) -> String {
-    format!(
-        "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\n\
-         processing:\n  attribute_sets: [gen_ai, openinference]\n\
-         exporters:\n  otlp:\n    endpoint: {phoenix}\n    protocol: http/protobuf\n\
-         \x20 file:\n    path: {spans_file}\n"
-    )
+    let recipe = yaml_block("README.md", "<!-- tested: backend_phoenix -->");
+    assert_eq!(
+        yaml_block("deploy/README.md", "### Arize Phoenix"),
+        recipe,
+        "deploy/README.md's Phoenix recipe is README.md's"
+    );
+    for (needle, what) in [
+        ("listen: 127.0.0.1:4319\n", "the receiver"),
+        ("endpoint: http://127.0.0.1:6006\n", "Phoenix"),
+    ] {
+        assert_eq!(recipe.matches(needle).count(), 1, "{what} in:\n{recipe}");
+    }
+    assert!(
+        recipe.trim_end().ends_with("protocol: http/protobuf"),
+        "the recipe ends with its otlp exporter (the file exporter is added after it):\n{recipe}"
+    );
+    let yaml = recipe
+        .replace("listen: 127.0.0.1:4319\n", &format!("listen: {listen}\n"))
+        .replace(
+            "endpoint: http://127.0.0.1:6006\n",
+            &format!("endpoint: {phoenix}\n"),
+        );
+    format!("{yaml}  file:\n    path: {spans_file}\nadmin:\n  listen: 127.0.0.1:0\n")
 }
 
 /// Runs the three turns as the agent `service` at `capture` level.
