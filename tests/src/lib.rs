@@ -17,6 +17,8 @@
 //! - [`fault`]: the collector on a chosen port or config file, its admin
 //!   metrics, the load generator and its `--expect-spans` sets, for the
 //!   fault tests.
+//! - [`phoenix`]: a real Arize Phoenix server ([`PhoenixServer`], from the
+//!   venv `tests/setup_phoenix.sh` makes) and a client of its REST API.
 //! - [`span_tree`]: [`SpanTree`] to check parent/child structure and
 //!   attributes of the received spans.
 //! - [`process`]: [`ChildGuard`] (kill on drop, captured output, bounded
@@ -34,6 +36,7 @@ pub mod hermes;
 pub mod ingest;
 pub mod otlp_metrics_receiver;
 pub mod otlp_receiver;
+pub mod phoenix;
 pub mod pki;
 pub mod process;
 pub mod span_tree;
@@ -46,6 +49,7 @@ pub use fake_openai::FakeOpenAi;
 pub use hermes::HermesHome;
 pub use otlp_metrics_receiver::{HistogramPoint, MetricStore, MetricsReceiver, ReceivedHistogram};
 pub use otlp_receiver::{OtlpHttpReceiver, OtlpReceiver, ReceivedExport, SpanStore};
+pub use phoenix::{PhoenixServer, PhoenixSpan};
 pub use process::{ChildGuard, RunOutput, cargo_bin, free_port, run_with_timeout};
 pub use span_tree::{AttrsExt, SpanExt, SpanTree};
 pub use venv::{DEFAULT_HERMES_VERSION, ensure_venv, ensure_venv_for, venv_bin};

@@ -39,14 +39,14 @@ impl Default for RoutingSchema {
 #[serde(deny_unknown_fields, default)]
 #[allow(dead_code)]
 struct LangfuseRoutingSchema {
-    /// `langfuse.trace.name`, set on the trace's root span. `null`: the
-    /// root span's name (`invoke_agent hermes`).
+    /// `langfuse.trace.name`, set on every span. `null`: the root span's
+    /// name, on the root span (`invoke_agent hermes`).
     trace_name: Option<String>,
     /// `langfuse.user.id`, set on every span. `null`: the span's `user.id`,
     /// else `enduser.id` (Hermes sets neither).
     user_id: Option<String>,
-    /// `langfuse.trace.tags`, set on the trace's root span; tags that do
-    /// not render are left out.
+    /// `langfuse.trace.tags`, set on every span; tags that do not render
+    /// are left out.
     tags: Vec<String>,
 }
 

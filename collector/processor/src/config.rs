@@ -89,14 +89,14 @@ impl Default for RoutingConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LangfuseRoutingConfig {
-    /// `langfuse.trace.name`, set on the trace's root span. `null`: the
-    /// root span's name (`invoke_agent hermes`). Default: `{service.name}`.
+    /// `langfuse.trace.name`, set on every span. `null`: the root span's
+    /// name, on the root span (`invoke_agent hermes`). Default: `{service.name}`.
     pub trace_name: Option<String>,
     /// `langfuse.user.id`, set on every span. `null`: the span's `user.id`,
     /// else `enduser.id` (Hermes sets neither). Default: `null`.
     pub user_id: Option<String>,
-    /// `langfuse.trace.tags`, set on the trace's root span; tags that do
-    /// not render are left out. Default: `[{service.name}]`.
+    /// `langfuse.trace.tags`, set on every span; tags that do not render
+    /// are left out. Default: `[{service.name}]`.
     pub tags: Vec<String>,
 }
 

@@ -287,16 +287,20 @@ fn add_langfuse(span: &Span, view: &View<'_>, route: &routing::Rendered, add: &m
             .or_else(|| view.str("user.id"))
             .or_else(|| view.str("enduser.id")),
     );
-    if span.parent_span_id.is_empty() {
-        let name = route
-            .trace_name
-            .as_deref()
-            .or((!span.name.is_empty()).then_some(&*span.name));
-        add.str(LANGFUSE_TRACE_NAME, name);
-        if !route.tags.is_empty() {
-            add.0
-                .push(routing::string_array_kv(LANGFUSE_TRACE_TAGS, &route.tags));
-        }
+    // Trace name and tags go on every span, as session and user do:
+    // Langfuse filters and aggregates observations, and only reads a
+    // trace-level attribute from the spans that carry it. Without a routed
+    // name, the root span's name is the trace's (as Langfuse itself falls
+    // back to it).
+    let root_name =
+        (span.parent_span_id.is_empty() && !span.name.is_empty()).then_some(&*span.name);
+    add.str(
+        LANGFUSE_TRACE_NAME,
+        route.trace_name.as_deref().or(root_name),
+    );
+    if !route.tags.is_empty() {
+        add.0
+            .push(routing::string_array_kv(LANGFUSE_TRACE_TAGS, &route.tags));
     }
     if kind == Kind::Chat {
         add.str("langfuse.observation.model.name", view.model());

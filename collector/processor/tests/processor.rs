@@ -420,7 +420,8 @@ fn openinference_and_langfuse_for_a_chat_span() {
         get_str(sp, "langfuse.observation.input"),
         get_str(sp, "gen_ai.input.messages")
     );
-    assert!(get(sp, "langfuse.trace.name").is_none(), "not a root");
+    // Trace-level properties on every observation, the root's or not.
+    assert_eq!(get_str(sp, "langfuse.trace.name"), "hermes-agent");
     assert!(get(sp, "langfuse.observation.level").is_none());
     assert!(get(sp, "langfuse.user.id").is_none());
 }
