@@ -554,6 +554,12 @@ impl Collector for StatsCollector {
             "Turns opened with a turn id another shim instance holds; given a trace id of their own.",
             load(&p.cross_instance_turns),
         )?;
+        counter(
+            e,
+            "correlator_turns_cut_off_at_exit",
+            "Turns still running when their agent process exited (the shim's process_exit marker), closed as incomplete.",
+            load(&p.turns_cut_off_at_exit),
+        )?;
         gauge(
             e,
             "correlator_sessions",
@@ -947,6 +953,7 @@ mod tests {
             "hermes_collector_correlator_evicted_sessions_total 0",
             "hermes_collector_correlator_late_events_dropped_total 0",
             "hermes_collector_correlator_cross_instance_turns_total 0",
+            "hermes_collector_correlator_turns_cut_off_at_exit_total 0",
             "hermes_collector_correlator_sessions 0",
             "hermes_collector_correlator_held_bytes 0",
             "hermes_collector_correlator_agents 0",

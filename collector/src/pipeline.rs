@@ -59,6 +59,7 @@ pub struct PipelineStats {
     pub sessions_evicted: AtomicU64,
     pub late_events_dropped: AtomicU64,
     pub cross_instance_turns: AtomicU64,
+    pub turns_cut_off_at_exit: AtomicU64,
     /// Gauges of the correlator's state.
     pub sessions: AtomicU64,
     pub held_bytes: AtomicU64,
@@ -418,6 +419,9 @@ fn publish(correlation: &Correlation, stats: &PipelineStats) {
         .turns_evicted
         .store(s.turns_evicted, Ordering::Relaxed);
     stats.expired.store(s.expired, Ordering::Relaxed);
+    stats
+        .turns_cut_off_at_exit
+        .store(s.cut_off_at_exit, Ordering::Relaxed);
     let g = correlator.gauges();
     stats.open_turns.store(g.open_turns, Ordering::Relaxed);
     stats.sessions.store(g.sessions, Ordering::Relaxed);

@@ -229,6 +229,12 @@ fn background_child_cut_off_by_the_exit_is_closed_with_its_real_work() {
     assert_eq!(terminal.end_time_unix_nano, child.end_time_unix_nano);
     assert!(sub.end_time_unix_nano > terminal.start_time_unix_nano);
     assert_eq!(tree.len(), 8, "{}", tree.render());
+    assert_eq!(
+        setup
+            .collector
+            .metric("hermes_collector_correlator_turns_cut_off_at_exit_total"),
+        1.0
+    );
 }
 
 /// The collector hangs (SIGSTOP) while the parent ends, so the shim's exit
