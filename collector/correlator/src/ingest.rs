@@ -1,0 +1,283 @@
+//! [`Correlator::ingest`]: each hook event to the state it opens, updates
+//! or closes, by hook family.
+
+use super::*;
+
+impl Correlator {
+    pub fn ingest(&mut self, shim: &v1::ShimInfo, event: &v1::Event, out: &mut Vec<FinishedSpan>) {
+        self.stats.events += 1;
+        let before = out.len();
+        let resource = self.resource(shim, &event.schema_version);
+        let instance = shim.instance_id.as_str();
+        let no_ids;
+        let ids = match &event.ids {
+            Some(ids) => ids,
+            None => {
+                no_ids = v1::Ids::default();
+                &no_ids
+            }
+        };
+        let t = event.time_unix_nano;
+        let platform = match event.body.as_ref() {
+            Some(Body::Session(b)) => b.platform.as_str(),
+            Some(Body::Turn(b)) => b.platform.as_str(),
+            Some(Body::Api(b)) => b.platform.as_str(),
+            _ => "",
+        };
+        match (event.hook.as_str(), event.body.as_ref()) {
+            (hooks::ON_SESSION_START, body) => {
+                let (model, platform) = match body {
+                    Some(Body::Session(s)) => (s.model.clone(), s.platform.clone()),
+                    _ => Default::default(),
+                };
+                self.session_start(instance, &ids.session_id, t, model, platform);
+            }
+            (hooks::PRE_LLM_CALL, body) => {
+                self.close_superseded(ids, instance, out);
+                let turn = self.turn_with(instance, ids, &resource, t, platform, out);
+                if let Some(turn) = turn {
+                    if !turn.started {
+                        // pre_llm_call is the turn's real start, whatever
+                        // events arrived before it.
+                        turn.started = true;
+                        turn.start = t;
+                    }
+                    if let Some(Body::Turn(b)) = body
+                        && !b.model.is_empty()
+                    {
+                        turn.model = b.model.as_str().into();
+                    }
+                    if let Some(text) = event.content.get(content::USER_MESSAGE) {
+                        let text = content::text(text);
+                        turn.held += text.len();
+                        if let Some(old) = turn.user_message.replace(text) {
+                            turn.held = turn.held.saturating_sub(old.len());
+                        }
+                    }
+                }
+                self.attach_session_start(instance, &ids.session_id);
+            }
+            (hooks::POST_LLM_CALL, _) => {
+                let clock = self.clock;
+                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                    turn.end = Some(turn.end.map_or(t, |e| e.max(t)));
+                    turn.end_seen = t.max(clock);
+                    if let Some(text) = event.content.get(content::ASSISTANT_RESPONSE) {
+                        let text = content::text(text);
+                        turn.held += text.len();
+                        if let Some(old) = turn.final_answer.replace(text) {
+                            turn.held = turn.held.saturating_sub(old.len());
+                        }
+                    }
+                }
+            }
+            (hooks::ON_SESSION_END, body) => {
+                if ids.turn_id.is_empty() {
+                    // Shutdown variant: no turn id; closes the session.
+                    self.close_session(&ids.session_id, instance, t, out);
+                } else if let Some(turn) =
+                    self.turn_with(instance, ids, &resource, t, platform, out)
+                {
+                    if let Some(Body::Turn(b)) = body {
+                        turn.completed = b.completed;
+                        turn.interrupted = b.interrupted;
+                        turn.end_reason = b.reason.clone();
+                    }
+                    let end = turn.end.unwrap_or(t);
+                    if let Some(turn) = self.take_turn(&key(instance, &ids.turn_id)) {
+                        self.emit_turn(turn, end, false, out);
+                    }
+                }
+            }
+            (hooks::ON_SESSION_FINALIZE | hooks::ON_SESSION_RESET, _) => {
+                self.close_session(&ids.session_id, instance, t, out);
+            }
+            (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => {
+                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                    let start = if api.attempt <= 1 && api.started_at_unix_nano > 0 {
+                        api.started_at_unix_nano
+                    } else {
+                        t
+                    };
+                    let attempt = OpenAttempt {
+                        start,
+                        model: api.model.clone(),
+                        provider: api.provider.clone(),
+                        base_url: api.base_url.clone(),
+                        api_call_count: api.api_call_count,
+                        max_tokens: api.max_tokens,
+                        input: event
+                            .content
+                            .get(content::REQUEST)
+                            .map_or((None, None), |r| content::chat_input(r)),
+                    };
+                    turn.held += attempt.bytes() + ids.api_request_id.len();
+                    let old = turn
+                        .attempts
+                        .insert((ids.api_request_id.clone(), api.attempt.max(1)), attempt);
+                    if let Some(old) = old {
+                        turn.held = turn
+                            .held
+                            .saturating_sub(old.bytes() + ids.api_request_id.len());
+                    }
+                }
+            }
+            (hooks::POST_API_REQUEST | hooks::API_REQUEST_ERROR, Some(Body::Api(api))) => {
+                let failed = event.hook == hooks::API_REQUEST_ERROR;
+                if let Some((turn, values)) =
+                    self.turn_and_values(instance, ids, &resource, t, platform, out)
+                {
+                    let span = close_attempt(
+                        turn,
+                        values,
+                        &ids.api_request_id,
+                        api,
+                        failed,
+                        t,
+                        &event.content,
+                    );
+                    out.push(span);
+                }
+            }
+            (hooks::PRE_TOOL_CALL, body) => {
+                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                    let name = match body {
+                        Some(Body::Tool(b)) => b.tool_name.clone(),
+                        _ => String::new(),
+                    };
+                    let arguments = event.content.get(content::ARGS).cloned();
+                    let tool = OpenTool {
+                        start: t,
+                        name,
+                        arguments,
+                    };
+                    turn.held += tool.bytes() + ids.tool_call_id.len();
+                    if let Some(old) = turn.tools.insert(ids.tool_call_id.clone(), tool) {
+                        turn.held = turn
+                            .held
+                            .saturating_sub(old.bytes() + ids.tool_call_id.len());
+                    }
+                }
+            }
+            (hooks::POST_TOOL_CALL, body) => {
+                let no_tool;
+                let tool = match body {
+                    Some(Body::Tool(b)) => b,
+                    _ => {
+                        no_tool = v1::ToolCall::default();
+                        &no_tool
+                    }
+                };
+                if let Some((turn, values)) =
+                    self.turn_and_values(instance, ids, &resource, t, platform, out)
+                {
+                    // Requests of this tool still waiting are unanswered:
+                    // closed with it, under it.
+                    approval::close_for_tool(turn, &ids.tool_call_id, t, out);
+                    let open = turn.tools.remove(&ids.tool_call_id);
+                    if let Some(o) = &open {
+                        turn.held = turn.held.saturating_sub(o.bytes() + ids.tool_call_id.len());
+                    }
+                    let mut span = close_tool(turn, values, &ids.tool_call_id, open, tool, t);
+                    if let Some(result) = event.content.get(content::RESULT) {
+                        span.span.attributes.push(attrs::kv(
+                            "gen_ai.tool.call.result",
+                            any_value::Value::StringValue(content::text(result).into()),
+                        ));
+                    }
+                    out.push(span);
+                }
+            }
+            (hooks::SUBAGENT_START, body) => {
+                let no_sub;
+                let sub = match body {
+                    Some(Body::Subagent(s)) => s,
+                    _ => {
+                        no_sub = v1::Subagent::default();
+                        &no_sub
+                    }
+                };
+                self.subagent_start(instance, ids, sub, &resource, t, out);
+            }
+            (hooks::SUBAGENT_STOP, body) => {
+                let no_sub;
+                let sub = match body {
+                    Some(Body::Subagent(s)) => s,
+                    _ => {
+                        no_sub = v1::Subagent::default();
+                        &no_sub
+                    }
+                };
+                self.subagent_stop(instance, ids, sub, &resource, t, out);
+            }
+            (hooks::PRE_APPROVAL_REQUEST, body) => {
+                let no_appr;
+                let appr = match body {
+                    Some(Body::Approval(a)) => a,
+                    _ => {
+                        no_appr = v1::Approval::default();
+                        &no_appr
+                    }
+                };
+                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                    approval::request(turn, ids, appr, t);
+                }
+            }
+            (hooks::POST_APPROVAL_RESPONSE, body) => {
+                let no_appr;
+                let appr = match body {
+                    Some(Body::Approval(a)) => a,
+                    _ => {
+                        no_appr = v1::Approval::default();
+                        &no_appr
+                    }
+                };
+                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                    let span = approval::respond(turn, ids, appr, t);
+                    out.push(span);
+                }
+            }
+            (hooks::PROCESS_EXIT, _) => self.process_exit(instance, t, out),
+            (hook, body) => {
+                self.stats.unknown_hooks += 1;
+                let turn_key = key(instance, &ids.turn_id);
+                if self.closed.contains(&turn_key) {
+                    self.stats.late_events_dropped += 1;
+                }
+                if let Some(turn) = self.turns.get_mut(&turn_key) {
+                    let mut attrs = Attrs::default();
+                    if let Some(Body::Other(other)) = body {
+                        let mut keys: Vec<_> = other.fields.keys().collect();
+                        keys.sort();
+                        for k in keys {
+                            if let Some(v) = other.fields.get(k).and_then(|s| s.value.clone()) {
+                                attrs.0.push(scalar_kv(k, v));
+                            }
+                        }
+                    }
+                    turn.last_seen = turn.last_seen.max(t);
+                    turn.active_seen = turn.active_seen.max(t).max(self.clock);
+                    turn.min_lsn = turn.min_lsn.min(self.lsn);
+                    turn.held += RECORD_BYTES
+                        + hook.len()
+                        + attrs.0.iter().map(attrs::approx_bytes).sum::<usize>();
+                    turn.events.push(span::Event {
+                        time_unix_nano: t,
+                        name: format!("hermes.hook.{hook}").into(),
+                        attributes: attrs.0,
+                        dropped_attributes_count: 0,
+                    });
+                }
+            }
+        }
+        // Charge what the event added, then hold every budget.
+        if !ids.turn_id.is_empty() {
+            self.charge_turn(&key(instance, &ids.turn_id));
+        }
+        if !ids.parent_turn_id.is_empty() {
+            self.charge_turn(&key(instance, &ids.parent_turn_id));
+        }
+        self.enforce_budgets(instance, out);
+        self.stats.spans += (out.len() - before) as u64;
+    }
+}

@@ -1,0 +1,119 @@
+//! The correlator's timers: TTLs and end graces ([`Correlator::expire`]),
+//! closing by queue position ([`Correlator::evict_below_lsn`]) and at
+//! shutdown ([`Correlator::flush_all`]).
+
+use super::*;
+
+impl Correlator {
+    /// Closes what has outlived its timers at wall-clock time `now`. The
+    /// TTL counts both ways: state stamped further than the TTL in the
+    /// future (a hostile or broken clock) is closed too, never kept forever.
+    pub fn expire(&mut self, now: u64, out: &mut Vec<FinishedSpan>) {
+        self.clock = self.clock.max(now);
+        let before = out.len();
+        let ttl = self.config.state_ttl_nanos;
+        let grace = self.config.turn_end_grace_nanos;
+        let mut ended: Vec<(String, bool)> = self
+            .turns
+            .iter()
+            .filter_map(|(id, turn)| match turn.end {
+                Some(_) if now.saturating_sub(turn.end_seen) >= grace => Some((id.clone(), false)),
+                _ if now.abs_diff(turn.active_seen) >= ttl => Some((id.clone(), true)),
+                _ => None,
+            })
+            .collect();
+        ended.sort();
+        for (id, incomplete) in ended {
+            if let Some(turn) = self.take_turn(&id) {
+                if incomplete {
+                    self.stats.expired += 1;
+                }
+                let end = turn.end.unwrap_or(turn.last_seen);
+                self.emit_turn(turn, end, incomplete, out);
+            }
+        }
+        let mut stale: Vec<String> = self
+            .subagents
+            .iter()
+            .filter(|(_, s)| now.abs_diff(s.start) >= ttl)
+            .map(|(k, _)| k.clone())
+            .collect();
+        stale.sort();
+        for child in stale {
+            self.stats.expired += 1;
+            let end = self.subagent_end(&child);
+            self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
+        }
+        // A link lives as long as its subagent is open (its span needs it).
+        let open = &self.subagents;
+        let mut stale: Vec<String> = self
+            .links
+            .iter()
+            .filter(|(child, l)| !open.contains_key(*child) && now.abs_diff(l.last_seen) >= ttl)
+            .map(|(k, _)| k.clone())
+            .collect();
+        stale.sort();
+        for k in stale {
+            self.remove_link(&k);
+        }
+        self.drop_pending_starts(|p| now.abs_diff(p.at) >= ttl);
+        self.resources
+            .retain(|_, r| Arc::strong_count(&r.resource) > 1);
+        self.stats.spans += (out.len() - before) as u64;
+    }
+
+    /// Closes, as incomplete, every open state that depends on a position
+    /// below `lsn` (the persistent queue is full and must let those records
+    /// go); counted as evictions.
+    pub fn evict_below_lsn(&mut self, lsn: u64, out: &mut Vec<FinishedSpan>) {
+        let before = out.len();
+        let mut ids: Vec<String> = self
+            .turns
+            .iter()
+            .filter(|(_, t)| t.min_lsn < lsn)
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        for id in ids {
+            if let Some(turn) = self.take_turn(&id) {
+                self.stats.turns_evicted += 1;
+                let end = turn.end.unwrap_or(turn.last_seen);
+                self.emit_turn(turn, end, true, out);
+            }
+        }
+        let mut subs: Vec<String> = self
+            .subagents
+            .iter()
+            .filter(|(_, s)| s.min_lsn < lsn)
+            .map(|(k, _)| k.clone())
+            .collect();
+        subs.sort();
+        for child in subs {
+            let end = self.subagent_end(&child);
+            self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
+        }
+        self.drop_pending_starts(|p| p.min_lsn < lsn);
+        self.stats.spans += (out.len() - before) as u64;
+    }
+
+    /// Closes everything still open (shutdown), as incomplete.
+    pub fn flush_all(&mut self, out: &mut Vec<FinishedSpan>) {
+        let before = out.len();
+        let mut ids: Vec<String> = self.turns.keys().cloned().collect();
+        ids.sort();
+        for id in ids {
+            if let Some(turn) = self.take_turn(&id) {
+                let end = turn.end.unwrap_or(turn.last_seen);
+                let incomplete = turn.end.is_none();
+                self.emit_turn(turn, end, incomplete, out);
+            }
+        }
+        let mut subs: Vec<String> = self.subagents.keys().cloned().collect();
+        subs.sort();
+        for child in subs {
+            let end = self.subagent_end(&child);
+            self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
+        }
+        self.stats.spans += (out.len() - before) as u64;
+    }
+}

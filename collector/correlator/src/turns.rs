@@ -1,0 +1,214 @@
+//! Resources and turns: finding, opening (or synthesizing) and taking the
+//! turn an event belongs to.
+
+use super::*;
+
+impl Correlator {
+    pub(crate) fn resource(&mut self, shim: &v1::ShimInfo, schema_version: &str) -> Arc<Resource> {
+        if let Some(entry) = self.resources.get(&shim.instance_id) {
+            return entry.resource.clone();
+        }
+        let mut a = Attrs::with_capacity(9);
+        a.str(
+            "service.name",
+            if shim.service_name.is_empty() {
+                "hermes-agent"
+            } else {
+                &shim.service_name
+            },
+        )
+        .str("service.instance.id", &shim.instance_id)
+        .str("host.name", &shim.host_name)
+        .int("process.pid", i64::from(shim.pid))
+        .str("telemetry.sdk.name", SCOPE_NAME)
+        .fixed("telemetry.sdk.language", "rust")
+        .str("telemetry.sdk.version", &self.config.sdk_version)
+        .str("hermes.telemetry_schema_version", schema_version)
+        .str("hermes.shim.version", &shim.shim_version)
+        .str("hermes.capture", &shim.capture);
+        let resource = Arc::new(Resource {
+            attributes: a.0,
+            dropped_attributes_count: 0,
+        });
+        self.resources.insert(
+            shim.instance_id.clone(),
+            ResourceEntry {
+                resource: resource.clone(),
+            },
+        );
+        resource
+    }
+
+    /// The open turn of `ids.turn_id` of `instance`, opened (synthesized)
+    /// if unknown. `None` when the event carries no turn id, or when that
+    /// turn was closed already (the event is counted as late).
+    pub(crate) fn turn(
+        &mut self,
+        instance: &str,
+        ids: &v1::Ids,
+        resource: &Arc<Resource>,
+        t: u64,
+        out: &mut Vec<FinishedSpan>,
+    ) -> Option<&mut Turn> {
+        self.turn_with(instance, ids, resource, t, "", out)
+    }
+
+    /// As [`Self::turn`], also recording the platform the event names.
+    pub(crate) fn turn_with(
+        &mut self,
+        instance: &str,
+        ids: &v1::Ids,
+        resource: &Arc<Resource>,
+        t: u64,
+        platform: &str,
+        out: &mut Vec<FinishedSpan>,
+    ) -> Option<&mut Turn> {
+        self.turn_and_values(instance, ids, resource, t, platform, out)
+            .map(|(turn, _)| turn)
+    }
+
+    /// As [`Self::turn_with`], with the correlator's shared values for the
+    /// span that the event closes.
+    pub(crate) fn turn_and_values(
+        &mut self,
+        instance: &str,
+        ids: &v1::Ids,
+        resource: &Arc<Resource>,
+        t: u64,
+        platform: &str,
+        out: &mut Vec<FinishedSpan>,
+    ) -> Option<(&mut Turn, &mut Interner)> {
+        if ids.turn_id.is_empty() {
+            return None;
+        }
+        let k = key(instance, &ids.turn_id);
+        if !self.turns.contains_key(&k) {
+            if self.closed.contains(&k) {
+                self.stats.late_events_dropped += 1;
+                return None;
+            }
+            self.make_room_for_turn(instance, out);
+            let turn = self.new_turn(instance, ids, resource, t);
+            self.ledger.add(instance, 1, 0, turn.charged);
+            self.turns.insert(k.clone(), turn);
+        }
+        let lsn = self.lsn;
+        let clock = self.clock;
+        let turn = self.turns.get_mut(&k)?;
+        turn.last_seen = turn.last_seen.max(t);
+        turn.active_seen = turn.active_seen.max(t).max(clock);
+        turn.min_lsn = turn.min_lsn.min(lsn);
+        if turn.platform.is_empty() && !platform.is_empty() {
+            turn.platform = platform.into();
+            turn.held += platform.len();
+        }
+        if turn.task_id.is_empty() && !ids.task_id.is_empty() {
+            turn.task_id = ids.task_id.as_str().into();
+            turn.held += ids.task_id.len();
+        }
+        if t < turn.start && !turn.started {
+            turn.start = t;
+        }
+        Some((turn, &mut self.values))
+    }
+
+    pub(crate) fn new_turn(
+        &mut self,
+        instance: &str,
+        ids: &v1::Ids,
+        resource: &Arc<Resource>,
+        t: u64,
+    ) -> Turn {
+        let link = self
+            .links
+            .get_mut(&key(instance, &ids.session_id))
+            .map(|l| {
+                l.last_seen = l.last_seen.max(t);
+                l.clone()
+            });
+        let instance: Str = instance.into();
+        let mut plain = false;
+        let (trace, parent, root_session, agent_name) = match &link {
+            Some(l) => (
+                l.trace_id,
+                Some(l.span_id),
+                l.root_session_id.clone(),
+                l.role.clone(),
+            ),
+            None => {
+                // The first instance to open a turn id gets its plain trace
+                // id; another one, a trace id of its own.
+                plain = self.closed.claim(&ids.turn_id, &instance);
+                let trace = if plain {
+                    trace_id(&ids.turn_id)
+                } else {
+                    self.stats.cross_instance_turns += 1;
+                    scoped_trace_id(&instance, &ids.turn_id)
+                };
+                (
+                    trace,
+                    None,
+                    ids.session_id.as_str().into(),
+                    Str::from_static("hermes"),
+                )
+            }
+        };
+        let held = TURN_BYTES + 2 * ids.turn_id.len() + ids.session_id.len() + ids.task_id.len();
+        Turn {
+            trace_id: trace,
+            span_id: span_id(SpanKey::Turn {
+                turn_id: &ids.turn_id,
+            }),
+            parent,
+            resource: resource.clone(),
+            instance,
+            plain,
+            held,
+            charged: held,
+            turn_id: ids.turn_id.as_str().into(),
+            task_id: ids.task_id.as_str().into(),
+            session_id: ids.session_id.as_str().into(),
+            root_session_id: root_session,
+            platform: Str::default(),
+            agent_name,
+            model: Str::default(),
+            start: t,
+            started: false,
+            end: None,
+            end_seen: 0,
+            max_child_end: 0,
+            last_seen: t,
+            active_seen: t.max(self.clock),
+            clock_adjusted: false,
+            completed: None,
+            interrupted: None,
+            end_reason: String::new(),
+            api_attempts: 0,
+            tool_calls: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            events: Vec::new(),
+            last_attempt_error: None,
+            user_message: None,
+            final_answer: None,
+            attempts: Map::default(),
+            last_attempt_end: Map::default(),
+            tools: Map::default(),
+            approvals: Map::default(),
+            min_lsn: self.lsn,
+        }
+    }
+
+    /// Removes an open turn by its key: its instance is refunded, and the
+    /// turn is remembered as closed.
+    pub(crate) fn take_turn(&mut self, k: &str) -> Option<Turn> {
+        let turn = self.turns.remove(k)?;
+        self.ledger.sub(&turn.instance, 1, 0, turn.charged);
+        let plain = turn
+            .plain
+            .then(|| (turn.turn_id.as_str().to_owned(), turn.instance.clone()));
+        self.closed
+            .push(k.to_owned(), plain, self.config.remembered_closed_turns);
+        Some(turn)
+    }
+}
