@@ -15,8 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         config.protoc_executable(&protoc);
         // The ids and the two largest bodies live on the heap, so an
         // `Event`, which the collector's decoding and sequencer move several
-        // times, is 272 bytes instead of 808: two allocations for ≈ 460
-        // fewer instructions per event (docs/BENCHMARKS.md).
+        // times, is 272 bytes instead of 808: the two allocations cost less
+        // than the copies they save (docs/BENCHMARKS.md).
         config.boxed(".hermes.collector.v1.Event.ids");
         config.boxed(".hermes.collector.v1.Event.body.api");
         config.boxed(".hermes.collector.v1.Event.body.approval");

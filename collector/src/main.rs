@@ -51,8 +51,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// it. mimalloc asks for huge pages on its heap, and every first touch of
 /// one makes the kernel zero 2 MiB: at agents' pace, where a few events
 /// arrive at a time, that was a fifth of the collector's CPU and the tail
-/// of the export delay; without it the collector used less CPU per event
-/// and less resident memory (docs/BENCHMARKS.md, session 13). Returns why
+/// of the export delay; without it the collector uses less CPU per event
+/// and less resident memory (`docs/BENCHMARKS.md`). Returns why
 /// it could not, for the log.
 fn small_pages_only() -> Option<String> {
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {

@@ -4,8 +4,8 @@
 //!
 //! The ingest refuses a batch that holds an event above its
 //! `max_event_bytes`. Measuring every decoded event again
-//! (`Event::encoded_len`, a walk over all its fields) cost ≈ 420
-//! instructions per event, 2.5 % of the collector's (`docs/BENCHMARKS.md`).
+//! (`Event::encoded_len`, a walk over all its fields) is a visible share of
+//! the collector's work per event (`docs/BENCHMARKS.md`).
 //! On the wire every event is a length-delimited field of the batch, so its
 //! length is there to read: [`ReceivedBatch`] is the request message of the
 //! generated server (`build.rs`) and reads each event's length prefix before

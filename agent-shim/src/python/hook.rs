@@ -69,8 +69,8 @@ fn thread_name(py: Python<'_>) -> Arc<str> {
 /// A built-in function (`METH_VARARGS | METH_KEYWORDS`) rather than an object
 /// with `__call__`: CPython hands it the kwargs dict as it is, where a
 /// `#[pymethods] __call__(**kwargs)` would copy it key by key into a new
-/// dict (`benches/hook_cost.py`, `post_api_request` with ~20 keys: 2.97 µs
-/// median as a `__call__`, 0.74 µs as this; docs/BENCHMARKS.md).
+/// dict, several times slower for a hook with ~20 keywords
+/// (`benches/hook_cost.py`, `docs/BENCHMARKS.md`).
 #[pyfunction]
 pub(super) fn hook_callback<'py>(py: Python<'py>, hook: &str) -> PyResult<Bound<'py, PyCFunction>> {
     let name: Arc<str> = Arc::from(hook);

@@ -110,15 +110,13 @@ impl Convert for PassThrough {
 /// Default [`SenderConfig::idle_poll_max`]. The first event after a pause
 /// shorter than `idle_sleep_after` (a model or tool call) waits up to this
 /// long in the agent, on top of the collector's batch timeout; 50 ms keeps
-/// capture → export within batch timeout + 100 ms, at ≈ 35 wake-ups and
-/// ≈ 2 ms of CPU per second while the sender polls (`docs/BENCHMARKS.md`,
-/// "Delay").
+/// capture → export within batch timeout + 100 ms at a few dozen wake-ups
+/// per second while the sender polls (`docs/BENCHMARKS.md`, "Delay").
 pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(50);
 
 /// Default [`SenderConfig::idle_sleep_after`]: longer than most model
-/// calls, whose answer's hook would otherwise pay the wake (≈ 20 µs in a
-/// real session), shorter than a pause for user input (`docs/BENCHMARKS.md`,
-/// "An idle sender sleeps").
+/// calls, whose answer's hook would otherwise pay the wake, shorter than a
+/// pause for user input (`docs/BENCHMARKS.md`, "An idle sender sleeps").
 pub const DEFAULT_IDLE_SLEEP_AFTER: Duration = Duration::from_secs(10);
 
 /// Sender settings.
@@ -403,7 +401,7 @@ where
 /// of this thread preempt the thread that woke it: a hook that wakes the
 /// sender (the end of a turn, [`crate::config::wakes_sender`]) returns to
 /// the agent's code at once, and the sender runs on an idle CPU or at the
-/// next scheduler tick (docs/BENCHMARKS.md, session 13). Best effort: where
+/// next scheduler tick (`docs/BENCHMARKS.md`). Best effort: where
 /// the policy cannot be set (not Linux, a seccomp filter) the thread runs
 /// as before.
 fn background_policy() {

@@ -71,8 +71,8 @@ use ids::{SpanId, SpanKey, TraceId, scoped_trace_id, span_id, trace_id};
 
 /// The correlator's and the sequencer's maps, keyed by ids from the agents:
 /// foldhash's quality hasher, randomly seeded per map, is faster than std's
-/// SipHash on the ids' 40-80 bytes (criterion `correlator_turn` -5 to -8 %);
-/// the maps are bounded by the limits.
+/// SipHash on the ids' 40-80 bytes (criterion bench `correlator_turn`); the
+/// maps are bounded by the limits.
 pub(crate) type Map<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 
 const NANOS_PER_MILLI: u64 = 1_000_000;

@@ -262,9 +262,9 @@ const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/
 /// `Arc<ExportBatch>`: the shared batch's encoding (made once for every sink
 /// and attempt; the generated client takes the request by value, which meant
 /// a deep copy of every batch on every attempt), copied into tonic's buffer
-/// whole: tonic's `EncodeBuf` takes single bytes through `put_slice`, and
-/// writing the request into it directly cost ≈ 90 instructions per event
-/// more than the copy (`docs/BENCHMARKS.md`, session 10).
+/// whole: tonic's `EncodeBuf` takes single bytes through `put_slice`, so
+/// writing the request into it directly costs more than the copy
+/// (`docs/BENCHMARKS.md`).
 #[derive(Debug, Clone, Copy, Default)]
 struct SharedCodec;
 

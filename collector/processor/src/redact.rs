@@ -160,8 +160,8 @@ pub(crate) struct Scratch {
 /// value patterns' on a static value found clean. Both depend only on the
 /// redactor's rules and on text that never changes at that address, so
 /// they hold for the redactor's lifetime; the processor keeps them between
-/// passes (its own per-pass matching of the same ≈ 50 keys was 1.5 % of the
-/// collector's instructions, `docs/BENCHMARKS.md`). Bounded: a static
+/// passes rather than matching the same few dozen keys again in every pass
+/// (`docs/BENCHMARKS.md`). Bounded: a static
 /// string is one the program contains.
 #[derive(Debug, Default)]
 pub(crate) struct StaticMemo {
