@@ -29,6 +29,7 @@
 //! bounded by a timeout. Setup failures panic with context: this crate is
 //! only used from tests, where a failed step must fail the test loudly.
 
+pub mod basic_turn;
 pub mod collector;
 pub mod fake_openai;
 pub mod fault;

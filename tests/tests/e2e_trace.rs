@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
+use hermes_e2e::basic_turn;
 use hermes_e2e::collector::Collector;
 use hermes_e2e::span_tree::hex;
 use hermes_e2e::{
@@ -19,19 +20,6 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// One tool call, then the final answer; the usage the server reports.
-fn script() -> Value {
-    json!([
-        {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo hermes-e2e"}}],
-         "usage": {"prompt_tokens": 1212, "completion_tokens": 17, "cached_tokens": 8}},
-        {"content": "The command printed hermes-e2e.",
-         "usage": {"prompt_tokens": 1300, "completion_tokens": 21}}
-    ])
-}
-
-/// `(prompt_tokens, completion_tokens)` of each scripted response.
-const USAGE: [(i64, i64); 2] = [(1212, 17), (1300, 21)];
 
 /// The value of a Prometheus sample line starting with `series`.
 fn metric(text: &str, series: &str) -> f64 {
@@ -80,78 +68,6 @@ fn run_turn(home: &HermesHome, collector: &Collector) -> (Output, String) {
     (out, session)
 }
 
-/// The tree the issue asks for: one trace, root `invoke_agent hermes`, two
-/// `chat {model}` children with the server's usage, one `execute_tool
-/// terminal` child with its call id, all parents present, children inside
-/// their parent's window, `session.id` on every span.
-fn assert_turn_tree(tree: &SpanTree, session: &str, model: &str) {
-    tree.assert_well_formed();
-    assert_eq!(tree.trace_ids().len(), 1, "one trace:\n{}", tree.render());
-    let roots = tree.roots();
-    assert_eq!(roots.len(), 1, "{}", tree.render());
-    let root = roots[0];
-    assert_eq!(root.name, "invoke_agent hermes");
-    assert!(root.is_root());
-    let chat_name = format!("chat {model}");
-    let mut chats: Vec<&Span> = tree.children_named(root, &chat_name);
-    chats.sort_by_key(|s| s.start_time_unix_nano);
-    assert_eq!(chats.len(), 2, "{}", tree.render());
-    for (chat, (prompt, completion)) in chats.iter().zip(USAGE) {
-        assert_eq!(
-            chat.int_attr("gen_ai.usage.input_tokens"),
-            Some(prompt),
-            "{}",
-            tree.render()
-        );
-        assert_eq!(
-            chat.int_attr("gen_ai.usage.output_tokens"),
-            Some(completion)
-        );
-        assert_eq!(chat.str_attr("gen_ai.operation.name"), Some("chat"));
-        assert_eq!(chat.str_attr("gen_ai.request.model"), Some(model));
-        assert_eq!(chat.str_attr("server.address"), Some("127.0.0.1"));
-    }
-    let tools = tree.children_named(root, "execute_tool terminal");
-    assert_eq!(tools.len(), 1, "{}", tree.render());
-    assert_eq!(tools[0].str_attr("gen_ai.tool.call.id"), Some("call_1"));
-    assert_eq!(tools[0].str_attr("hermes.tool.status"), Some("ok"));
-    // The tool ran between the two model calls.
-    assert!(tools[0].start_time_unix_nano >= chats[0].end_time_unix_nano);
-    assert!(tools[0].end_time_unix_nano <= chats[1].start_time_unix_nano);
-    assert_eq!(tree.len(), 4, "{}", tree.render());
-    for span in tree.spans() {
-        assert_eq!(
-            span.str_attr("session.id"),
-            Some(session),
-            "{} lacks session.id",
-            span.name
-        );
-        if !span.is_root() {
-            assert_eq!(span.parent_span_id, root.span_id);
-            assert!(
-                span.start_time_unix_nano >= root.start_time_unix_nano,
-                "{}",
-                span.name
-            );
-            assert!(
-                span.end_time_unix_nano <= root.end_time_unix_nano,
-                "{}",
-                span.name
-            );
-        }
-    }
-    assert_eq!(root.int_attr("hermes.turn.api_attempts"), Some(2));
-    assert_eq!(root.int_attr("hermes.turn.tool_calls"), Some(1));
-    assert_eq!(root.bool_attr("hermes.turn.completed"), Some(true));
-    let resource = tree.resource_of(root).expect("resource");
-    assert_eq!(resource.str_attr("service.name"), Some("hermes-agent"));
-    assert!(
-        resource
-            .str_attr("service.instance.id")
-            .is_some_and(|s| s.len() == 32)
-    );
-}
-
 fn wait_for_turn(store_wait: impl Fn(Duration) -> bool, collector: &Collector) {
     assert!(
         store_wait(WAIT),
@@ -162,7 +78,7 @@ fn wait_for_turn(store_wait: impl Fn(Duration) -> bool, collector: &Collector) {
 
 #[test]
 fn turn_becomes_a_nested_trace_over_otlp_grpc() {
-    let server = FakeOpenAi::start(script());
+    let server = FakeOpenAi::start(basic_turn::script());
     let receiver = OtlpReceiver::start();
     let work = tempfile::tempdir().expect("tempdir");
     let collector = Collector::start(work.path(), &["--otlp-endpoint", &receiver.endpoint()]);
@@ -177,7 +93,7 @@ fn turn_becomes_a_nested_trace_over_otlp_grpc() {
         },
         &collector,
     );
-    assert_turn_tree(&receiver.store().tree(), &session, server.model());
+    basic_turn::assert_tree(&receiver.store().tree(), &session, server.model());
     assert!(
         !work.path().join("hermes-spans.jsonl").exists(),
         "no embedded default when OTLP is configured"
@@ -228,7 +144,7 @@ fn turn_becomes_a_nested_trace_over_otlp_grpc() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no {name}{part}..{label} in:\n{metrics}"))
     };
-    let prompt: i64 = USAGE.iter().map(|u| u.0).sum();
+    let prompt: i64 = basic_turn::USAGE.iter().map(|u| u.0).sum();
     assert_eq!(
         sample(
             "gen_ai_client_token_usage",
@@ -269,7 +185,7 @@ fn turn_becomes_a_nested_trace_over_otlp_grpc() {
 
 #[test]
 fn turn_becomes_a_nested_trace_over_otlp_http() {
-    let server = FakeOpenAi::start(script());
+    let server = FakeOpenAi::start(basic_turn::script());
     let receiver = OtlpHttpReceiver::start();
     let work = tempfile::tempdir().expect("tempdir");
     let collector = Collector::start(
@@ -292,7 +208,7 @@ fn turn_becomes_a_nested_trace_over_otlp_http() {
         },
         &collector,
     );
-    assert_turn_tree(&receiver.store().tree(), &session, server.model());
+    basic_turn::assert_tree(&receiver.store().tree(), &session, server.model());
     let exports = receiver.store().exports();
     assert!(
         exports.iter().all(|e| e
@@ -305,7 +221,7 @@ fn turn_becomes_a_nested_trace_over_otlp_http() {
 
 #[test]
 fn embedded_default_writes_the_span_file_and_prints_the_turn() {
-    let server = FakeOpenAi::start(script());
+    let server = FakeOpenAi::start(basic_turn::script());
     let work = tempfile::tempdir().expect("tempdir");
     let mut collector = Collector::start(work.path(), &[]);
     let home = hermes_with_plugin(&server);
@@ -320,7 +236,7 @@ fn embedded_default_writes_the_span_file_and_prints_the_turn() {
         collector.guard.stderr_text()
     );
     let tree = SpanTree::new(read_span_file(&file));
-    assert_turn_tree(&tree, &session, server.model());
+    basic_turn::assert_tree(&tree, &session, server.model());
 
     let printed = collector
         .guard

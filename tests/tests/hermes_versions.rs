@@ -13,28 +13,14 @@
 
 use std::time::Duration;
 
+use hermes_e2e::basic_turn;
 use hermes_e2e::collector::Collector;
 use hermes_e2e::{AttrsExt, FakeOpenAi, HermesHome, OtlpReceiver, SpanExt, SpanTree};
-use opentelemetry_proto::tonic::trace::v1::Span;
-use serde_json::{Value, json};
 use tempfile::TempDir;
 
 const WAIT: Duration = Duration::from_secs(30);
 /// After the expected spans: time for an unexpected extra one to arrive.
 const SETTLE: Duration = Duration::from_millis(800);
-
-/// One tool call, then the final answer.
-fn script() -> Value {
-    json!([
-        {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo hermes-e2e"}}],
-         "usage": {"prompt_tokens": 1212, "completion_tokens": 17}},
-        {"content": "The command printed hermes-e2e.",
-         "usage": {"prompt_tokens": 1300, "completion_tokens": 21}}
-    ])
-}
-
-/// `(prompt_tokens, completion_tokens)` of each scripted response.
-const USAGE: [(i64, i64); 2] = [(1212, 17), (1300, 21)];
 
 struct Setup {
     server: FakeOpenAi,
@@ -46,7 +32,7 @@ struct Setup {
 
 impl Setup {
     fn start(hermes_version: &str) -> Setup {
-        let server = FakeOpenAi::start(script());
+        let server = FakeOpenAi::start(basic_turn::script());
         let receiver = OtlpReceiver::start();
         let work = tempfile::tempdir().expect("tempdir");
         let collector = Collector::start(work.path(), &["--otlp-endpoint", &receiver.endpoint()]);
@@ -105,53 +91,6 @@ impl Setup {
     }
 }
 
-/// The basic turn's trace, as on 0.19.0 (`e2e_trace.rs`): one trace, root
-/// `invoke_agent hermes`, two `chat {model}` children with the server's
-/// usage, one `execute_tool terminal` between them, `session.id` on all.
-fn assert_basic_turn(tree: &SpanTree, session: &str, model: &str) {
-    tree.assert_well_formed();
-    assert_eq!(tree.trace_ids().len(), 1, "one trace:\n{}", tree.render());
-    let roots = tree.roots();
-    assert_eq!(roots.len(), 1, "{}", tree.render());
-    let root = roots[0];
-    assert_eq!(root.name, "invoke_agent hermes");
-    let mut chats: Vec<&Span> = tree.children_named(root, &format!("chat {model}"));
-    chats.sort_by_key(|s| s.start_time_unix_nano);
-    assert_eq!(chats.len(), 2, "{}", tree.render());
-    for (chat, (prompt, completion)) in chats.iter().zip(USAGE) {
-        assert_eq!(
-            chat.int_attr("gen_ai.usage.input_tokens"),
-            Some(prompt),
-            "{}",
-            tree.render()
-        );
-        assert_eq!(
-            chat.int_attr("gen_ai.usage.output_tokens"),
-            Some(completion)
-        );
-        assert_eq!(chat.str_attr("gen_ai.request.model"), Some(model));
-        assert_eq!(chat.str_attr("server.address"), Some("127.0.0.1"));
-    }
-    let tools = tree.children_named(root, "execute_tool terminal");
-    assert_eq!(tools.len(), 1, "{}", tree.render());
-    assert_eq!(tools[0].str_attr("gen_ai.tool.call.id"), Some("call_1"));
-    assert_eq!(tools[0].str_attr("hermes.tool.status"), Some("ok"));
-    assert!(tools[0].start_time_unix_nano >= chats[0].end_time_unix_nano);
-    assert!(tools[0].end_time_unix_nano <= chats[1].start_time_unix_nano);
-    assert_eq!(tree.len(), 4, "{}", tree.render());
-    for span in tree.spans() {
-        assert_eq!(
-            span.str_attr("session.id"),
-            Some(session),
-            "{} lacks session.id",
-            span.name
-        );
-    }
-    assert_eq!(root.int_attr("hermes.turn.api_attempts"), Some(2));
-    assert_eq!(root.int_attr("hermes.turn.tool_calls"), Some(1));
-    assert_eq!(root.bool_attr("hermes.turn.completed"), Some(true));
-}
-
 #[test]
 fn hermes_0_18_2_enabled_without_tool_override_gives_the_basic_trace() {
     let setup = Setup::start("0.18.2");
@@ -168,7 +107,7 @@ fn hermes_0_18_2_enabled_without_tool_override_gives_the_basic_trace() {
     );
     let session = setup.run_turn();
     let tree = setup.collect(4);
-    assert_basic_turn(&tree, &session, setup.server.model());
+    basic_turn::assert_tree(&tree, &session, setup.server.model());
 }
 
 #[test]
