@@ -385,7 +385,8 @@ pub(crate) fn shutdown(py: Python<'_>, timeout_ms: u64) -> bool {
     flushed
 }
 
-/// Counters of the live core: `enqueued`, `dropped`, `sent_batches`,
+/// The shim's release (`version`, as `hermes_collector.__version__`) and
+/// the counters of the live core: `enqueued`, `dropped`, `sent_batches`,
 /// `acked_events`, `unacked_batches`, `connected`, `asleep`, plus `evicted_events`,
 /// `discarded_events`, the spool's `spooled_events`, `spool_dropped_events`,
 /// `replayed_events`, `replayed_files`, `replay_lost_events`, and
@@ -393,6 +394,7 @@ pub(crate) fn shutdown(py: Python<'_>, timeout_ms: u64) -> bool {
 #[pyfunction]
 pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
+    out.set_item("version", crate::SHIM_VERSION)?;
     let core = CORE.load_full();
     let (enqueued, dropped, sender) = match core.as_ref() {
         Some(core) => (
