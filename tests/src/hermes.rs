@@ -42,6 +42,8 @@ fn forbidden_env(key: &str) -> bool {
 pub struct HermesHome {
     dir: TempDir,
     venv: PathBuf,
+    /// `PATH` after the venv's `bin/`; None: this process' `PATH`.
+    path: Option<OsString>,
     base_url: String,
     model: String,
     timeout: Duration,
@@ -76,7 +78,18 @@ impl HermesHome {
     /// (`"0.18.2"`) from its own venv ([`ensure_venv_for`]), configured the
     /// same way.
     pub fn with_hermes(hermes_version: &str, base_url: &str, model: &str) -> HermesHome {
-        let venv = ensure_venv_for(hermes_version);
+        HermesHome::in_venv(ensure_venv_for(hermes_version), None, base_url, model)
+    }
+
+    /// Like [`new`](Self::new), running Hermes from `venv` (made by the
+    /// test), with `path` after the venv's `bin/` in every run's `PATH`
+    /// instead of this process' `PATH` when given.
+    pub fn in_venv(
+        venv: PathBuf,
+        path: Option<OsString>,
+        base_url: &str,
+        model: &str,
+    ) -> HermesHome {
         let dir = tempfile::Builder::new()
             .prefix("hermes-home-")
             .tempdir()
@@ -84,6 +97,7 @@ impl HermesHome {
         let home = HermesHome {
             dir,
             venv,
+            path,
             base_url: base_url.to_string(),
             model: model.to_string(),
             timeout: env_secs("HERMES_E2E_CHAT_TIMEOUT_SECS", DEFAULT_RUN_TIMEOUT),
@@ -162,7 +176,9 @@ impl HermesHome {
         let mut path = OsString::from(bin.as_os_str());
         path.push(":");
         path.push(
-            std::env::var_os("PATH")
+            self.path
+                .clone()
+                .or_else(|| std::env::var_os("PATH"))
                 .unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin")),
         );
         cmd.env("PATH", path)
