@@ -492,6 +492,24 @@ impl Collector for StatsCollector {
             "Event batches refused for a shim instance id another client certificate uses.",
             load(&r.foreign_instance_refusals),
         )?;
+        counter(
+            e,
+            "receiver_unreadable_wire_calls",
+            "Calls refused with UNIMPLEMENTED for a release of the wire protocol this collector cannot read (it reads hermes.collector.v1).",
+            load(&r.unreadable_wire_calls),
+        )?;
+        let versions = r.unknown_shim_versions.snapshot();
+        family(
+            e,
+            (
+                "receiver_unknown_shim_version_streams",
+                "Ingest streams (accepted) from shim releases this collector does not know, by version: at most 16 labels, then `other`.",
+                "shim_version",
+            ),
+            &versions,
+            |(version, n)| (version.as_str(), *n),
+            true,
+        )?;
 
         let p = &self.pipeline;
         counter(
@@ -941,6 +959,7 @@ mod tests {
             "hermes_collector_receiver_oversized_events_total 0",
             "hermes_collector_receiver_throttled_batches_total 0",
             "hermes_collector_receiver_streams_opened_total 0",
+            "hermes_collector_receiver_unreadable_wire_calls_total 0",
             "hermes_collector_shim_dropped_events_total 0",
             "hermes_collector_correlator_events_total 0",
             "hermes_collector_correlator_duplicate_events_total 0",
@@ -980,6 +999,7 @@ mod tests {
         assert!(body.lines().any(|l| l == version), "{body}");
 
         f.receiver.events_accepted.fetch_add(42, Ordering::Relaxed);
+        f.receiver.unknown_shim_versions.count("9.9.9");
         f.pipeline.open_turns.store(3, Ordering::Relaxed);
         f.pipeline.spans.fetch_add(7, Ordering::Relaxed);
         f.ingest_tx.send(1).await.unwrap();
@@ -987,6 +1007,7 @@ mod tests {
         let (_, _, body) = get(f.addr, "GET", "/metrics", "").await;
         for line in [
             "hermes_collector_receiver_accepted_events_total 42",
+            "hermes_collector_receiver_unknown_shim_version_streams_total{shim_version=\"9.9.9\"} 1",
             "hermes_collector_correlator_open_turns 3",
             "hermes_collector_spans_total 7",
             "hermes_collector_queue_size{queue=\"ingest\"} 2",

@@ -5,6 +5,11 @@
 pub mod codec;
 pub mod received;
 
+/// The gRPC package of this release of the wire protocol: the collector
+/// refuses calls to any other release of it, and the shim names it when a
+/// collector refuses this one (docs/PROTOCOL.md, "Versioning").
+pub const WIRE_PACKAGE: &str = "hermes.collector.v1";
+
 /// Generated from `proto/hermes/collector/v1/ingest.proto`: the messages
 /// and the client, which uses [`codec::SliceCodec`].
 #[allow(clippy::all, missing_docs)]

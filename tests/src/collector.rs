@@ -49,6 +49,17 @@ impl Collector {
         Self::spawn(cmd, format!("http://{listen}"))
     }
 
+    /// As [`Collector::start`] with another build of the collector: the
+    /// `binary` a release unpacked, say.
+    pub fn start_binary(binary: &Path, cwd: &Path, args: &[&str]) -> Collector {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let mut cmd = Command::new(binary);
+        cmd.current_dir(cwd)
+            .args(["--listen", &listen, "--admin-listen", "127.0.0.1:0"])
+            .args(args);
+        Self::spawn(cmd, format!("http://{listen}"))
+    }
+
     /// Starts `hermes-collector --config FILE` in `cwd`, the file holding
     /// `yaml` (which must set `receiver.listen` to `listen` and
     /// `admin.listen` to `127.0.0.1:0`).

@@ -46,6 +46,12 @@ impl FakeOpenAi {
     /// Starts the server with `script`: a list of entries, or an object
     /// `{"model": …, "responses": [...], "aux_content": …}`.
     pub fn start(script: Value) -> FakeOpenAi {
+        FakeOpenAi::start_with(&venv_python(), script)
+    }
+
+    /// As [`start`](Self::start), run by `python` (any Python 3.11+: the
+    /// server needs only the standard library).
+    pub fn start_with(python: &Path, script: Value) -> FakeOpenAi {
         let model = script
             .get("model")
             .and_then(Value::as_str)
@@ -60,7 +66,7 @@ impl FakeOpenAi {
         std::fs::write(&script_path, script.to_string())
             .unwrap_or_else(|e| panic!("write {}: {e}", script_path.display()));
 
-        let mut cmd = Command::new(venv_python());
+        let mut cmd = Command::new(python);
         cmd.arg(tests_dir().join("fake_openai.py"))
             .arg(&script_path)
             .arg("--log")

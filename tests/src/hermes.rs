@@ -43,6 +43,8 @@ pub struct HermesHome {
     dir: TempDir,
     venv: PathBuf,
     hermes_version: String,
+    /// `PATH` after the venv's `bin/`; None: this process' `PATH`.
+    path: Option<OsString>,
     base_url: String,
     model: String,
     timeout: Duration,
@@ -79,6 +81,19 @@ impl HermesHome {
     /// nudge keys are set without it).
     pub fn with_hermes(hermes_version: &str, base_url: &str, model: &str) -> HermesHome {
         let venv = ensure_venv_for(hermes_version);
+        HermesHome::in_venv(hermes_version, venv, None, base_url, model)
+    }
+
+    /// Like [`new`](Self::new), running Hermes `hermes_version` from `venv`
+    /// (made by the test), with `path` after the venv's `bin/` in every
+    /// run's `PATH` instead of this process' `PATH` when given.
+    pub fn in_venv(
+        hermes_version: &str,
+        venv: PathBuf,
+        path: Option<OsString>,
+        base_url: &str,
+        model: &str,
+    ) -> HermesHome {
         let dir = tempfile::Builder::new()
             .prefix("hermes-home-")
             .tempdir()
@@ -87,6 +102,7 @@ impl HermesHome {
             dir,
             venv,
             hermes_version: hermes_version.to_string(),
+            path,
             base_url: base_url.to_string(),
             model: model.to_string(),
             timeout: env_secs("HERMES_E2E_CHAT_TIMEOUT_SECS", DEFAULT_RUN_TIMEOUT),
@@ -177,7 +193,9 @@ impl HermesHome {
         let mut path = OsString::from(bin.as_os_str());
         path.push(":");
         path.push(
-            std::env::var_os("PATH")
+            self.path
+                .clone()
+                .or_else(|| std::env::var_os("PATH"))
                 .unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin")),
         );
         cmd.env("PATH", path)

@@ -89,7 +89,8 @@ def flush(timeout_ms: Optional[int] = None) -> bool:
 
 
 def stats() -> Dict[str, Any]:
-    """Counters of the shim: enqueued, dropped, sent_batches, acked_events,
+    """The shim's release (``version``, as ``__version__``) and its
+    counters: enqueued, dropped, sent_batches, acked_events,
     unacked_batches, connected, the disk spool's spooled_events,
     spool_dropped_events, replayed_events, replayed_files (and a few
     diagnostics)."""

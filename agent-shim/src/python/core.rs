@@ -453,7 +453,8 @@ pub(crate) fn flush(py: Python<'_>, timeout_ms: u64) -> bool {
     }
 }
 
-/// Counters of the live core: `enqueued`, `dropped`, `sent_batches`,
+/// The shim's release (`version`, as `hermes_collector.__version__`) and
+/// the counters of the live core: `enqueued`, `dropped`, `sent_batches`,
 /// `acked_events`, `unacked_batches`, `connected`, `asleep`, plus `evicted_events`,
 /// `discarded_events`, the spool's `spooled_events`, `spool_dropped_events`,
 /// `replayed_events`, `replayed_files`, `replay_lost_events`, and
@@ -461,6 +462,7 @@ pub(crate) fn flush(py: Python<'_>, timeout_ms: u64) -> bool {
 #[pyfunction]
 pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
+    out.set_item("version", crate::SHIM_VERSION)?;
     let core = CORE.load_full();
     let (enqueued, dropped, sender) = match core.as_ref() {
         Some(core) => (

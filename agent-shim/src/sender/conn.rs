@@ -32,6 +32,17 @@ pub enum ConnError {
     /// (`stream: Unauthenticated: invalid bearer token`).
     #[error("stream: {:?}: {}", .0.code(), .0.message())]
     Status(#[source] tonic::Status),
+    /// The collector does not read this shim's wire protocol: it answered
+    /// the stream call `UNIMPLEMENTED` (a collector of another major
+    /// protocol release says which one it reads in the message).
+    #[error(
+        "the collector does not read this shim's wire protocol {} ({:?}: {}): use a collector release that accepts hermes-collector-shim {} (README.md, Compatibility)",
+        hermes_proto::WIRE_PACKAGE,
+        .0.code(),
+        .0.message(),
+        crate::SHIM_VERSION
+    )]
+    WireProtocol(#[source] tonic::Status),
     /// The collector closed the stream without a status.
     #[error("stream closed by the collector")]
     Ended,
@@ -178,6 +189,9 @@ async fn drive(
     }
     let response = match client.stream(request).await {
         Ok(response) => response,
+        Err(status) if status.code() == tonic::Code::Unimplemented => {
+            return ConnError::WireProtocol(status);
+        }
         Err(status) => return ConnError::Status(status),
     };
     let _ = events.send(ConnEvent::Connected);
@@ -212,10 +226,13 @@ mod tests {
 
     const WAIT: Duration = Duration::from_secs(10);
 
-    /// Accepts only `Bearer right-token`; acks every batch.
+    /// Accepts only `Bearer right-token`; acks every batch. With
+    /// `other_protocol`, answers every call as a collector of another wire
+    /// protocol release does.
     #[derive(Clone, Default)]
     struct TokenIngest {
         calls: Arc<AtomicUsize>,
+        other_protocol: bool,
     }
 
     #[tonic::async_trait]
@@ -227,6 +244,11 @@ mod tests {
             request: Request<Streaming<ReceivedBatch>>,
         ) -> Result<Response<Self::StreamStream>, Status> {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.other_protocol {
+                return Err(Status::unimplemented(
+                    "hermes-collector 9.0.0 reads the wire protocol hermes.collector.v2 only",
+                ));
+            }
             let authorization = request.metadata().get("authorization");
             if authorization.is_none_or(|v| v != "Bearer right-token") {
                 return Err(Status::unauthenticated("invalid bearer token"));
@@ -339,6 +361,33 @@ mod tests {
             );
         }
         assert_eq!(service.calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_collector_of_another_wire_protocol_is_named_in_the_error() {
+        let url = serve_tcp(TokenIngest {
+            other_protocol: true,
+            ..TokenIngest::default()
+        });
+        let error = one_batch(&endpoint(&url, Some("right-token")))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, ConnError::WireProtocol(_)), "{error:?}");
+        let text = error.to_string();
+        assert!(
+            text.starts_with(
+                "the collector does not read this shim's wire protocol hermes.collector.v1 \
+                 (Unimplemented: hermes-collector 9.0.0 reads the wire protocol hermes.collector.v2 only)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "use a collector release that accepts hermes-collector-shim {}",
+                crate::SHIM_VERSION
+            )),
+            "{text}"
+        );
     }
 
     #[tokio::test]

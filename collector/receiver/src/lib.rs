@@ -39,6 +39,7 @@ pub mod memory;
 pub mod rate;
 pub mod tls;
 pub mod validate;
+pub mod versions;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -62,6 +63,7 @@ pub use listener::{ListenAddr, Listener};
 pub use memory::MemoryLimit;
 pub use tls::{TlsError, TlsPem};
 pub use validate::{Refusal, check_batch};
+pub use versions::{UnknownShimVersions, WIRE_PACKAGE, WireGate};
 
 /// One batch as received, ready for the pipeline.
 #[derive(Debug)]
@@ -177,6 +179,11 @@ pub struct ReceiverStats {
     /// Batches refused for naming a shim instance that another client
     /// identity already uses.
     pub foreign_instance_refusals: AtomicU64,
+    /// Calls to a release of the wire protocol this collector cannot read
+    /// ([`versions`]).
+    pub unreadable_wire_calls: AtomicU64,
+    /// Streams from shim versions this collector does not know, by version.
+    pub unknown_shim_versions: UnknownShimVersions,
 }
 
 impl ReceiverStats {
@@ -265,7 +272,7 @@ impl Ingest {
             .http2_keepalive_timeout(Some(self.limits.keepalive_timeout));
         let limits = self.limits.connections;
         let stats = Arc::clone(&self.stats);
-        let service = self.into_server();
+        let service = WireGate::new(self.into_server(), Arc::clone(&stats));
         if let Some(tls) = tls {
             server = server.tls_config(tls)?;
         }
@@ -332,6 +339,7 @@ impl EventIngest for Ingest {
             // The instance this stream's principal was last allowed.
             let mut claimed: Option<String> = None;
             let mut last_dropped = 0u64;
+            let mut version_noted = false;
             let mut rate = rate::StreamRate::new(&this.limits, tokio::time::Instant::now());
             loop {
                 let next = tokio::select! {
@@ -374,6 +382,10 @@ impl EventIngest for Ingest {
                     break;
                 }
                 let batch = received.batch;
+                if !version_noted {
+                    version_noted = true;
+                    this.note_shim_version(&batch);
+                }
                 if !this.pace(&mut rate, batch.events.len(), &ack_tx).await {
                     break;
                 }
@@ -509,6 +521,26 @@ impl Ingest {
         Err(Status::permission_denied(
             "this shim instance id belongs to another client certificate",
         ))
+    }
+
+    /// Counts and logs a stream whose shim release this collector does not
+    /// know ([`versions`]); its batches are accepted all the same.
+    fn note_shim_version(&self, batch: &EventBatch) {
+        let version = batch.shim.as_ref().map_or("", |s| s.shim_version.as_str());
+        if versions::is_known_shim(version) {
+            return;
+        }
+        let (label, n) = self.stats.unknown_shim_versions.count(version);
+        if n.is_power_of_two() {
+            tracing::warn!(
+                shim_version = %label,
+                collector_version = versions::COLLECTOR_VERSION,
+                streams = n,
+                "a shim of a release this collector does not know connected; its events are accepted \
+                 (wire protocol hermes.collector.v1; README.md, Compatibility) \
+                 (logged at the 1st, 2nd, 4th, ... stream of that version)"
+            );
+        }
     }
 
     /// [`check_batch`], counting an oversized event.

@@ -449,3 +449,103 @@ async fn a_connection_that_answers_no_ping_is_closed() {
         .expect("the silent connection was not closed");
     server.stop.cancel();
 }
+
+/// A shim of a release this collector does not know is accepted, counted
+/// under its version and logged; a known release is not counted.
+#[tokio::test]
+async fn an_unknown_shim_version_is_accepted_and_counted() {
+    let server = start(
+        ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
+        Limits::default(),
+        None,
+    )
+    .await;
+    let mut client = client(&server.endpoint).await;
+    let from = |version: &str, seq: u64| {
+        let mut batch = batch(seq, 1);
+        if let Some(shim) = batch.shim.as_mut() {
+            shim.shim_version = version.to_owned();
+        }
+        batch
+    };
+    let own = versions::COLLECTOR_VERSION;
+    let acks = exchange(&mut client, None, vec![from(own, 1), from(own, 2)])
+        .await
+        .unwrap();
+    assert_eq!(acks, [1, 2]);
+    assert!(server.stats.unknown_shim_versions.snapshot().is_empty());
+    for seq in [3, 4] {
+        // Two streams of two batches each: counted once per stream.
+        let acks = exchange(
+            &mut client,
+            None,
+            vec![from("99.1.0", seq * 10), from("99.1.0", seq * 10 + 1)],
+        )
+        .await
+        .unwrap();
+        assert_eq!(acks, [seq * 10, seq * 10 + 1]);
+    }
+    assert_eq!(
+        server.stats.unknown_shim_versions.snapshot(),
+        [("99.1.0".to_owned(), 2)]
+    );
+    assert_eq!(server.stats.events_accepted.load(Ordering::Relaxed), 6);
+    server.stop.cancel();
+}
+
+/// A shim of another release of the wire protocol gets `UNIMPLEMENTED`
+/// naming the protocol this collector reads; the call is counted, and v1
+/// streams on the same connection go on.
+#[tokio::test]
+async fn another_wire_protocol_is_refused_with_a_clear_error() {
+    use hermes_proto::codec::SliceCodec;
+    use hermes_proto::v1::Ack;
+    use tonic::codegen::http::uri::PathAndQuery;
+
+    let server = start(
+        ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
+        Limits::default(),
+        None,
+    )
+    .await;
+    let channel = Endpoint::from_shared(server.endpoint.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.unwrap();
+    let refused = grpc
+        .streaming(
+            tonic::Request::new(tokio_stream::iter(vec![batch(1, 1)])),
+            PathAndQuery::from_static("/hermes.collector.v2.EventIngest/Stream"),
+            SliceCodec::<EventBatch, Ack>::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("reads the wire protocol hermes.collector.v1 only")
+            && refused.message().contains("hermes.collector.v2"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        server.stats.unreadable_wire_calls.load(Ordering::Relaxed),
+        1
+    );
+    let acks = exchange(
+        &mut EventIngestClient::new(channel),
+        None,
+        vec![batch(1, 1)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(acks, [1]);
+    assert_eq!(
+        server.stats.unreadable_wire_calls.load(Ordering::Relaxed),
+        1
+    );
+    server.stop.cancel();
+}
