@@ -34,10 +34,16 @@ const WAIT: Duration = Duration::from_secs(30);
 const SETTLE: Duration = Duration::from_millis(800);
 const PARENT: &str = "PARENT-TURN";
 const CHILD: &str = "CHILD-TASK";
+/// Far beyond every exit in these tests.
+const CHILD_LAST_DELAY_MS: u64 = 60_000;
+/// The exit flush of the spool test: long enough for the child's slow
+/// command to end before the exit on a loaded machine.
+const EXIT_FLUSH_MS: &str = "9000";
 
 /// The parent delegates, then answers after `parent_delay_ms`; the child
-/// answers its first call after `child_delay_ms` with a slow command, which
-/// the exit cuts off.
+/// answers its first call after `child_delay_ms` with a slow command, and
+/// its next call only after [`CHILD_LAST_DELAY_MS`]: the exit cuts off the
+/// command or, when the exit waits longer, that call, whatever the load.
 fn script(parent_delay_ms: u64, child_delay_ms: u64) -> Value {
     json!([
         {"only_if": PARENT,
@@ -50,7 +56,8 @@ fn script(parent_delay_ms: u64, child_delay_ms: u64) -> Value {
         {"only_if": CHILD, "delay_ms": child_delay_ms,
          "tool_calls": [{"name": "terminal", "arguments": {"command": "sleep 4; echo from-child"}}],
          "usage": {"prompt_tokens": 333, "completion_tokens": 33}},
-        {"only_if": CHILD, "content": "The child printed from-child.",
+        {"only_if": CHILD, "delay_ms": CHILD_LAST_DELAY_MS,
+         "content": "The child printed from-child.",
          "usage": {"prompt_tokens": 444, "completion_tokens": 44}}
     ])
 }
@@ -246,14 +253,14 @@ fn background_child_cut_off_by_the_exit_is_closed_with_its_real_work() {
 fn hooks_fired_during_the_exit_reach_the_collector_through_the_spool() {
     // The parent answers 1 s after its request (the collector is stopped
     // by then); the child's first answer comes 1.5 s after the parent's,
-    // during the 6 s exit flush.
+    // during the exit flush, which outlasts the child's slow command.
     let setup = Setup::start(script(1_000, 2_500));
     let spool = tempfile::tempdir().expect("spool dir");
     let spool_dir = spool.path().join("spool");
     let spool_str = spool_dir.to_string_lossy().into_owned();
     let env = setup.env(&[
         ("HERMES_COLLECTOR_SPOOL_DIR", spool_str.as_str()),
-        ("HERMES_COLLECTOR_EXIT_FLUSH_MS", "6000"),
+        ("HERMES_COLLECTOR_EXIT_FLUSH_MS", EXIT_FLUSH_MS),
     ]);
     let run = setup.oneshot(&env);
 
@@ -300,7 +307,7 @@ print("REPLAYED", ok, hermes_collector.stats()["replayed_events"])
 
     let tree = setup.collect(9);
     let (parent, _sub, child) = assert_cut_off_child(&tree);
-    // Everything the child did during the 6 s exit flush, after the
+    // Everything the child did during the exit flush, after the
     // parent's last hook, came through the spool: its answered call, the
     // whole slow command, and its next call, cut off by the exit.
     let chats = chats(&tree, child);
