@@ -296,7 +296,7 @@ fn an_environment_value_never_reaches_the_output() {
     run.terminate(Duration::from_secs(10));
     let (stdout, stderr) = (run.stdout_text(), run.stderr_text());
     assert!(
-        stderr.contains("path=${SPAN_DIR}/spans.jsonl"),
+        stderr.contains("appended to ${SPAN_DIR}/spans.jsonl"),
         "the span file line shows the reference:\n{stderr}"
     );
     assert!(!stderr.contains(secret), "{stderr}");
