@@ -545,10 +545,18 @@ fn ordinary_text_survives_unchanged_everywhere() {
 fn no_key_the_collector_writes_is_redacted() {
     let sources = [
         include_str!("../../correlator/src/lib.rs"),
+        include_str!("../../correlator/src/approval.rs"),
         include_str!("../../correlator/src/attrs.rs"),
         include_str!("../../correlator/src/content.rs"),
+        include_str!("../../correlator/src/emit.rs"),
+        include_str!("../../correlator/src/exit.rs"),
         include_str!("../../correlator/src/ids.rs"),
+        include_str!("../../correlator/src/ingest.rs"),
         include_str!("../../correlator/src/sequencer.rs"),
+        include_str!("../../correlator/src/sessions.rs"),
+        include_str!("../../correlator/src/subagents.rs"),
+        include_str!("../../correlator/src/timers.rs"),
+        include_str!("../../correlator/src/turns.rs"),
         include_str!("../src/sets.rs"),
     ];
     let key = regex::Regex::new(r#""([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)+)""#).unwrap();
