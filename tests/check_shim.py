@@ -55,9 +55,11 @@ def subprocess_checks() -> None:
     env = dict(os.environ, HERMES_COLLECTOR_DISABLED="1")
     out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["0", "False"], out.stdout
-    # Bad value: warning on stderr, default used, no exception.
+    # Bad value: a warning where the host's logging sends it (Hermes: its
+    # log files; here stderr), default used, no exception.
     env = dict(os.environ, HERMES_COLLECTOR_QUEUE_EVENTS="lots")
-    out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, check=True)
+    logged = "import logging; logging.basicConfig()\n" + code
+    out = subprocess.run([python, "-c", logged], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["15", "True"], out.stdout
     assert "HERMES_COLLECTOR_QUEUE_EVENTS" in out.stderr, out.stderr
 

@@ -78,12 +78,14 @@ impl IngestServer {
         format!("http://{}", self.addr)
     }
 
+    /// The hooks' events (the shim's own process-exit marker left out).
     fn events(&self) -> Vec<Event> {
         self.batches
             .lock()
             .expect("store")
             .iter()
             .flat_map(|b| b.events.clone())
+            .filter(|e| e.hook != hermes_proto::hooks::PROCESS_EXIT)
             .collect()
     }
 }

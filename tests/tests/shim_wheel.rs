@@ -159,6 +159,10 @@ fn installed_wheel_end_to_end() {
     assert_eq!(stats["connected"], true);
     let parent_id = stats["instance_id"].as_str().unwrap();
     let (shim, events) = &instances[parent_id];
+    // The shim's own last event, after every hook: its process-exit marker.
+    let mut events = events.clone();
+    let marker = events.pop_last().map(|(_, e)| e.hook);
+    assert_eq!(marker.as_deref(), Some(hermes_proto::hooks::PROCESS_EXIT));
     assert_eq!(shim.capture, "content");
     assert_eq!(shim.service_name, "hermes-agent");
     assert_eq!(
