@@ -6,7 +6,7 @@
 //! its linger, keeps the process up long enough for the probe to look.
 //!
 //! The faults are injected with `HERMES_COLLECTOR_TEST_FAULT`, which only
-//! debug builds (the binaries tests run) read: see `collector/src/fault.rs`.
+//! debug builds (the binaries tests run) read: see `collector/pipeline/src/fault.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

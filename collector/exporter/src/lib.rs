@@ -46,6 +46,7 @@ pub mod error;
 pub mod file;
 pub mod grpc;
 pub mod http;
+mod metrics;
 pub mod retry;
 pub mod sink;
 pub mod stage;

@@ -36,6 +36,7 @@ pub mod conn;
 pub mod identity;
 pub mod listener;
 pub mod memory;
+mod metrics;
 pub mod rate;
 pub mod tls;
 pub mod validate;

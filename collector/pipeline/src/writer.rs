@@ -1,18 +1,18 @@
-//! The queue writer: the stage between the receiver and the pipeline when
-//! `queue.kind: disk`.
+//! The queue writer: the stage between the receiver and the correlation
+//! stage when `queue.kind: disk`.
 //!
 //! ```text
-//! receiver ──Ingested──► writer ──Ingested{lsn}──► pipeline
+//! receiver ──Ingested──► writer ──Ingested{lsn}──► correlation
 //!    ▲  ack once `safe` fires  │ append (group commit)    │ Settle{markers, below}
 //!    └─────────────────────────┘        ▲─────────────────┘
 //! ```
 //!
 //! At start the writer replays every record still in the queue (the
-//! pipeline rebuilds the state a crash lost), then serves the receiver: it
+//! correlation stage rebuilds the state a crash lost), then serves the receiver: it
 //! takes every batch waiting (up to [`GROUP`]), appends them in one commit
 //! (fsynced before the acknowledgement with `fsync_interval_ms: 0`, else at
 //! most that long after), fires each batch's `safe` signal (the receiver
-//! acknowledges it) and hands the batches on with their lsns. The pipeline
+//! acknowledges it) and hands the batches on with their lsns. The ledger
 //! sends back [`Settle`]: export markers and the watermark below which no
 //! record is needed any more.
 //!
@@ -20,22 +20,26 @@
 //! receiver stops reading, the shims buffer) until a settle frees room.
 
 use std::collections::HashSet;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use hermes_metrics::{MetricEncoder, StageMetrics};
 use hermes_proto::v1::EventBatch;
 use hermes_queue::{DiskQueue, QueueError, SpanKey};
 use hermes_receiver::Ingested;
 use prost::Message as _;
 use tokio::sync::mpsc;
 
+use crate::admin::{QueueLevel, QueueProbe};
+
 /// Most batches appended in one commit.
 const GROUP: usize = 64;
 /// Records read per step of the replay.
 const REPLAY_PAGE: usize = 64;
 
-/// What the pipeline tells the writer: markers of exported spans
+/// What the ledger tells the writer: markers of exported spans
 /// `(last_lsn, keys)`, then delete every record below `below`.
 #[derive(Debug, Default)]
 pub struct Settle {
@@ -57,7 +61,59 @@ pub struct QueueStats {
     pub full: AtomicU64,
 }
 
-/// What a restart found in the queue, for the pipeline.
+impl QueueStats {
+    /// The queue's fill level in bytes, as the queue `persistent_bytes` of
+    /// the channels' levels.
+    pub fn fill_probe(stats: &Arc<Self>) -> QueueProbe {
+        let stats = stats.clone();
+        QueueProbe::new("persistent_bytes", move || {
+            let read =
+                |v: &AtomicU64| usize::try_from(v.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
+            QueueLevel {
+                size: read(&stats.bytes),
+                capacity: read(&stats.capacity_bytes),
+            }
+        })
+    }
+}
+
+impl StageMetrics for QueueStats {
+    fn encode(&self, m: &mut MetricEncoder<'_>) -> fmt::Result {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        m.gauge(
+            "persistent_queue_records",
+            "Event batches in the persistent queue (acknowledged, not yet settled).",
+            load(&self.records),
+        )?;
+        for (name, help, value) in [
+            (
+                "persistent_queue_appended_batches",
+                "Event batches written to the persistent queue.",
+                &self.appended_batches,
+            ),
+            (
+                "persistent_queue_replayed_batches",
+                "Event batches replayed from the persistent queue at start.",
+                &self.replayed_batches,
+            ),
+            (
+                "persistent_queue_corrupt_records",
+                "Records of the persistent queue that could not be decoded at replay (skipped).",
+                &self.corrupt_records,
+            ),
+            (
+                "persistent_queue_full",
+                "Times the persistent queue reached queue.max_bytes and reading stopped.",
+                &self.full,
+            ),
+        ] {
+            m.counter(name, help, load(value))?;
+        }
+        Ok(())
+    }
+}
+
+/// What a restart found in the queue, for the correlation stage.
 #[derive(Debug, Default)]
 pub struct Recovered {
     /// Spans a backend already has (export markers).
@@ -108,7 +164,7 @@ impl Writer {
     }
 
     /// Records held.
-    pub fn len(&self) -> u64 {
+    pub fn records(&self) -> u64 {
         self.stats.records.load(Ordering::Relaxed)
     }
 
@@ -191,7 +247,7 @@ impl Writer {
                         }
                         dirty |= !durable;
                     }
-                    // The receiver is gone: the pipeline drains and settles.
+                    // The receiver is gone: the correlation stage drains and settles.
                     None => out = None,
                 },
                 _ = sync.tick(), if dirty => {
@@ -206,11 +262,11 @@ impl Writer {
         if let Err(e) = self.blocking(DiskQueue::sync).await {
             tracing::error!(error = %e, "persistent queue fsync at shutdown failed");
         }
-        tracing::debug!(records = self.len(), "queue writer stopped");
+        tracing::debug!(records = self.records(), "queue writer stopped");
     }
 
     /// Appends a group in one commit, signals each batch safe, hands them
-    /// on. False when the pipeline is gone.
+    /// on. False when the correlation stage is gone.
     async fn append(
         &self,
         group: Vec<Ingested>,
@@ -254,7 +310,7 @@ impl Writer {
             }
             if out.send(ingested).await.is_err() {
                 tracing::error!(
-                    "the pipeline is gone; persisted batches are replayed at the next start"
+                    "the correlation stage is gone; persisted batches are replayed at the next start"
                 );
                 return false;
             }
@@ -262,7 +318,7 @@ impl Writer {
         true
     }
 
-    /// Feeds every stored record to the pipeline, oldest first. The first
+    /// Feeds every stored record to the correlation stage, oldest first. The first
     /// record of each shim instance raises the batch's `floor_seq` to its
     /// first seq: the records before it were settled (their spans exported),
     /// so the sequencer must not wait for them.

@@ -1,0 +1,356 @@
+//! The correlation stage: the thin async driver around the pure
+//! [`Correlation`] (sequencer and correlator).
+//!
+//! It owns the receiving end of the ingest channel and the sending end of
+//! the export channel. Events pass the sequencer (capture order restored,
+//! redeliveries dropped), then the correlator; timers run every `tick`
+//! while anything is open, held or unsettled (an idle stage does not wake,
+//! and state that only its TTL closes wakes it once, at the TTL); finished
+//! spans pass the [`SpanProcessor`] (attribute sets, redaction, truncation)
+//! and go to the exporters as OTLP `ResourceSpans`. Awaiting a place in the
+//! export channel is the backpressure: when the exporters fall behind, this
+//! stage stops reading, the ingest channel fills, and the receiver stops
+//! reading from the shims.
+//!
+//! Time comes from a [`Clock`]: the wall clock in production, tokio's
+//! paused clock in the stage tests.
+//!
+//! It ends when the ingest channel is closed (every receiver stream is
+//! gone, or `stop` was cancelled), after closing everything still open,
+//! unless the [`Ledger`] keeps open state for the next start (the
+//! persistent queue).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hermes_correlator::{Correlation, Expiry, FinishedSpan, to_resource_spans};
+use hermes_processor::SpanProcessor;
+use hermes_receiver::Ingested;
+use hermes_span::trace::v1::ResourceSpans;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::derived::DerivedMetrics;
+use crate::ledger::Ledger;
+use crate::stats::PipelineStats;
+
+/// What the stage runs, in order: events through the sequencer and the
+/// correlator; finished spans through the processor, then recorded in the
+/// derived metrics.
+pub struct Steps {
+    pub correlation: Correlation,
+    pub derived: DerivedMetrics,
+    pub processor: SpanProcessor,
+}
+
+/// The correlation stage, ready to run.
+pub struct Driver<C> {
+    pub steps: Steps,
+    /// How often timers run while anything is open.
+    pub tick: Duration,
+    pub stats: Arc<PipelineStats>,
+    pub ledger: Ledger,
+    pub clock: C,
+}
+
+/// What the stage hands back when it ends: its ledger and the lowest lsn
+/// the state it left open needs (none in memory: everything was closed).
+pub struct Ended {
+    pub ledger: Ledger,
+    pub open: Option<u64>,
+}
+
+impl<C: Clock> Driver<C> {
+    /// Runs the stage until the ingest channel closes, ticking timers every
+    /// `tick` while there is anything for them to do (see [`Expiry`]).
+    /// Cancelling `stop` closes the ingest channel: what it holds is still
+    /// taken, then the stage ends as if every sender were gone, whoever
+    /// still holds one (a client connection that has not closed yet).
+    pub async fn run(
+        self,
+        mut ingest: mpsc::Receiver<Ingested>,
+        export: mpsc::Sender<Vec<ResourceSpans>>,
+        stop: CancellationToken,
+    ) -> Ended {
+        let Self {
+            steps:
+                Steps {
+                    mut correlation,
+                    mut derived,
+                    mut processor,
+                },
+            tick,
+            stats,
+            mut ledger,
+            clock,
+        } = self;
+        let mut timer = tokio::time::interval(tick);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut out: Vec<FinishedSpan> = Vec::new();
+        let mut ticked = false;
+        let mut stopped = false;
+        loop {
+            // Nothing open, held or unsettled: a tick would do nothing, so
+            // the timer stops until the next batch (an idle collector
+            // sleeps), or until the TTL of what only the TTL closes.
+            let expiry = match correlation.expiry() {
+                _ if !ledger.is_settled(correlation.min_open_lsn()) => Expiry::EveryTick,
+                expiry => expiry,
+            };
+            let due = async {
+                match expiry {
+                    Expiry::EveryTick => {
+                        timer.tick().await;
+                    }
+                    Expiry::At(at) => {
+                        let wait = at.saturating_sub(clock.now_unix_nanos());
+                        tokio::time::sleep(Duration::from_nanos(wait)).await;
+                    }
+                    Expiry::Never => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled(), if !stopped => {
+                    ingest.close();
+                    stopped = true;
+                    continue;
+                }
+                received = ingest.recv() => {
+                    let Some(Ingested { batch, lsn, .. }) = received else { break };
+                    let shim = batch.shim.unwrap_or_default();
+                    let floor = ledger.floor(&shim.instance_id, lsn, batch.floor_seq);
+                    let now = clock.now_unix_nanos();
+                    if expiry != Expiry::EveryTick {
+                        // The tick the stopped timer skipped: it sets the
+                        // correlator's clock and closes nothing that is not
+                        // due. The timer starts over from here, rather than
+                        // firing at once for its overdue tick and expiring a
+                        // second time.
+                        correlation.catch_up(now, &mut out);
+                        timer.reset();
+                    }
+                    correlation.push_batch(&shim, floor, batch.events, lsn, now, &mut out);
+                }
+                () = due => {
+                    correlation.tick(clock.now_unix_nanos(), &mut out);
+                    if let Some(below) = ledger.pressure(correlation.correlator().min_lsn()) {
+                        let before = out.len();
+                        correlation.evict_below_lsn(below, &mut out);
+                        tracing::warn!(
+                            below,
+                            spans = out.len() - before,
+                            "persistent queue 90% full: closing the oldest open turns as incomplete"
+                        );
+                    }
+                    ticked = true;
+                }
+            }
+            stats.publish(&correlation);
+            if !out.is_empty() {
+                let mut spans = std::mem::take(&mut out);
+                ledger.suppress_exported(&mut spans);
+                if !spans.is_empty() {
+                    let batch = processed(&mut processor, &mut derived, spans);
+                    ledger.sending(&batch);
+                    if export.send(batch).await.is_err() {
+                        tracing::error!(
+                            "exporter stage is gone; spans of the remaining events are lost"
+                        );
+                        let open = correlation.min_open_lsn();
+                        return Ended { ledger, open };
+                    }
+                }
+            }
+            // Settle only once what the tick released is ingested and what
+            // it closed is counted as sent (else the watermark could pass
+            // records of spans not exported yet).
+            if std::mem::take(&mut ticked) {
+                ledger.settle(correlation.min_open_lsn());
+            }
+        }
+        if ledger.keeps_open_state() {
+            // Open state stays open: the queue keeps its records for the
+            // next start.
+            let open = correlation.min_open_lsn();
+            return Ended { ledger, open };
+        }
+        correlation.flush_all(&mut out);
+        stats.publish(&correlation);
+        if !out.is_empty() {
+            let n = out.len();
+            if export
+                .send(processed(&mut processor, &mut derived, out))
+                .await
+                .is_err()
+            {
+                tracing::error!(
+                    spans = n,
+                    "exporter stage is gone; spans closed at shutdown are lost"
+                );
+            }
+        }
+        Ended { ledger, open: None }
+    }
+}
+
+/// Groups spans by resource, applies attribute sets, redaction and
+/// truncation, then records the derived metrics from the processed spans:
+/// their labels are the redacted, cut values the spans are exported with.
+fn processed(
+    processor: &mut SpanProcessor,
+    derived: &mut DerivedMetrics,
+    spans: Vec<FinishedSpan>,
+) -> Vec<ResourceSpans> {
+    let mut batch = to_resource_spans(spans);
+    processor.process(&mut batch);
+    for span in batch
+        .iter()
+        .flat_map(|rs| &rs.scope_spans)
+        .flat_map(|ss| &ss.spans)
+    {
+        derived.record(span);
+    }
+    batch
+}
+
+#[cfg(test)]
+#[path = "driver_tests.rs"]
+mod stage_tests;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use hermes_processor::{AttributeSet, MIN_ATTRIBUTE_BYTES, ProcessorConfig};
+    use hermes_span::common::v1::{AnyValue, KeyValue, any_value::Value};
+    use hermes_span::resource::v1::Resource;
+    use hermes_span::trace::v1::Span;
+    use prometheus_client::registry::Registry;
+
+    const KEY: &str = "sk-proj-Q3vT9xLmN2bR7kWp4ZsY8aDf";
+
+    fn kv(key: &str, value: Value) -> KeyValue {
+        KeyValue {
+            key: key.into(),
+            value: Some(AnyValue { value: Some(value) }),
+        }
+    }
+
+    /// A 0.3 s chat of `model` with 1212/17 tokens, a 50 ms call of `tool`,
+    /// a 1 s turn.
+    fn spans(tool: &str, model: &str) -> Vec<FinishedSpan> {
+        let s = |text: &str| Value::StringValue(text.into());
+        let resource = Arc::new(Resource::default());
+        [
+            Span {
+                start_time_unix_nano: 0,
+                end_time_unix_nano: 300_000_000,
+                attributes: vec![
+                    kv("gen_ai.operation.name", s("chat")),
+                    kv("gen_ai.request.model", s(model)),
+                    kv("gen_ai.provider.name", s("custom")),
+                    kv("gen_ai.usage.input_tokens", Value::IntValue(1212)),
+                    kv("gen_ai.usage.output_tokens", Value::IntValue(17)),
+                ],
+                ..Default::default()
+            },
+            Span {
+                end_time_unix_nano: 50_000_000,
+                attributes: vec![
+                    kv("gen_ai.operation.name", s("execute_tool")),
+                    kv("gen_ai.tool.name", s(tool)),
+                    kv("hermes.tool.status", s("ok")),
+                ],
+                ..Default::default()
+            },
+            Span {
+                end_time_unix_nano: 1_000_000_000,
+                attributes: vec![
+                    kv("gen_ai.operation.name", s("invoke_agent")),
+                    kv("hermes.turn.api_attempts", Value::IntValue(1)),
+                    kv("hermes.turn.completed", Value::BoolValue(true)),
+                ],
+                ..Default::default()
+            },
+        ]
+        .into_iter()
+        .map(|span| FinishedSpan {
+            resource: resource.clone(),
+            span,
+        })
+        .collect()
+    }
+
+    fn text(metrics: &DerivedMetrics) -> String {
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn processing_changes_no_number_of_the_derived_metrics() {
+        // Every step of the processor on, truncation at its tightest.
+        let mut processor = SpanProcessor::new(&ProcessorConfig {
+            attribute_sets: vec![AttributeSet::OpenInference, AttributeSet::Langfuse],
+            max_attribute_bytes: Some(MIN_ATTRIBUTE_BYTES),
+            ..ProcessorConfig::default()
+        })
+        .unwrap();
+        let mut after = DerivedMetrics::default();
+        let batch = processed(&mut processor, &mut after, spans("terminal", "gpt-4o"));
+        assert!(
+            batch[0].scope_spans[0].spans[0]
+                .attributes
+                .iter()
+                .any(|kv| kv.key.starts_with("llm.")),
+            "the processor ran"
+        );
+        let mut before = DerivedMetrics::default();
+        for finished in spans("terminal", "gpt-4o") {
+            before.record(&finished.span);
+        }
+        let out = text(&after);
+        assert!(
+            out.contains(
+                "hermes_tool_duration_seconds_count{gen_ai_tool_name=\"terminal\",status=\"ok\"} 1"
+            ),
+            "{out}"
+        );
+        // The same text, but for the order of the overflow counters.
+        let sorted = |text: &str| {
+            let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+            lines.sort();
+            lines
+        };
+        assert!(sorted(&out) == sorted(&text(&before)), "{out}");
+    }
+
+    #[test]
+    fn labels_on_the_metrics_are_the_redacted_values() {
+        let mut processor = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
+        let mut metrics = DerivedMetrics::default();
+        processed(
+            &mut processor,
+            &mut metrics,
+            spans(&format!("tool-{KEY}"), &format!("model {KEY}")),
+        );
+        let out = text(&metrics);
+        assert!(!out.contains(&KEY[8..]), "{out}");
+        assert!(
+            out.contains("gen_ai_tool_name=\"tool-<redacted>\""),
+            "{out}"
+        );
+        assert!(
+            out.contains("gen_ai_request_model=\"model <redacted>\""),
+            "{out}"
+        );
+        assert!(
+            out.contains("gen_ai_client_token_usage_token_sum{gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"custom\",gen_ai_request_model=\"model <redacted>\",gen_ai_token_type=\"input\"} 1212.0"),
+            "{out}"
+        );
+    }
+}

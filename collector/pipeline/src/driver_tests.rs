@@ -1,0 +1,276 @@
+//! Stage tests of the correlation driver on tokio's paused clock: the
+//! TTL, the turn-end grace, the tick, the stop, and the ledger's watermark
+//! as the driver feeds it, each observed at the stage's channels.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
+use hermes_correlator::{Correlation, Correlator};
+use hermes_e2e::ingest::{basic_events, batch_of};
+use hermes_processor::{ProcessorConfig, SpanProcessor};
+use hermes_proto::v1::Event;
+use hermes_receiver::Ingested;
+use hermes_span::common::v1::any_value::Value;
+use hermes_span::trace::v1::{ResourceSpans, Span};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::clock::TokioClock;
+use crate::ledger::{Durable, Ledger};
+use crate::writer::{QueueStats, Recovered, Settle};
+
+const SEC: u64 = 1_000_000_000;
+const TTL: Duration = Duration::from_secs(60);
+const GRACE: Duration = Duration::from_secs(2);
+const TICK: Duration = Duration::from_millis(500);
+
+/// The basic turn without its end (`post_llm_call`) and what follows.
+fn open_turn() -> Vec<Event> {
+    let events = basic_events();
+    let end = events
+        .iter()
+        .position(|e| e.hook == "post_llm_call")
+        .unwrap();
+    events[..end].to_vec()
+}
+
+/// A running stage fed by `ingest`, read at `export`.
+struct Stage {
+    ingest: mpsc::Sender<Ingested>,
+    export: mpsc::Receiver<Vec<ResourceSpans>>,
+    stop: CancellationToken,
+    task: JoinHandle<Ended>,
+}
+
+/// Starts the stage with `ledger`; its clock reads the capture time of
+/// `events`' last event now, so received and capture times agree.
+fn start(ledger: Ledger, events: &[Event]) -> Stage {
+    let last = events.last().map_or(0, |e| e.time_unix_nano);
+    let correlation = Correlation::new(
+        Sequencer::new(SequencerConfig::default()),
+        Correlator::new(hermes_correlator::Config {
+            state_ttl_nanos: TTL.as_secs() * SEC,
+            turn_end_grace_nanos: GRACE.as_secs() * SEC,
+            ..Default::default()
+        }),
+    );
+    let driver = Driver {
+        steps: Steps {
+            correlation,
+            derived: DerivedMetrics::default(),
+            processor: SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
+        },
+        tick: TICK,
+        stats: Arc::new(PipelineStats::default()),
+        ledger,
+        clock: TokioClock::starting_at(last),
+    };
+    let (ingest, ingest_rx) = mpsc::channel(64);
+    let (export_tx, export) = mpsc::channel(64);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(driver.run(ingest_rx, export_tx, stop.clone()));
+    Stage {
+        ingest,
+        export,
+        stop,
+        task,
+    }
+}
+
+/// Sends each event as a batch of its own at lsn 1, 2, 3, ...
+async fn feed(stage: &Stage, events: Vec<Event>) {
+    for (lsn, event) in (1..).zip(events) {
+        let mut ingested = Ingested::new(batch_of("agent-1", vec![event]));
+        ingested.lsn = lsn;
+        stage.ingest.send(ingested).await.unwrap();
+    }
+}
+
+fn incomplete(span: &Span) -> bool {
+    span.attributes.iter().any(|kv| {
+        kv.key == "hermes.incomplete"
+            && kv.value.as_ref().and_then(|v| v.value.as_ref()) == Some(&Value::BoolValue(true))
+    })
+}
+
+/// Every span the stage exports within `within` (of paused time).
+async fn exported_within(
+    export: &mut mpsc::Receiver<Vec<ResourceSpans>>,
+    within: Duration,
+) -> Vec<Span> {
+    let until = tokio::time::Instant::now() + within;
+    let mut spans = Vec::new();
+    while let Ok(Some(batch)) = tokio::time::timeout_at(until, export.recv()).await {
+        spans.extend(
+            batch
+                .into_iter()
+                .flat_map(|rs| rs.scope_spans)
+                .flat_map(|ss| ss.spans),
+        );
+    }
+    spans
+}
+
+fn roots(spans: &[Span]) -> Vec<&Span> {
+    spans
+        .iter()
+        .filter(|s| s.parent_span_id.is_empty())
+        .collect()
+}
+
+fn disk_ledger(done: Arc<AtomicU64>) -> (Ledger, mpsc::Receiver<Settle>) {
+    let (settle, settles) = mpsc::channel(16);
+    let queue = Arc::new(QueueStats::default());
+    queue.capacity_bytes.store(1 << 30, Ordering::Relaxed);
+    let ledger = Ledger::disk(Durable {
+        settle,
+        done: Box::new(move || done.load(Ordering::Relaxed)),
+        recovered: Recovered::default(),
+        queue,
+    });
+    (ledger, settles)
+}
+
+/// The lsn of the turn's first event (`pre_llm_call`), as [`feed`] numbers.
+fn turn_lsn() -> u64 {
+    1 + basic_events()
+        .iter()
+        .position(|e| e.hook == "pre_llm_call")
+        .unwrap() as u64
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_turn_closes_at_its_ttl_as_incomplete() {
+    let events = open_turn();
+    let mut stage = start(Ledger::Memory, &events);
+    feed(&stage, events).await;
+    let before = exported_within(&mut stage.export, TTL - Duration::from_secs(1)).await;
+    assert!(
+        roots(&before).is_empty(),
+        "a turn whose agent is only quiet must stay open until its TTL: {before:?}"
+    );
+    let after = exported_within(&mut stage.export, Duration::from_secs(2)).await;
+    let roots = roots(&after);
+    assert_eq!(roots.len(), 1, "the TTL closes the turn: {after:?}");
+    assert!(incomplete(roots[0]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ended_turn_is_exported_after_the_end_grace_not_before() {
+    // Up to the turn's end; the session's end would close it at once.
+    let mut events = basic_events();
+    let end = events
+        .iter()
+        .position(|e| e.hook == "post_llm_call")
+        .unwrap();
+    events.truncate(end + 1);
+    let mut stage = start(Ledger::Memory, &events);
+    feed(&stage, events).await;
+    let before = exported_within(&mut stage.export, GRACE - TICK).await;
+    assert!(
+        roots(&before).is_empty(),
+        "late events of an ended turn may still come within the grace"
+    );
+    let after = exported_within(&mut stage.export, 3 * TICK).await;
+    let roots = roots(&after);
+    assert_eq!(
+        roots.len(),
+        1,
+        "exported once the grace has passed: {after:?}"
+    );
+    assert!(!incomplete(roots[0]));
+    assert!(before.iter().chain(&after).all(|s| !incomplete(s)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_closes_open_turns_in_memory() {
+    let events = open_turn();
+    let mut stage = start(Ledger::Memory, &events);
+    feed(&stage, events).await;
+    // Taken in, long before the TTL.
+    tokio::time::sleep(TICK).await;
+    stage.stop.cancel();
+    let ended = stage.task.await.unwrap();
+    assert_eq!(ended.open, None);
+    let spans = exported_within(&mut stage.export, Duration::from_secs(1)).await;
+    let roots = roots(&spans);
+    assert_eq!(roots.len(), 1, "closed at the stop: {spans:?}");
+    assert!(incomplete(roots[0]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_the_persistent_queue_a_stop_leaves_open_turns_to_the_next_start() {
+    let events = open_turn();
+    let (ledger, mut settles) = disk_ledger(Arc::new(AtomicU64::new(0)));
+    let mut stage = start(ledger, &events);
+    feed(&stage, events).await;
+    // Taken in, long before the TTL.
+    tokio::time::sleep(TICK).await;
+    stage.stop.cancel();
+    let Ended { ledger, open } = stage.task.await.unwrap();
+    assert_eq!(open, Some(turn_lsn()), "the open turn needs its records");
+    let spans = exported_within(&mut stage.export, Duration::from_secs(1)).await;
+    assert!(roots(&spans).is_empty(), "the turn stays open: {spans:?}");
+    ledger.finish(open).await;
+    while let Ok(settle) = settles.try_recv() {
+        assert!(
+            settle.below <= turn_lsn(),
+            "a settle must keep the open turn's records"
+        );
+        assert!(settle.exported.is_empty());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_watermark_passes_a_turn_once_the_exporters_are_done_with_it() {
+    let events = basic_events();
+    let n = events.len() as u64;
+    let done = Arc::new(AtomicU64::new(0));
+    let (ledger, mut settles) = disk_ledger(done.clone());
+    let mut stage = start(ledger, &events);
+    feed(&stage, events).await;
+    let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
+    assert_eq!(
+        roots(&spans).len(),
+        1,
+        "exported after the grace: {spans:?}"
+    );
+    let keys: Vec<u8> = spans.iter().flat_map(crate::ledger::key_of).collect();
+    // Not done at the exporters: no settle may pass the turn's records.
+    tokio::time::sleep(4 * TICK).await;
+    while let Ok(settle) = settles.try_recv() {
+        assert!(
+            settle.below <= turn_lsn(),
+            "settled past unexported spans: {settle:?}"
+        );
+        assert!(settle.exported.is_empty());
+    }
+    // Done: the next tick hands the markers and the watermark over.
+    done.store(u64::MAX, Ordering::Relaxed);
+    let settle = tokio::time::timeout(2 * TICK, settles.recv())
+        .await
+        .expect("settled at the next tick")
+        .unwrap();
+    assert_eq!(settle.below, n + 1, "every record may go");
+    let marked: Vec<u8> = settle
+        .exported
+        .iter()
+        .flat_map(|(_, k)| k.clone())
+        .collect();
+    assert_eq!(marked, keys, "every exported span is marked");
+    // Everything settled: the stage stops ticking (no further settle).
+    assert!(
+        tokio::time::timeout(Duration::from_secs(30), settles.recv())
+            .await
+            .is_err()
+    );
+    drop(stage.ingest);
+    let ended = stage.task.await.unwrap();
+    assert_eq!(ended.open, None);
+}

@@ -1,0 +1,83 @@
+//! The exporter stage's sinks, as the configuration names them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use hermes_config as config;
+use hermes_config::Config;
+use hermes_exporter::Sink;
+
+/// Builds the sinks the configuration names (the embedded default when none).
+pub fn build_sinks(config: &Config) -> anyhow::Result<Vec<Sink>> {
+    use hermes_exporter::{
+        ConsoleExporter, ConsoleExporterConfig, FileExporter, FileExporterConfig,
+    };
+    let mut sinks = Vec::new();
+    let embedded = config.is_embedded_default();
+    if let Some(otlp) = &config.exporters.otlp {
+        let timeout = Duration::from_millis(otlp.timeout_ms);
+        // Read again (validated before): header files and TLS material.
+        let headers = otlp.all_headers()?;
+        let tls = otlp.tls_settings()?;
+        tracing::info!(
+            tls = tls.is_some(),
+            custom_ca = tls.as_ref().is_some_and(|t| t.ca_pem.is_some()),
+            client_certificate = tls.as_ref().is_some_and(|t| t.client_cert_pem.is_some()),
+            headers = headers.len(),
+            "OTLP exporter"
+        );
+        match otlp.protocol {
+            config::OtlpProtocol::Grpc => {
+                let exporter = hermes_exporter::GrpcExporter::new_with_tls(
+                    hermes_exporter::GrpcExporterConfig {
+                        endpoint: otlp.endpoint.clone(),
+                        timeout,
+                        connect_timeout: timeout.min(Duration::from_secs(5)),
+                        compression: match otlp.compression {
+                            config::CompressionConfig::None => hermes_exporter::Compression::None,
+                            config::CompressionConfig::Gzip => hermes_exporter::Compression::Gzip,
+                        },
+                        headers,
+                    },
+                    tls,
+                )
+                .context("OTLP gRPC exporter")?;
+                sinks.push(Sink::new("otlp_grpc", exporter));
+            }
+            config::OtlpProtocol::HttpProtobuf => {
+                let exporter = hermes_exporter::HttpExporter::new_with_tls(
+                    hermes_exporter::HttpExporterConfig {
+                        endpoint: otlp.endpoint.clone(),
+                        timeout,
+                        headers,
+                    },
+                    tls,
+                )
+                .context("OTLP HTTP exporter")?;
+                sinks.push(Sink::new("otlp_http", exporter));
+            }
+        }
+    }
+    if let Some(path) = config.span_file() {
+        // As the configuration file wrote it: never a value from `${VAR}`.
+        let shown = PathBuf::from(config.shown(&path.display().to_string()));
+        let exporter = FileExporter::new_shown(FileExporterConfig { path }, shown)
+            .context("exporters.file.path")?;
+        sinks.push(Sink::new("file", exporter));
+    }
+    let console = match &config.exporters.console {
+        Some(c) => c.enabled,
+        None => embedded,
+    };
+    if console {
+        sinks.push(Sink::new(
+            "console",
+            ConsoleExporter::stdout(ConsoleExporterConfig::default()),
+        ));
+    }
+    for sink in &sinks {
+        tracing::info!(exporter = sink.name(), destination = %sink.destination(), "exporting spans");
+    }
+    Ok(sinks)
+}
