@@ -253,6 +253,18 @@ impl<T> QueueRx<T> {
         self.rx.is_closed() && self.rx.is_empty()
     }
 
+    /// Items taken so far ([`QueueRx::drain_into`]).
+    pub fn taken(&self) -> u64 {
+        self.taken
+    }
+
+    /// Closes the queue from the consumer's side (a consumer that stops
+    /// for good): every later push fails at once and counts as dropped;
+    /// what is queued can still be drained.
+    pub fn close(&mut self) {
+        self.rx.close();
+    }
+
     /// Number of queued items.
     pub fn len(&self) -> usize {
         self.rx.len()

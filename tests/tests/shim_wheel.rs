@@ -157,6 +157,11 @@ fn installed_wheel_end_to_end() {
     assert_eq!(stats["acked_events"], n);
     assert_eq!(stats["unacked_batches"], 0);
     assert_eq!(stats["connected"], true);
+    // The sender's supervision, through the Python API: it never died.
+    assert_eq!(stats["sender_deaths"], 0);
+    assert_eq!(stats["sender_restarts"], 0);
+    assert_eq!(stats["sender_stopped"], false);
+    assert_eq!(stats["lost_events"], 0);
     let parent_id = stats["instance_id"].as_str().unwrap();
     let (shim, events) = &instances[parent_id];
     // The shim's own last event, after every hook: its process-exit marker.

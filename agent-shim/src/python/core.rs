@@ -109,6 +109,13 @@ impl GilGate {
         self.inside.store(false, Ordering::SeqCst);
     }
 
+    /// Like [`GilGate::enter`]; the sender is outside again when the guard
+    /// is dropped, also when a panic unwinds it (the supervisor restarts the
+    /// sender, and `shutdown` must not wait for a sender that died inside).
+    fn enter_guarded(&self) -> Option<Inside<'_>> {
+        self.enter().then_some(Inside(self))
+    }
+
     /// Seals the gate and waits until the sender is outside. Call without the GIL.
     pub(super) fn seal_and_wait(&self, timeout: Duration) -> bool {
         self.sealed.store(true, Ordering::SeqCst);
@@ -120,6 +127,15 @@ impl GilGate {
             std::thread::sleep(Duration::from_millis(1));
         }
         true
+    }
+}
+
+/// The sender is inside a [`GilGate`] while this lives.
+struct Inside<'a>(&'a GilGate);
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.leave();
     }
 }
 
@@ -174,11 +190,11 @@ impl Convert for PyConverter {
         if items.is_empty() {
             return events;
         }
-        if !self.gate.enter() {
+        let Some(_inside) = self.gate.enter_guarded() else {
             // Interpreter exiting: the references are released by PyO3 later
             // (or never, at process exit).
             return events;
-        }
+        };
         let capture = self.capture;
         let mut items = items.into_iter().peekable();
         // The GIL is taken once per chunk, not per batch, so a large batch
@@ -196,7 +212,6 @@ impl Convert for PyConverter {
                 None => break,
             }
         }
-        self.gate.leave();
         events
     }
 
@@ -204,9 +219,9 @@ impl Convert for PyConverter {
     /// thread (the hook path never waits for it); not once the interpreter
     /// is exiting past `shutdown`.
     fn notice(&mut self, notice: &Notice) {
-        if !self.gate.enter() {
+        let Some(_inside) = self.gate.enter_guarded() else {
             return;
-        }
+        };
         let level = if notice.is_warning() { WARNING } else { INFO };
         let text = notice.to_string();
         Python::try_attach(|py| {
@@ -217,7 +232,6 @@ impl Convert for PyConverter {
             // A logging failure is not the agent's: never raised, never printed.
             let _ = logged;
         });
-        self.gate.leave();
     }
 }
 
@@ -457,8 +471,10 @@ pub(crate) fn flush(py: Python<'_>, timeout_ms: u64) -> bool {
 /// the counters of the live core: `enqueued`, `dropped`, `sent_batches`,
 /// `acked_events`, `unacked_batches`, `connected`, `asleep`, plus `evicted_events`,
 /// `discarded_events`, the spool's `spooled_events`, `spool_dropped_events`,
-/// `replayed_events`, `replayed_files`, `replay_lost_events`, and
-/// `instance_id`, `capture`, `last_error`.
+/// `replayed_events`, `replayed_files`, `replay_lost_events`, the sender
+/// thread's supervision (`sender_deaths`, `sender_restarts`,
+/// `sender_stopped`, `lost_events`), and `instance_id`, `capture`,
+/// `last_error`.
 #[pyfunction]
 pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
@@ -486,6 +502,10 @@ pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("replayed_events", sender.replayed_events)?;
     out.set_item("replayed_files", sender.replayed_files)?;
     out.set_item("replay_lost_events", sender.replay_lost_events)?;
+    out.set_item("sender_deaths", sender.sender_deaths)?;
+    out.set_item("sender_restarts", sender.sender_restarts)?;
+    out.set_item("sender_stopped", sender.sender_stopped)?;
+    out.set_item("lost_events", sender.lost_events)?;
     out.set_item("last_error", sender.last_error)?;
     match core.as_ref() {
         Some(core) => {

@@ -24,10 +24,10 @@
 //!   the first hook after a pause makes a system call.
 //! - Every event taken from the queue ends up exactly once in
 //!   `acked_events + evicted_events + discarded_events + spooled_events +
-//!   spool_dropped_events` once the collector has acknowledged it, it was
-//!   evicted from the full unacknowledged buffer, its conversion was
-//!   impossible (interpreter shutting down), or it was written to (or did not
-//!   fit in) the disk spool. `flush` waits on that sum, and on the replay of
+//!   spool_dropped_events + lost_events` once the collector has acknowledged
+//!   it, it was evicted from the full unacknowledged buffer, its conversion
+//!   was impossible (interpreter shutting down), it was written to (or did
+//!   not fit in) the disk spool, or it was lost with a dying sender. `flush` waits on that sum, and on the replay of
 //!   spool files claimed at start.
 //! - On a lost stream every unacknowledged batch is sent again, in order, on
 //!   the next connection; connection attempts are spaced by a jittered
@@ -35,6 +35,9 @@
 //! - While disconnected the sender keeps draining the queue into the bounded
 //!   unacknowledged buffer (oldest evicted first), so the hook path only drops
 //!   when the agent produces faster than conversion can follow.
+//! - The thread is supervised ([`supervise`]): a panic or an early return
+//!   is counted, said once, and followed by a restart that takes over the
+//!   queue and the unacknowledged batches, a bounded number of times.
 //! - With a spool ([`spool`], optional): on request ([`SenderShared::spool_and_wait`],
 //!   the exit path) or when the queue is closed and `close_grace` passed,
 //!   everything held (queued and unacknowledged) is written to a spool file
@@ -43,28 +46,30 @@
 //!   instance id and seqs.
 
 pub mod backoff;
+mod batcher;
 pub mod conn;
 pub mod reach;
 pub mod spool;
+pub mod supervise;
 pub mod unacked;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hermes_proto::v1::{Event, EventBatch, ShimInfo};
+use hermes_proto::v1::{Event, ShimInfo};
 use tokio::sync::Notify;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::time::Instant;
 
-use crate::attempts::AttemptTracker;
 use crate::config::CollectorEndpoint;
-use crate::queue::{QueueCounters, QueueRx, QueueTx, event_queue};
+use crate::queue::{QueueCounters, QueueTx, event_queue};
 use backoff::Backoff;
+use batcher::Parts;
 use conn::{Conn, ConnError, ConnEvent, ConnOptions};
 use reach::{Holding, Notice, Reach};
 use spool::SpoolConfig;
-use unacked::UnackedBuffer;
+pub use supervise::{RestartPolicy, spawn};
 
 /// Name of the sender thread.
 pub const THREAD_NAME: &str = "hermes-collector-sender";
@@ -158,6 +163,9 @@ pub struct SenderConfig {
     /// How long no stream can be opened before the outage is reported
     /// ([`Convert::notice`]); default [`reach::DEFAULT_REPORT_AFTER`].
     pub report_unreachable_after: Duration,
+    /// When the sender thread is started again after it died
+    /// ([`supervise`]).
+    pub restart: RestartPolicy,
 }
 
 impl SenderConfig {
@@ -178,6 +186,7 @@ impl SenderConfig {
             close_grace: Duration::from_secs(5),
             spool: None,
             report_unreachable_after: reach::DEFAULT_REPORT_AFTER,
+            restart: RestartPolicy::default(),
         }
     }
 }
@@ -195,6 +204,15 @@ pub struct SenderShared {
     replayed_events: AtomicU64,
     replayed_files: AtomicU64,
     replay_lost_events: AtomicU64,
+    /// Events the sender held when it died ([`supervise`]).
+    lost_events: AtomicU64,
+    /// Times the sender died (panicked or returned before its queue closed).
+    sender_deaths: AtomicU64,
+    /// Times the sender was started again after a death.
+    sender_restarts: AtomicU64,
+    /// The sender died and is not started again: nothing is delivered,
+    /// the queue is closed (hooks drop and count), waits return at once.
+    sender_stopped: AtomicBool,
     /// Spool files are being looked for or replayed.
     replay_busy: AtomicBool,
     connected: AtomicBool,
@@ -234,6 +252,16 @@ pub struct SenderStats {
     pub replayed_files: u64,
     /// Events of spool files the collector refused as invalid.
     pub replay_lost_events: u64,
+    /// Events the sender held when it died, not delivered.
+    pub lost_events: u64,
+    /// Times the sender thread died (panicked, or returned before its
+    /// queue was closed).
+    pub sender_deaths: u64,
+    /// Times it was started again after a death.
+    pub sender_restarts: u64,
+    /// Whether the sender died and is not started again (its restart
+    /// budget is spent): events are dropped and counted from then on.
+    pub sender_stopped: bool,
     /// Whether a stream is open.
     pub connected: bool,
     /// Whether the sender stopped looking at the queue on a timer, until
@@ -245,13 +273,19 @@ pub struct SenderStats {
 
 impl SenderShared {
     /// Events whose fate is decided: acknowledged, evicted, discarded,
-    /// spooled or dropped by the spool.
+    /// spooled, dropped by the spool or lost with a dying sender.
     pub fn settled_events(&self) -> u64 {
         self.acked_events.load(Ordering::Acquire)
             + self.evicted_events.load(Ordering::Acquire)
             + self.discarded_events.load(Ordering::Acquire)
             + self.spooled_events.load(Ordering::Acquire)
             + self.spool_dropped_events.load(Ordering::Acquire)
+            + self.lost_events.load(Ordering::Acquire)
+    }
+
+    /// Whether the sender died and is not started again.
+    pub fn is_stopped(&self) -> bool {
+        self.sender_stopped.load(Ordering::Acquire)
     }
 
     /// Whether spool files (of earlier processes) are being looked for or
@@ -266,7 +300,7 @@ impl SenderShared {
     /// spool the sender only acknowledges the request. Must not be called
     /// on the sender thread.
     pub fn spool_and_wait(&self, timeout: Duration) -> bool {
-        Self::request_and_wait(&self.spool_notify, &self.spool_rounds, timeout)
+        self.request_and_wait(&self.spool_notify, &self.spool_rounds, timeout)
     }
 
     /// Asks the sender for its exit notices ([`Convert::notice`]): the
@@ -276,16 +310,19 @@ impl SenderShared {
     /// whether it did. Must not be called on the sender thread.
     pub fn report_exit_and_wait(&self, target: u64, timeout: Duration) -> bool {
         self.exit_target.store(target, Ordering::Release);
-        Self::request_and_wait(&self.exit_notify, &self.exit_rounds, timeout)
+        self.request_and_wait(&self.exit_notify, &self.exit_rounds, timeout)
     }
 
-    fn request_and_wait(notify: &Notify, rounds: &AtomicU64, timeout: Duration) -> bool {
+    fn request_and_wait(&self, notify: &Notify, rounds: &AtomicU64, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
         let round = rounds.load(Ordering::Acquire);
         notify.notify_one();
         loop {
             if rounds.load(Ordering::Acquire) > round {
                 return true;
+            }
+            if self.is_stopped() {
+                return false;
             }
             let now = std::time::Instant::now();
             if now >= deadline {
@@ -307,8 +344,9 @@ impl SenderShared {
 
     /// Blocks the calling thread until `target` events are settled (and no
     /// spool file is being replayed) or `timeout` passed; asks the sender to
-    /// look at the queue at once. Returns whether
-    /// everything settled. Must not be called on the sender thread.
+    /// look at the queue at once. Returns whether everything settled; at
+    /// once (false) when the sender is stopped and `target` is out of reach.
+    /// Must not be called on the sender thread.
     pub fn wait_settled(&self, target: u64, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
         let done = || self.settled_events() >= target && !self.is_replaying();
@@ -319,6 +357,9 @@ impl SenderShared {
         loop {
             if done() {
                 return true;
+            }
+            if self.is_stopped() {
+                return false;
             }
             let now = std::time::Instant::now();
             if now >= deadline {
@@ -341,6 +382,10 @@ impl SenderShared {
             replayed_events: self.replayed_events.load(Ordering::Acquire),
             replayed_files: self.replayed_files.load(Ordering::Acquire),
             replay_lost_events: self.replay_lost_events.load(Ordering::Acquire),
+            lost_events: self.lost_events.load(Ordering::Acquire),
+            sender_deaths: self.sender_deaths.load(Ordering::Acquire),
+            sender_restarts: self.sender_restarts.load(Ordering::Acquire),
+            sender_stopped: self.is_stopped(),
             connected: self.connected.load(Ordering::Acquire),
             asleep: self.asleep.load(Ordering::Acquire),
             last_error: self
@@ -355,60 +400,6 @@ impl SenderShared {
         if let Ok(mut last) = self.last_error.lock() {
             *last = error.to_string();
         }
-    }
-}
-
-/// Starts the sender thread. With a spool, [`SenderShared::is_replaying`]
-/// is true from here until the spool files found at start are replayed.
-pub fn spawn<C>(
-    rx: QueueRx<C::Item>,
-    converter: C,
-    config: SenderConfig,
-    shared: Arc<SenderShared>,
-    queue: Arc<QueueCounters>,
-) -> std::io::Result<std::thread::JoinHandle<()>>
-where
-    C: Convert + Send + 'static,
-{
-    if config.spool.is_some() {
-        shared.replay_busy.store(true, Ordering::Release);
-    }
-    let thread_shared = Arc::clone(&shared);
-    let spawned = std::thread::Builder::new()
-        .name(THREAD_NAME.to_owned())
-        .spawn(move || {
-            let shared = thread_shared;
-            background_policy();
-            match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime.block_on(run(rx, converter, config, shared, queue)),
-                Err(e) => {
-                    shared.replay_busy.store(false, Ordering::Release);
-                    shared.set_error(&e);
-                }
-            }
-        });
-    if spawned.is_err() {
-        shared.replay_busy.store(false, Ordering::Release);
-    }
-    spawned
-}
-
-/// Puts the calling thread (the sender's) under `SCHED_BATCH`, with its nice
-/// value and CPU share as they were. The kernel then never lets a wake-up
-/// of this thread preempt the thread that woke it: a hook that wakes the
-/// sender (the end of a turn, [`crate::config::wakes_sender`]) returns to
-/// the agent's code at once, and the sender runs on an idle CPU or at the
-/// next scheduler tick (`docs/BENCHMARKS.md`). Best effort: where
-/// the policy cannot be set (not Linux, a seccomp filter) the thread runs
-/// as before.
-fn background_policy() {
-    #[cfg(target_os = "linux")]
-    {
-        let param = uapi::c::sched_param { sched_priority: 0 };
-        let _ = uapi::sched_setscheduler(0, uapi::c::SCHED_BATCH, &param);
     }
 }
 
@@ -468,115 +459,21 @@ async fn next_conn_event(conn: &mut Option<Conn>) -> ConnEvent {
     }
 }
 
-/// The batch cutter: converts items and files the batch as unacknowledged.
-struct Batcher<C> {
-    converter: C,
-    attempts: AttemptTracker,
-    shim: ShimInfo,
-    /// The stream seq of the next event (from 1).
-    next_seq: u64,
-}
-
-impl<C: Convert> Batcher<C> {
-    /// Cuts every item in `buf` and (at most as many as were queued when it
-    /// started) in `rx` into batches, then writes everything `pending` holds
-    /// to the spool (without a spool: nothing happens).
-    #[allow(clippy::too_many_arguments)]
-    fn spool_all(
-        &mut self,
-        rx: &mut QueueRx<C::Item>,
-        buf: &mut Vec<C::Item>,
-        pending: &mut UnackedBuffer,
-        shared: &SenderShared,
-        queue: &QueueCounters,
-        spool: Option<&SpoolConfig>,
-        max_batch: usize,
-    ) {
-        let Some(spool) = spool else {
-            return;
-        };
-        // Bounded: events captured meanwhile wait for the next round.
-        let mut budget = rx.len();
-        loop {
-            let room = max_batch.saturating_sub(buf.len()).min(budget);
-            budget -= rx.drain_into(buf, room);
-            if buf.is_empty() {
-                break;
-            }
-            let items = std::mem::replace(buf, Vec::with_capacity(max_batch));
-            self.cut(items, pending, shared, queue);
-        }
-        let batches = pending.take_all();
-        let events: u64 = batches.iter().map(|b| b.events.len() as u64).sum();
-        if events == 0 {
-            return;
-        }
-        match spool::write(spool, &self.shim.instance_id, batches, max_batch) {
-            Ok(written) => {
-                shared
-                    .spooled_events
-                    .fetch_add(written.events, Ordering::AcqRel);
-                shared
-                    .spool_dropped_events
-                    .fetch_add(written.dropped_events, Ordering::AcqRel);
-            }
-            Err(e) => {
-                shared
-                    .spool_dropped_events
-                    .fetch_add(events, Ordering::AcqRel);
-                shared.set_error(&format_args!("spool: {e}"));
-            }
-        }
-    }
-
-    fn cut(
-        &mut self,
-        items: Vec<C::Item>,
-        pending: &mut UnackedBuffer,
-        shared: &SenderShared,
-        queue: &QueueCounters,
-    ) {
-        let taken = items.len() as u64;
-        let mut events = self.converter.convert(items);
-        let converted = events.len() as u64;
-        if converted < taken {
-            shared.add_discarded(taken - converted);
-        }
-        if events.is_empty() {
-            return;
-        }
-        // Capture order, then the stream's own numbering: 1, 2, 3, ... with
-        // no hole for events dropped or discarded before this point, so the
-        // collector can tell a missing event from a dropped one.
-        events.sort_by_key(|e| e.seq);
-        for event in &mut events {
-            event.seq = self.next_seq;
-            self.next_seq += 1;
-            self.attempts.stamp(event);
-        }
-        let batch = EventBatch {
-            shim: Some(self.shim.clone()),
-            events,
-            dropped_events: queue.dropped() + shared.evicted_events.load(Ordering::Acquire),
-            // Set when sent (the floor moves with acks and evictions).
-            floor_seq: 0,
-        };
-        let evicted = pending.push(batch);
-        if evicted > 0 {
-            shared.evicted_events.fetch_add(evicted, Ordering::AcqRel);
-        }
-    }
-}
-
-/// The sender loop; returns once the queue is closed and what it held is
-/// delivered (or `close_grace` passed).
-pub async fn run<C: Convert>(
-    mut rx: QueueRx<C::Item>,
-    converter: C,
-    config: SenderConfig,
+/// The sender loop over `parts` (which outlive it, so a supervisor can
+/// start it again after a panic, see [`supervise`]); returns once the queue
+/// is closed and what it held is delivered (or `close_grace` passed).
+pub(crate) async fn run<C: Convert>(
+    parts: &mut Parts<C>,
+    config: &SenderConfig,
     shared: Arc<SenderShared>,
     queue: Arc<QueueCounters>,
 ) {
+    let Parts {
+        rx,
+        batcher,
+        pending,
+        buf,
+    } = parts;
     let mut reach = Reach::new(&config.endpoint.url, config.report_unreachable_after);
     let holding = Holding {
         max_batches: config.max_unacked_batches,
@@ -592,13 +489,6 @@ pub async fn run<C: Convert>(
         }
     };
     let max_batch = config.max_batch_events.max(1);
-    let mut batcher = Batcher {
-        converter,
-        attempts: AttemptTracker::default(),
-        shim: config.shim.clone(),
-        next_seq: 1,
-    };
-    let mut pending = UnackedBuffer::new(config.max_unacked_batches, config.max_unacked_bytes);
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
     let mut conn: Option<Conn> = None;
     // Spool files of earlier processes go on streams of their own, opened
@@ -624,7 +514,6 @@ pub async fn run<C: Convert>(
         }
     };
     let mut reconnect_at = Instant::now();
-    let mut buf: Vec<C::Item> = Vec::with_capacity(max_batch);
     // When the queue is looked at next, and the interval after an empty look.
     let mut poll_at = Instant::now() + config.linger;
     let mut idle_poll = config.linger;
@@ -731,7 +620,7 @@ pub async fn run<C: Convert>(
                 shared.exit_rounds.fetch_add(1, Ordering::AcqRel);
             }
             () = shared.spool_notify.notified() => {
-                batcher.spool_all(&mut rx, &mut buf, &mut pending, &shared, &queue, config.spool.as_ref(), max_batch);
+                batcher.spool_all(rx, buf, pending, &shared, &queue, config.spool.as_ref(), max_batch);
                 shared.spool_rounds.fetch_add(1, Ordering::AcqRel);
             }
             () = tokio::time::sleep_until(poll_at), if open && !asleep => {
@@ -739,13 +628,13 @@ pub async fn run<C: Convert>(
                 let mut more = false;
                 for _ in 0..MAX_BATCHES_PER_WAKE {
                     let room = max_batch.saturating_sub(buf.len());
-                    taken += rx.drain_into(&mut buf, room);
+                    taken += rx.drain_into(buf, room);
                     if buf.is_empty() {
                         break;
                     }
                     more = buf.len() >= max_batch;
-                    let items = std::mem::replace(&mut buf, Vec::with_capacity(max_batch));
-                    batcher.cut(items, &mut pending, &shared, &queue);
+                    let items = std::mem::replace(buf, Vec::with_capacity(max_batch));
+                    batcher.cut(items, pending, &shared, &queue);
                     if !more {
                         break;
                     }
@@ -779,9 +668,9 @@ pub async fn run<C: Convert>(
     }
     // What could not be delivered within `close_grace`.
     batcher.spool_all(
-        &mut rx,
-        &mut buf,
-        &mut pending,
+        rx,
+        buf,
+        pending,
         &shared,
         &queue,
         config.spool.as_ref(),
@@ -795,3 +684,5 @@ pub async fn run<C: Convert>(
 mod tests;
 #[cfg(test)]
 mod tests_reach;
+#[cfg(test)]
+mod tests_supervise;

@@ -67,6 +67,18 @@ pub enum Notice {
         /// The spool's directory, if any.
         spool_dir: Option<PathBuf>,
     },
+    /// The sender thread died ([`super::supervise`]).
+    SenderDied {
+        /// Why: the panic's message and location, or how it ended.
+        cause: String,
+        /// Deaths so far, this one included.
+        deaths: u64,
+        /// Whether it is started again; otherwise events are dropped from
+        /// now on.
+        restarting: bool,
+        /// Events lost with it.
+        lost: u64,
+    },
 }
 
 impl Notice {
@@ -155,6 +167,33 @@ impl fmt::Display for Notice {
                         "{lost} lost (HERMES_COLLECTOR_SPOOL_DIR keeps them for a later start)"
                     ),
                 }
+            }
+            Notice::SenderDied {
+                cause,
+                deaths,
+                restarting,
+                lost,
+            } => {
+                write!(
+                    f,
+                    "hermes_collector: the sender thread died ({cause}; death {deaths}); "
+                )?;
+                if *restarting {
+                    f.write_str(
+                        "it is started again and sends the events held meanwhile, \
+                         the agent is not affected",
+                    )?;
+                } else {
+                    f.write_str(
+                        "it died too often and is not started again: from now on the \
+                         events of this process are dropped and counted \
+                         (stats(): sender_stopped, dropped), the agent is not affected",
+                    )?;
+                }
+                if *lost > 0 {
+                    write!(f, "; {lost} events it held are lost (counted)")?;
+                }
+                Ok(())
             }
         }
     }

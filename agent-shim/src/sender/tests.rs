@@ -7,7 +7,7 @@ use std::time::Instant as StdInstant;
 
 use hermes_proto::received::ReceivedBatch;
 use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
-use hermes_proto::v1::{Ack, Ids, event::Body};
+use hermes_proto::v1::{Ack, EventBatch, Ids, event::Body};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
@@ -188,6 +188,16 @@ impl TestCollector {
 
     pub(super) fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The seqs of every event received, in arrival order.
+    pub(super) fn seqs(&self) -> Vec<u64> {
+        self.received.seqs()
+    }
+
+    /// The batches received, in arrival order.
+    pub(super) fn batches(&self) -> Vec<EventBatch> {
+        self.received.batches.lock().unwrap().clone()
     }
 }
 
@@ -482,7 +492,7 @@ fn an_idle_sender_looks_at_least_every_50_ms_by_default() {
 fn the_sender_thread_runs_under_sched_batch() {
     // What `spawn` runs first on the sender thread.
     let policy = std::thread::spawn(|| {
-        background_policy();
+        super::supervise::background_policy();
         uapi::sched_getscheduler(0).ok()
     })
     .join()

@@ -137,6 +137,11 @@ impl UnackedBuffer {
         self.batches.is_empty()
     }
 
+    /// Events held.
+    pub fn events(&self) -> u64 {
+        self.batches.iter().map(|p| p.events).sum()
+    }
+
     /// Encoded bytes held.
     pub fn bytes(&self) -> usize {
         self.bytes

@@ -250,7 +250,8 @@ impl Default for ConsoleConfig {
 /// (`gen_ai.client.token.usage`, `gen_ai.client.operation.duration`,
 /// `hermes.tool.duration`, `hermes.turn.duration`), pushed every
 /// `interval_ms` and once more at shutdown.
-#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
+// Its `Debug` output shows header names only.
+#[derive(Clone, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OtlpMetricsConfig {
     /// `http://host:4317` for gRPC; `http://host:4318` (the `/v1/metrics`
@@ -307,8 +308,9 @@ impl OtlpMetricsConfig {
         tls_settings("exporters.otlp_metrics", &self.endpoint, self.tls.as_ref())
     }
 
-    /// Checks what serde cannot: the endpoint, the timers, the headers.
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks what serde cannot: the endpoint, the timers, the headers;
+    /// returns the TLS settings (read once).
+    pub(crate) fn validate(&self) -> Result<Option<hermes_exporter::TlsSettings>, ConfigError> {
         const KEY: &str = "exporters.otlp_metrics";
         let uri: http::Uri = self.endpoint.parse().map_err(|e| {
             ConfigError::new(
@@ -328,7 +330,7 @@ impl OtlpMetricsConfig {
                 format!("`{}` has no host", self.endpoint),
             ));
         }
-        self.tls_settings()?;
+        let tls = self.tls_settings()?;
         positive(&format!("{KEY}.interval_ms"), self.interval_ms)?;
         positive(&format!("{KEY}.timeout_ms"), self.timeout_ms)?;
         for (name, value) in &self.headers {
@@ -338,6 +340,27 @@ impl OtlpMetricsConfig {
             http::HeaderValue::from_str(value)
                 .map_err(|_| ConfigError::new(key(), "not a valid header value"))?;
         }
-        Ok(())
+        Ok(tls)
+    }
+}
+
+impl std::fmt::Debug for OtlpMetricsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values are credentials more often than not.
+        let headers: BTreeMap<&str, &str> = self
+            .headers
+            .keys()
+            .map(|name| (name.as_str(), "<redacted>"))
+            .collect();
+        f.debug_struct("OtlpMetricsConfig")
+            .field("endpoint", &self.endpoint)
+            .field("protocol", &self.protocol)
+            .field("headers", &headers)
+            .field("interval_ms", &self.interval_ms)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("compression", &self.compression)
+            .field("temporality", &self.temporality)
+            .field("tls", &self.tls)
+            .finish()
     }
 }

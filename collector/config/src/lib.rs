@@ -4,10 +4,12 @@
 //!
 //! Parsing is pure (no I/O besides reading the file named on the command
 //! line). Validation reads only what the collector needs before it binds:
-//! the ingest bearer token (its file or environment variable), the TLS
-//! files, and the directory of a Unix socket. Unknown keys are errors. Every error names the
-//! key path, and the binary exits with code 64 (`EX_USAGE`) on it. The token
-//! itself is never part of an error or of the configuration's `Debug`.
+//! the bearer tokens (their files or environment variables), the TLS
+//! files, the exporter's header files, and the directory of a Unix socket;
+//! it returns them with the configuration as a [`Validated`], so the binary
+//! reads each secret once. Unknown keys are errors. Every error names the
+//! key path, and the binary exits with code 64 (`EX_USAGE`) on it. A secret
+//! is never part of an error or of a `Debug` output.
 
 //!
 //! | module | owns |
@@ -17,6 +19,8 @@
 //! | [`exporters`] | the span exporters (OTLP, file, console) and the metrics exporter |
 //! | [`stages`] | correlator limits, batching, queue, shutdown, runtime, logging |
 //! | [`metrics`] | the bounds of the derived metrics' labels ([`Bounds`]) |
+//! | [`validated`] | [`Validated`]: the configuration with its secrets, TLS material and addresses read once |
+//! | [`settings`] | conversions of the sections into each stage's settings (receiver limits, correlator, sequencer, exporter stage, persistent queue) |
 //! | [`schema`] | the JSON schema of the file (`hermes-collector schema`) |
 //! | [`checks`], [`files`], [`interpolate`], [`yaml_depth`] | checks of regexes and paths, bounded file reads, `${VAR}`, the YAML nesting bound |
 //!
@@ -39,7 +43,9 @@ pub mod listeners;
 pub mod metrics;
 mod routing_schema;
 pub mod schema;
+pub mod settings;
 pub mod stages;
+pub mod validated;
 pub mod yaml_depth;
 
 #[cfg(test)]
@@ -49,7 +55,9 @@ pub use exporters::*;
 pub use listeners::*;
 pub use metrics::*;
 pub use schema::json_schema;
+pub use settings::DiskQueueSettings;
 pub use stages::*;
+pub use validated::{OtlpExport, OtlpMetricsExport, ReceiverTls, Validated};
 
 /// Exit code for bad configuration or usage (`EX_USAGE` of sysexits.h).
 pub const EXIT_CONFIG: i32 = 64;
@@ -161,9 +169,21 @@ impl Config {
     /// Reads a file, replaces `${VAR}`/`${VAR:-default}` from the
     /// environment, then parses and validates it.
     pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text =
-            crate::files::read_limited_text(CONFIG_KEY, path, crate::files::CONFIG_FILE_LIMIT)?;
+        let text = Self::read_file(path)?;
         Self::from_text(&text, &|name| std::env::var(name).ok())
+    }
+
+    /// Reads a file and replaces `${VAR}`/`${VAR:-default}` from the
+    /// environment, then parses it without validating: for a caller that
+    /// applies overrides first and then validates once
+    /// ([`Config::validate`]), reading each secret once.
+    pub fn parse_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = Self::read_file(path)?;
+        Self::parse_text(&text, &|name| std::env::var(name).ok())
+    }
+
+    fn read_file(path: &std::path::Path) -> Result<String, ConfigError> {
+        crate::files::read_limited_text(CONFIG_KEY, path, crate::files::CONFIG_FILE_LIMIT)
     }
 
     /// Replaces `${VAR}`/`${VAR:-default}` through `env`, then parses and
@@ -173,10 +193,22 @@ impl Config {
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
+        let config = Self::parse_text(text, env)?;
+        config
+            .validate_with(env)
+            .map_err(|e| e.conceal(&config.interpolated))?;
+        Ok(config)
+    }
+
+    /// Replaces `${VAR}`/`${VAR:-default}` through `env` and parses,
+    /// without validating. Errors name the variable, never its value.
+    pub fn parse_text(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         let mut used = Interpolated::default();
         let text = crate::interpolate::interpolate_with(text, env, &mut used)?;
         let mut config = Self::parse_yaml(&text).map_err(|e| e.conceal(&used))?;
-        config.validate_with(env).map_err(|e| e.conceal(&used))?;
         config.interpolated = used;
         Ok(config)
     }
@@ -205,18 +237,23 @@ impl Config {
             && self.exporters.console.is_none()
     }
 
-    /// Checks values serde cannot check, with the process environment.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// [`Config::validate_with`] the process environment; errors show a
+    /// value a `${VAR}` reference took as that reference.
+    pub fn validate(&self) -> Result<Validated, ConfigError> {
         self.validate_with(&|name| std::env::var(name).ok())
             .map_err(|e| e.conceal(&self.interpolated))
     }
 
-    /// Checks values serde cannot check. Its only I/O: reading the bearer
-    /// token (environment variables through `env`), the TLS files (and the
-    /// system's root certificates for an `https://` exporter without a CA),
-    /// the exporter's header files, and looking for the directory of a Unix
-    /// socket.
-    pub fn validate_with(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+    /// Checks values serde cannot check, and returns the configuration with
+    /// what the checks read (see [`Validated`]). Its only I/O: reading the
+    /// bearer tokens (environment variables through `env`), the TLS files
+    /// (and the system's root certificates for an `https://` exporter
+    /// without a CA), the exporter's header files, and looking for the
+    /// directory of a Unix socket. Each secret is read once.
+    pub fn validate_with(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Validated, ConfigError> {
         if self.queue.kind == QueueKind::Disk {
             positive("queue.max_bytes", self.queue.max_bytes)?;
             if self.queue.dir.as_os_str().is_empty() {
@@ -245,10 +282,14 @@ impl Config {
                 ));
             }
         }
-        self.receiver.auth.token(env)?;
-        if let Some(tls) = &self.receiver.tls {
-            tls.server_config()?;
-        }
+        let ingest_token = self.receiver.auth.token(env)?;
+        let receiver_tls = match &self.receiver.tls {
+            Some(tls) => Some(ReceiverTls {
+                server: tls.server_config()?,
+                mutual: tls.client_ca_file.is_some(),
+            }),
+            None => None,
+        };
         let admin = self.admin.listen.parse::<SocketAddr>().map_err(|e| {
             ConfigError::new(
                 "admin.listen",
@@ -266,7 +307,8 @@ impl Config {
                 ),
             ));
         }
-        self.admin
+        let metrics_token = self
+            .admin
             .metrics_auth
             .token_at("admin.metrics_auth", env)?;
         self.metrics.validate()?;
@@ -335,6 +377,7 @@ impl Config {
         positive("batch.max_bytes", self.batch.max_bytes as u64)?;
         positive("batch.timeout_ms", self.batch.timeout_ms)?;
         positive("batch.queue", self.batch.queue as u64)?;
+        let mut otlp_export = None;
         if let Some(otlp) = &self.exporters.otlp {
             let uri: http::Uri = otlp.endpoint.parse().map_err(|e| {
                 ConfigError::new(
@@ -355,16 +398,21 @@ impl Config {
                 ));
             }
             positive("exporters.otlp.timeout_ms", otlp.timeout_ms)?;
-            otlp.all_headers()?;
-            otlp.tls_settings()?;
+            let headers = otlp.all_headers()?;
+            let tls = otlp.tls_settings()?;
+            otlp_export = Some(OtlpExport::new(otlp, headers, tls));
         }
         if let Some(path) = self.span_file() {
             crate::checks::span_file(&path)
                 .map_err(|reason| ConfigError::new("exporters.file.path", reason))?;
         }
-        if let Some(metrics) = &self.exporters.otlp_metrics {
-            metrics.validate()?;
-        }
+        let otlp_metrics = match &self.exporters.otlp_metrics {
+            Some(metrics) => Some(OtlpMetricsExport {
+                tls: metrics.validate()?,
+                config: metrics.clone(),
+            }),
+            None => None,
+        };
         if self.shutdown.grace_ms >= 30_000 {
             return Err(ConfigError::new(
                 "shutdown.grace_ms",
@@ -387,7 +435,16 @@ impl Config {
             crate::checks::log_filter(&filter)
                 .map_err(|reason| ConfigError::new("RUST_LOG", reason))?;
         }
-        Ok(())
+        Ok(Validated {
+            config: self.clone(),
+            listen,
+            admin_listen: admin,
+            ingest_token,
+            metrics_token,
+            receiver_tls,
+            otlp: otlp_export,
+            otlp_metrics,
+        })
     }
 }
 

@@ -264,3 +264,4 @@ fn metric_label_bounds_are_checked() {
 
 mod export_security;
 mod schema;
+mod validated;
