@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use hermes_config as config;
-use hermes_config::{Config, ConfigError, EXIT_CONFIG};
+use hermes_config::{Config, ConfigError, EXIT_CONFIG, Validated};
 use hermes_pipeline::{Outcome, Topology};
 
 /// mimalloc instead of glibc's malloc: every event and span is a tree of
@@ -162,10 +162,11 @@ fn config_failure(e: &ConfigError) -> ExitCode {
     exit(EXIT_CONFIG)
 }
 
-/// Loads the configuration with the CLI overrides applied, validated.
-fn load(args: &RunArgs) -> Result<Config, ConfigError> {
+/// Loads the configuration with the CLI overrides applied, validated: its
+/// secrets and TLS material are read once, here.
+fn load(args: &RunArgs) -> Result<Validated, ConfigError> {
     let mut config = match &args.config {
-        Some(path) => Config::from_file(path)?,
+        Some(path) => Config::parse_file(path)?,
         None => Config::default(),
     };
     if let Some(listen) = &args.listen {
@@ -209,17 +210,17 @@ fn load(args: &RunArgs) -> Result<Config, ConfigError> {
     if let Some(path) = &args.span_file {
         config.exporters.file = Some(config::FileConfig { path: path.clone() });
     }
-    config.validate()?;
-    Ok(config)
+    config.validate()
 }
 
 /// Runs the collector; `small_pages` is why transparent huge pages could not
 /// be turned off, if they could not.
 fn run(args: &RunArgs, small_pages: Option<String>) -> ExitCode {
-    let config = match load(args) {
-        Ok(config) => config,
+    let validated = match load(args) {
+        Ok(validated) => validated,
         Err(e) => return config_failure(&e),
     };
+    let config = &validated.config;
     init_logging(&config.log);
     if let Some(error) = small_pages {
         tracing::warn!(%error, "cannot turn transparent huge pages off; running with them");
@@ -237,7 +238,7 @@ fn run(args: &RunArgs, small_pages: Option<String>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(config)) {
+    match runtime.block_on(serve(validated)) {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "collector stopped");
@@ -299,10 +300,10 @@ fn init_logging(log: &config::LogConfig) {
     };
 }
 
-async fn serve(config: Config) -> anyhow::Result<Outcome> {
+async fn serve(validated: Validated) -> anyhow::Result<Outcome> {
     // First: from here on SIGHUP is answered, never the default exit.
     let mut signals = Signals::install();
-    let topology = Topology::build(&config).await?;
+    let topology = Topology::build(validated).await?;
     Ok(topology.run(signals.stop()).await)
 }
 

@@ -1,60 +1,42 @@
 //! The exporter stage's sinks, as the configuration names them.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use hermes_config as config;
-use hermes_config::Config;
+use hermes_config::Validated;
 use hermes_exporter::Sink;
 
 /// Builds the sinks the configuration names (the embedded default when none).
-pub fn build_sinks(config: &Config) -> anyhow::Result<Vec<Sink>> {
+pub fn build_sinks(validated: &Validated) -> anyhow::Result<Vec<Sink>> {
+    let config = &validated.config;
     use hermes_exporter::{
         ConsoleExporter, ConsoleExporterConfig, FileExporter, FileExporterConfig,
     };
     let mut sinks = Vec::new();
     let embedded = config.is_embedded_default();
-    if let Some(otlp) = &config.exporters.otlp {
-        let timeout = Duration::from_millis(otlp.timeout_ms);
-        // Read again (validated before): header files and TLS material.
-        let headers = otlp.all_headers()?;
-        let tls = otlp.tls_settings()?;
+    if let Some(otlp) = &validated.otlp {
         tracing::info!(
-            tls = tls.is_some(),
-            custom_ca = tls.as_ref().is_some_and(|t| t.ca_pem.is_some()),
-            client_certificate = tls.as_ref().is_some_and(|t| t.client_cert_pem.is_some()),
-            headers = headers.len(),
+            tls = otlp.tls.is_some(),
+            custom_ca = otlp.tls.as_ref().is_some_and(|t| t.ca_pem.is_some()),
+            client_certificate = otlp
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.client_cert_pem.is_some()),
+            headers = otlp.headers.len(),
             "OTLP exporter"
         );
         match otlp.protocol {
             config::OtlpProtocol::Grpc => {
-                let exporter = hermes_exporter::GrpcExporter::new_with_tls(
-                    hermes_exporter::GrpcExporterConfig {
-                        endpoint: otlp.endpoint.clone(),
-                        timeout,
-                        connect_timeout: timeout.min(Duration::from_secs(5)),
-                        compression: match otlp.compression {
-                            config::CompressionConfig::None => hermes_exporter::Compression::None,
-                            config::CompressionConfig::Gzip => hermes_exporter::Compression::Gzip,
-                        },
-                        headers,
-                    },
-                    tls,
-                )
-                .context("OTLP gRPC exporter")?;
+                let exporter =
+                    hermes_exporter::GrpcExporter::new_with_tls(otlp.grpc(), otlp.tls.clone())
+                        .context("OTLP gRPC exporter")?;
                 sinks.push(Sink::new("otlp_grpc", exporter));
             }
             config::OtlpProtocol::HttpProtobuf => {
-                let exporter = hermes_exporter::HttpExporter::new_with_tls(
-                    hermes_exporter::HttpExporterConfig {
-                        endpoint: otlp.endpoint.clone(),
-                        timeout,
-                        headers,
-                    },
-                    tls,
-                )
-                .context("OTLP HTTP exporter")?;
+                let exporter =
+                    hermes_exporter::HttpExporter::new_with_tls(otlp.http(), otlp.tls.clone())
+                        .context("OTLP HTTP exporter")?;
                 sinks.push(Sink::new("otlp_http", exporter));
             }
         }

@@ -9,18 +9,16 @@
 //!                                         ▲──────── Settle ─────────┘ (ledger)
 //! ```
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use hermes_config as config;
-use hermes_config::Config;
-use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
+use hermes_config::{Config, DiskQueueSettings, Validated};
+use hermes_correlator::sequencer::Sequencer;
 use hermes_correlator::{Correlation, Correlator};
 use hermes_exporter::ExporterStage;
 use hermes_metrics::collector;
-use hermes_receiver::{Ingest, Ingested, Limits, ListenAddr, Listener, ReceiverStats};
+use hermes_receiver::{Ingest, Ingested, ListenAddr, Listener, ReceiverStats};
 use hermes_span::trace::v1::ResourceSpans;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -32,7 +30,7 @@ use crate::driver::{Driver, Steps};
 use crate::ledger::{Durable, Ledger};
 use crate::sinks::build_sinks;
 use crate::stats::PipelineStats;
-use crate::writer::{QueueStats, Settle, Writer};
+use crate::writer::{QueueStats, Recovered, Settle, Writer};
 
 /// Every stage of the collector, built and bound, not running yet.
 pub struct Topology {
@@ -83,29 +81,27 @@ pub(crate) struct WriterPart {
 }
 
 impl Topology {
-    /// Builds every stage from `config` (validated): reads the secrets and
-    /// TLS material, opens the persistent queue and the span file, binds
+    /// Builds every stage from `validated` (its secrets and TLS material
+    /// already read): opens the persistent queue and the span file, binds
     /// the ingest and admin listeners. Call it inside the runtime.
-    pub async fn build(config: &Config) -> anyhow::Result<Self> {
-        let listen = config.receiver.listen_addr()?;
-        let token = config
-            .receiver
-            .auth
-            .token(&|name| std::env::var(name).ok())?;
-        let metrics_token = config
-            .admin
-            .metrics_auth
-            .token_at("admin.metrics_auth", &|name| std::env::var(name).ok())?;
-        let tls = match &config.receiver.tls {
-            Some(tls) => Some(tls.server_config()?),
-            None => None,
-        };
-        let sinks = build_sinks(config)?;
+    pub async fn build(validated: Validated) -> anyhow::Result<Self> {
+        let sinks = build_sinks(&validated)?;
+        let Validated {
+            config,
+            listen,
+            admin_listen: admin_addr,
+            ingest_token: token,
+            metrics_token,
+            receiver_tls,
+            otlp_metrics,
+            ..
+        } = validated;
+        let config = &config;
         let processor =
             hermes_processor::SpanProcessor::new(&config.processing).context("processing")?;
-        let persistent = match config.queue.kind {
-            config::QueueKind::Memory => None,
-            config::QueueKind::Disk => Some(open_queue(config)?),
+        let persistent = match config.queue.disk() {
+            None => None,
+            Some(disk) => Some(open_queue(config, disk)?),
         };
 
         // Bind first: a taken port fails the start before anything runs.
@@ -115,7 +111,6 @@ impl Topology {
                 config.shown(&listen.to_string())
             )
         })?;
-        let admin_addr: SocketAddr = config.admin.listen.parse().context("admin.listen")?;
         let admin_listener = tokio::net::TcpListener::bind(admin_addr)
             .await
             .with_context(|| {
@@ -137,7 +132,7 @@ impl Topology {
             QueueProbe::from_sender("export", &export_tx),
         ];
 
-        let stage = ExporterStage::new(sinks, exporter_settings(config));
+        let stage = ExporterStage::new(sinks, config.exporter_settings());
         let exporter_stats = stage.stats();
         // A span file that cannot be written (a full disk): not ready while
         // its last batch failed, so probes say what the counters and log say.
@@ -153,10 +148,11 @@ impl Topology {
 
         // The derived metrics, also pushed over OTLP when configured.
         let bounds = config.metrics.bounds();
-        let (metrics_export, derived) = match &config.exporters.otlp_metrics {
-            Some(otlp) => {
-                let tls = otlp.tls_settings()?;
-                let (export, meter) = OtlpMetricsExport::start(otlp, tls, bounds.max_series)
+        let (metrics_export, derived) = match otlp_metrics {
+            Some(hermes_config::OtlpMetricsExport {
+                config: otlp, tls, ..
+            }) => {
+                let (export, meter) = OtlpMetricsExport::start(&otlp, tls, bounds.max_series)
                     .context("OTLP metrics exporter")?;
                 tracing::info!(
                     destination = %hermes_exporter::shown_endpoint(&config.shown(&otlp.endpoint)),
@@ -202,29 +198,23 @@ impl Topology {
         let driver = Driver {
             steps: Steps {
                 correlation: Correlation::new(
-                    Sequencer::new(SequencerConfig {
-                        gap_timeout_nanos: config
-                            .correlator
-                            .gap_timeout_ms
-                            .saturating_mul(1_000_000),
-                        ..Default::default()
-                    }),
-                    Correlator::new(correlator_config(config)),
+                    Sequencer::new(config.correlator.sequencer()),
+                    Correlator::new(config.correlator.correlator()),
                 ),
                 derived: derived.clone(),
                 processor,
             },
-            tick: Duration::from_millis(config.correlator.tick_ms),
+            tick: config.correlator.tick(),
             stats: pipeline_stats.clone(),
             ledger,
             clock: WallClock,
         };
 
         let receiver_stats = Arc::new(ReceiverStats::default());
-        let limits = receiver_limits(config);
+        let limits = config.receiver.limits();
         if let ListenAddr::Tcp(addr) = &listen
             && !addr.ip().is_loopback()
-            && tls.is_none()
+            && receiver_tls.is_none()
         {
             tracing::warn!(
                 listen = %config.shown(&addr.to_string()),
@@ -233,16 +223,10 @@ impl Topology {
             );
         }
         let authenticated = token.is_some();
-        let memory_limit = (config.receiver.memory_limit_mib > 0).then(|| {
-            hermes_receiver::MemoryLimit::new(
-                config.receiver.memory_limit_mib.saturating_mul(1024 * 1024),
-                Duration::from_millis(100),
-            )
+        let memory_limit = config.receiver.memory_limit_bytes().map(|bytes| {
+            hermes_receiver::MemoryLimit::new(bytes, hermes_config::settings::MEMORY_LIMIT_INTERVAL)
         });
-        let delivery = match config.queue.kind {
-            config::QueueKind::Memory => hermes_receiver::Delivery::Memory,
-            config::QueueKind::Disk => hermes_receiver::Delivery::Durable,
-        };
+        let delivery = config.queue.delivery();
         let linger = limits.connections.shutdown_linger + Duration::from_millis(500);
         let shutdown = CancellationToken::new();
         let ingest = Ingest::new(ingest_tx, limits, receiver_stats.clone(), shutdown.clone())
@@ -275,18 +259,14 @@ impl Topology {
                 .to_string(),
         );
         Ok(Self {
-            grace: Duration::from_millis(config.shutdown.grace_ms),
+            grace: config.shutdown.grace(),
             readiness,
             receiver: ReceiverPart {
                 ingest,
                 listener,
                 shutdown,
-                mutual_tls: config
-                    .receiver
-                    .tls
-                    .as_ref()
-                    .is_some_and(|t| t.client_ca_file.is_some()),
-                tls,
+                mutual_tls: receiver_tls.as_ref().is_some_and(|t| t.mutual),
+                tls: receiver_tls.map(|t| t.server),
                 stats: receiver_stats,
                 linger,
                 authenticated,
@@ -307,15 +287,10 @@ impl Topology {
 }
 
 /// Opens the persistent queue (`queue.kind: disk`).
-fn open_queue(config: &Config) -> anyhow::Result<(Writer, crate::writer::Recovered)> {
-    let dir = &config.queue.dir;
-    let shown = config.shown(&dir.display().to_string());
-    let (writer, recovered) = Writer::open(
-        dir,
-        config.queue.max_bytes,
-        Duration::from_millis(config.queue.fsync_interval_ms),
-    )
-    .with_context(|| format!("queue.dir {shown}"))?;
+fn open_queue(config: &Config, disk: DiskQueueSettings) -> anyhow::Result<(Writer, Recovered)> {
+    let shown = config.shown(&disk.dir.display().to_string());
+    let (writer, recovered) = Writer::open(&disk.dir, disk.max_bytes, disk.fsync_interval)
+        .with_context(|| format!("queue.dir {shown}"))?;
     tracing::info!(
         dir = %shown,
         records = writer.records(),
@@ -323,58 +298,4 @@ fn open_queue(config: &Config) -> anyhow::Result<(Writer, crate::writer::Recover
         "persistent queue open"
     );
     Ok((writer, recovered))
-}
-
-fn exporter_settings(config: &Config) -> hermes_exporter::ExporterSettings {
-    hermes_exporter::ExporterSettings {
-        max_batch_spans: config.batch.max_spans,
-        max_batch_bytes: config.batch.max_bytes,
-        batch_timeout: Duration::from_millis(config.batch.timeout_ms),
-        retry: hermes_exporter::RetrySettings {
-            max_elapsed: Duration::from_secs(
-                config
-                    .exporters
-                    .otlp
-                    .as_ref()
-                    .map_or(30, |o| o.max_elapsed_secs),
-            ),
-            ..Default::default()
-        },
-        drain_timeout: Duration::from_millis(config.shutdown.grace_ms),
-        ..Default::default()
-    }
-}
-
-fn correlator_config(config: &Config) -> hermes_correlator::Config {
-    let c = &config.correlator;
-    hermes_correlator::Config {
-        max_open_turns: c.max_open_turns,
-        max_open_turns_per_agent: c.max_open_turns_per_agent,
-        max_sessions_per_agent: c.max_sessions_per_agent,
-        max_sessions: c.max_sessions,
-        max_bytes_per_agent: c.max_bytes_per_agent,
-        max_bytes: c.max_bytes,
-        state_ttl_nanos: c.state_ttl_secs.saturating_mul(1_000_000_000),
-        turn_end_grace_nanos: c.turn_end_grace_ms.saturating_mul(1_000_000),
-        ..Default::default()
-    }
-}
-
-fn receiver_limits(config: &Config) -> Limits {
-    let r = &config.receiver;
-    Limits {
-        max_message_bytes: r.max_message_bytes,
-        max_events_per_batch: r.max_events_per_batch,
-        max_event_bytes: r.max_event_bytes,
-        stream_events_per_sec: r.stream_events_per_sec,
-        stream_burst_events: r.stream_burst_events,
-        max_streams_per_connection: r.max_streams_per_connection,
-        connections: hermes_receiver::ConnectionLimits {
-            max_connections: r.max_connections,
-            handshake_timeout: Duration::from_millis(r.handshake_timeout_ms),
-            idle_timeout: Duration::from_secs(r.idle_timeout_secs),
-            ..Default::default()
-        },
-        ..Limits::default()
-    }
 }
