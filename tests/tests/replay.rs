@@ -2,7 +2,8 @@
 //! (`tests/fixtures/hermes-0.19.0/*.jsonl`, copied from the team's shared
 //! recordings) through the shim's conversion
 //! (kwargs → wire events, attempt numbering) and the correlator, and checks
-//! the trees they give.
+//! the trees they give; shuffled and redelivered arrivals go through the
+//! collector's correlation stage itself (`hermes_pipeline`'s driver).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,13 +15,20 @@ use hermes_collector_shim::config::CaptureLevel;
 use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlation, Correlator, FinishedSpan, to_resource_spans};
+use hermes_pipeline::clock::TokioClock;
+use hermes_pipeline::derived::DerivedMetrics;
+use hermes_pipeline::driver::{Driver, Steps};
+use hermes_pipeline::ledger::Ledger;
+use hermes_processor::{ProcessorConfig, SpanProcessor};
 use hermes_proto::v1;
+use hermes_receiver::Ingested;
 use hermes_span::common::v1::any_value::Value;
 use hermes_span::trace::v1::{Span, status::StatusCode};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use prost::Message;
 use serde_json::Value as Json;
+use tokio_util::sync::CancellationToken;
 
 fn fixture_dir() -> PathBuf {
     if let Ok(dir) = std::env::var("HERMES_FIXTURES") {
@@ -326,27 +334,86 @@ fn replay_is_deterministic() {
 }
 
 /// Feeds `events` one by one in the given arrival order through the
-/// sequencer and the correlator, as the collector's stage does.
-fn correlate_arrivals(arrivals: &[v1::Event]) -> Vec<FinishedSpan> {
-    let mut correlation = Correlation::new(
-        Sequencer::new(SequencerConfig::default()),
-        Correlator::new(Config::default()),
-    );
-    let mut out = Vec::new();
-    let shim = shim();
-    for e in arrivals {
-        correlation.push_batch(&shim, 0, [e.clone()], 0, 0, &mut out);
-    }
-    correlation.flush_all(&mut out);
-    out
+/// collector's correlation stage itself (`hermes_pipeline`'s driver, on
+/// tokio's paused clock, with the default processing), then ends it;
+/// returns every exported span in [`canonical`] form.
+fn correlate_arrivals(arrivals: &[v1::Event]) -> Vec<Vec<u8>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let driver = Driver {
+            steps: Steps {
+                correlation: Correlation::new(
+                    Sequencer::new(SequencerConfig::default()),
+                    Correlator::new(Config::default()),
+                ),
+                derived: DerivedMetrics::default(),
+                processor: SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
+            },
+            tick: std::time::Duration::from_millis(100),
+            stats: Default::default(),
+            ledger: Ledger::Memory,
+            clock: TokioClock::starting_at(0),
+        };
+        let (ingest, ingest_rx) = tokio::sync::mpsc::channel(arrivals.len() + 1);
+        let (export, mut exported) = tokio::sync::mpsc::channel(arrivals.len() + 1);
+        for e in arrivals {
+            let batch = v1::EventBatch {
+                shim: Some(shim()),
+                events: vec![e.clone()],
+                ..Default::default()
+            };
+            ingest.try_send(Ingested::new(batch)).unwrap();
+        }
+        drop(ingest);
+        let stage = tokio::spawn(driver.run(ingest_rx, export, CancellationToken::new()));
+        let mut spans = Vec::new();
+        while let Some(batch) = exported.recv().await {
+            spans.extend(canonical(batch));
+        }
+        stage.await.unwrap();
+        spans.sort();
+        spans
+    })
 }
 
-/// The OTLP bytes an exporter would send.
-fn exported_bytes(spans: Vec<FinishedSpan>) -> Vec<u8> {
-    let request = opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest {
-        resource_spans: hermes_span::convert::to_otlp(&to_resource_spans(spans)),
-    };
-    request.encode_to_vec()
+/// Each span as OTLP bytes with its resource and scope, in a fixed order,
+/// whichever export message carried it.
+fn canonical(batch: Vec<hermes_span::trace::v1::ResourceSpans>) -> Vec<Vec<u8>> {
+    let mut spans = Vec::new();
+    for rs in hermes_span::convert::to_otlp(&batch) {
+        for ss in &rs.scope_spans {
+            for span in &ss.spans {
+                let mut bytes = rs
+                    .resource
+                    .as_ref()
+                    .map(Message::encode_to_vec)
+                    .unwrap_or_default();
+                bytes.extend(
+                    ss.scope
+                        .as_ref()
+                        .map(Message::encode_to_vec)
+                        .unwrap_or_default(),
+                );
+                bytes.extend(span.encode_to_vec());
+                spans.push(bytes);
+            }
+        }
+    }
+    spans.sort();
+    spans
+}
+
+/// What the stage exports of `spans`: processed as it processes them.
+fn processed(spans: Vec<FinishedSpan>) -> Vec<Vec<u8>> {
+    let mut batch = to_resource_spans(spans);
+    SpanProcessor::new(&ProcessorConfig::default())
+        .unwrap()
+        .process(&mut batch);
+    canonical(batch)
 }
 
 fn fixture_events() -> Vec<(&'static str, Vec<v1::Event>)> {
@@ -374,7 +441,7 @@ proptest! {
     ) {
         let fixtures = fixture_events();
         let (name, events) = &fixtures[fixture];
-        let expected = exported_bytes(correlate(events));
+        let expected = processed(correlate(events));
         // A deterministic shuffle from the drawn seed (Fisher-Yates on an LCG).
         let mut arrivals = events.clone();
         let mut state = order | 1;
@@ -388,7 +455,7 @@ proptest! {
             let at = at.index(arrivals.len() + 1);
             arrivals.insert(at, event);
         }
-        let got = exported_bytes(correlate_arrivals(&arrivals));
+        let got = correlate_arrivals(&arrivals);
         prop_assert!(got == expected, "{name}: output differs for this arrival order");
     }
 }
