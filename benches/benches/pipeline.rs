@@ -25,6 +25,10 @@
 //! * `stages_per_event/metadata`: decode + sequencer + correlator +
 //!   grouping + processor + OTLP encode of all four fixtures, per event: the
 //!   in-process CPU cost of one event without the gRPC transports.
+//! * `stages_per_event/driver`: the same events through the collector's
+//!   correlation stage itself (`hermes_pipeline`'s driver task on a
+//!   current-thread runtime, its channels, the derived metrics), then
+//!   encoded: what the stage adds to the loop above.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -291,7 +295,62 @@ fn stages_per_event(c: &mut Criterion) {
             bytes
         });
     });
+    group.bench_function("driver", |b| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        b.iter(|| runtime.block_on(through_the_driver(&batches)));
+    });
     group.finish();
+}
+
+/// Decodes `batches`, runs them through a fresh correlation stage and
+/// encodes what it exports; the encoded bytes.
+async fn through_the_driver(batches: &[Vec<u8>]) -> usize {
+    use hermes_pipeline::clock::WallClock;
+    use hermes_pipeline::derived::DerivedMetrics;
+    use hermes_pipeline::driver::{Driver, Steps};
+    use hermes_pipeline::ledger::Ledger;
+    let driver = Driver {
+        steps: Steps {
+            correlation: Correlation::new(
+                Sequencer::new(SequencerConfig::default()),
+                Correlator::new(Config::default()),
+            ),
+            derived: DerivedMetrics::default(),
+            processor: SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
+        },
+        tick: std::time::Duration::from_millis(100),
+        stats: Default::default(),
+        ledger: Ledger::Memory,
+        clock: WallClock,
+    };
+    let (ingest, ingest_rx) = tokio::sync::mpsc::channel(64);
+    let (export, mut exported) = tokio::sync::mpsc::channel(64);
+    let stage = tokio::spawn(driver.run(ingest_rx, export, Default::default()));
+    let feed = async move {
+        for wire in batches {
+            let batch = ReceivedBatch::decode(wire.as_slice()).unwrap().batch;
+            ingest
+                .send(hermes_receiver::Ingested::new(batch))
+                .await
+                .unwrap();
+        }
+    };
+    let encode = async {
+        let mut bytes = 0;
+        while let Some(spans) = exported.recv().await {
+            bytes += encode_request(&ExportTraceServiceRequest {
+                resource_spans: spans,
+            })
+            .len();
+        }
+        bytes
+    };
+    let ((), bytes) = tokio::join!(feed, encode);
+    stage.await.unwrap();
+    bytes
 }
 
 criterion_group! {
