@@ -39,7 +39,6 @@ use hermes_e2e::{
     AttrsExt as _, ChildGuard, OtlpReceiver, ServerTls, cargo_bin, ensure_venv, free_port,
     run_with_timeout, venv_bin,
 };
-use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch};
 use serde_json::Value as Json;
 
@@ -602,9 +601,8 @@ fn make_pki(dir: &Path) -> Pki {
     }
 }
 
-/// Like [`exchange`] over TLS with the CA `ca` and the client certificate
-/// `identity` (certificate and key files) if given; any failure, of the
-/// handshake included, as text.
+/// [`hermes_e2e::ingest::exchange_tls`] trusting the CA `ca`, with the
+/// client certificate `identity` (certificate and key files) if given.
 fn exchange_tls(
     endpoint: &str,
     ca: &Path,
@@ -620,37 +618,7 @@ fn exchange_tls(
             std::fs::read(key).unwrap(),
         ));
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-            .unwrap()
-            .tls_config(tls)
-            .map_err(|e| format!("tls config: {e:?}"))?
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .map_err(|e| format!("connect: {e:?}"))?;
-        let mut client = EventIngestClient::new(channel);
-        let expected = batches.len();
-        let mut acks = client
-            .stream(tokio_stream::iter(batches))
-            .await
-            .map_err(|s| format!("call: {s:?}"))?
-            .into_inner();
-        let mut seqs = Vec::new();
-        while seqs.len() < expected {
-            match tokio::time::timeout(WAIT, acks.message()).await {
-                Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
-                Ok(Ok(None)) => break,
-                Ok(Err(status)) => return Err(format!("stream: {status:?}")),
-                Err(_) => return Err("no answer".into()),
-            }
-        }
-        Ok(seqs)
-    })
+    hermes_e2e::ingest::exchange_tls(endpoint, tls, batches)
 }
 
 #[test]
