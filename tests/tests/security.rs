@@ -31,9 +31,10 @@
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
+use hermes_e2e::collector::Collector;
 use hermes_e2e::ingest::{basic_events, batch_of, exchange};
 use hermes_e2e::{
     AttrsExt as _, ChildGuard, OtlpReceiver, ServerTls, cargo_bin, ensure_venv, free_port,
@@ -65,7 +66,7 @@ fn start_collector(
     receiver: &str,
     otlp: &OtlpReceiver,
     env: &[(&str, &str)],
-) -> ChildGuard {
+) -> Collector {
     start_collector_with(
         work,
         &format!(
@@ -76,29 +77,17 @@ fn start_collector(
     )
 }
 
-/// A collector binary with the configuration `yaml`; started and listening
+/// A collector binary with the configuration `yaml`; started and ready
 /// when this returns.
-fn start_collector_with(work: &Path, yaml: &str, env: &[(&str, &str)]) -> ChildGuard {
+fn start_collector_with(work: &Path, yaml: &str, env: &[(&str, &str)]) -> Collector {
     let config = work.join("collector.yaml");
     std::fs::write(&config, yaml).unwrap();
-    let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+    let mut cmd = Collector::command();
     cmd.arg("--config")
         .arg(&config)
         .args(["--admin-listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut collector = ChildGuard::spawn_named("hermes-collector", &mut cmd).unwrap();
-    assert!(
-        collector.wait_for_stderr(WAIT, |e| e.contains("receiving Hermes events")),
-        "collector did not start:\n{}",
-        collector.stderr_text()
-    );
-    collector
+        .envs(env.iter().copied());
+    Collector::launch(cmd)
 }
 
 /// Waits for the basic fixture's four spans and checks they form one whole
