@@ -23,6 +23,9 @@
 //!   fault tests.
 //! - [`phoenix`]: a real Arize Phoenix server ([`PhoenixServer`], from the
 //!   venv `tests/setup_phoenix.sh` makes) and a client of its REST API.
+//! - [`rig`]: a real-agent test's scaffolding ([`rig::AgentRig`]: fake
+//!   server, receiver, collector, Hermes home) and the printed session id;
+//!   [`basic_turn`]: the basic turn's script, run and expected tree.
 //! - [`span_tree`]: [`SpanTree`] to check parent/child structure and
 //!   attributes of the received spans.
 //! - [`process`]: [`ChildGuard`] (kill on drop, captured output, bounded
@@ -44,6 +47,7 @@ pub mod otlp_receiver;
 pub mod phoenix;
 pub mod pki;
 pub mod process;
+pub mod rig;
 pub mod server;
 pub mod span_tree;
 pub mod venv;
