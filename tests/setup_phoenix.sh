@@ -23,16 +23,10 @@ SPEC="${REQS[*]}"
 LOCK_TIMEOUT="${HERMES_E2E_LOCK_TIMEOUT:-1800}"
 
 log() { echo "setup_phoenix: $*"; }
+# shellcheck source=tests/lib.sh
+source "$REPO/tests/lib.sh"
 
-mkdir -p "$(dirname "$VENV")"
-exec 9>"$VENV.lock"
-if ! flock -n 9; then
-  log "waiting for lock $VENV.lock (at most ${LOCK_TIMEOUT}s)"
-fi
-if ! flock -w "$LOCK_TIMEOUT" 9; then
-  log "ERROR: could not take $VENV.lock within ${LOCK_TIMEOUT}s"
-  exit 1
-fi
+venv_lock "$VENV"
 
 STAMP="$VENV/.hermes-e2e-phoenix"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-input)
@@ -40,14 +34,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check --no-input)
 if [[ -x "$VENV/bin/python" && -x "$VENV/bin/phoenix" && -f "$STAMP" && "$(cat "$STAMP")" == "$SPEC" ]]; then
   log "already installed ($SPEC)"
 else
-  if [[ -e "$VENV" && ! -x "$VENV/bin/python" ]]; then
-    log "removing broken venv $VENV"
-    rm -rf "$VENV"
-  fi
-  if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating venv $VENV with $("$PYTHON" --version 2>&1)"
-    "$PYTHON" -m venv "$VENV"
-  fi
+  venv_create "$VENV" "$PYTHON"
   rm -f "$STAMP"
   log "pip install $SPEC (quiet; a few minutes the first time)"
   "${PIP[@]}" install -q "${REQS[@]}"

@@ -33,16 +33,10 @@ SHIM_DIST="hermes-collector-shim"
 LOCK_TIMEOUT="${HERMES_E2E_LOCK_TIMEOUT:-1800}"
 
 log() { echo "setup_venv: $*"; }
+# shellcheck source=tests/lib.sh
+source "$REPO/tests/lib.sh"
 
-mkdir -p "$(dirname "$VENV")"
-exec 9>"$VENV.lock"
-if ! flock -n 9; then
-  log "waiting for lock $VENV.lock (at most ${LOCK_TIMEOUT}s)"
-fi
-if ! flock -w "$LOCK_TIMEOUT" 9; then
-  log "ERROR: could not take $VENV.lock within ${LOCK_TIMEOUT}s"
-  exit 1
-fi
+venv_lock "$VENV"
 
 BASE_STAMP="$VENV/.hermes-e2e-base"
 SHIM_STAMP="$VENV/.hermes-e2e-shim"
@@ -55,15 +49,10 @@ export PATH="$VENV/bin:$PATH"
 if [[ -x "$VENV/bin/python" && -x "$VENV/bin/hermes" && -f "$BASE_STAMP" && "$(cat "$BASE_STAMP")" == "$BASE_SPEC" ]]; then
   log "base packages already installed ($BASE_SPEC)"
 else
-  if [[ -e "$VENV" && ! -x "$VENV/bin/python" ]]; then
-    log "removing broken venv $VENV"
-    rm -rf "$VENV"
-  fi
   if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating venv $VENV with $("$PYTHON" --version 2>&1)"
     "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 required")'
-    "$PYTHON" -m venv "$VENV"
   fi
+  venv_create "$VENV" "$PYTHON"
   log "pip install $BASE_SPEC (quiet)"
   "${PIP[@]}" install -q "${BASE_REQS[@]}"
   rm -f "$SHIM_STAMP" # new base packages: reinstall the shim against them

@@ -4,7 +4,9 @@
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::{Value, json};
 
-use crate::{AttrsExt, SpanExt, SpanTree};
+use std::process::Output;
+
+use crate::{AttrsExt, HermesHome, SpanExt, SpanTree};
 
 /// One tool call, then the final answer; the usage the server reports.
 pub fn script() -> Value {
@@ -91,4 +93,27 @@ pub fn assert_tree(tree: &SpanTree, session: &str, model: &str) {
             .str_attr("service.instance.id")
             .is_some_and(|s| s.len() == 32)
     );
+}
+
+/// Runs the basic turn in `home` against the collector at `endpoint`:
+/// Hermes must succeed and print the tool's result. Returns its output and
+/// the session id it printed.
+pub fn run(home: &HermesHome, endpoint: &str) -> (Output, String) {
+    let out = home.run_chat(
+        "Please run echo hermes-e2e",
+        &[("HERMES_COLLECTOR_ENDPOINT", endpoint)],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        out.status.success(),
+        "hermes failed: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("The command printed hermes-e2e."),
+        "{stdout}\n{stderr}"
+    );
+    let session = crate::rig::session_id(&out);
+    (out, session)
 }

@@ -1,25 +1,71 @@
 //! The `hermes-collector` binary as a test process: started on a free (or a
-//! chosen) port, or with a configuration file, with piped output and the
-//! admin server on an ephemeral port (so tests run in parallel); up once it
-//! logs that it receives events.
+//! chosen) port, or with a configuration file, or from any command line
+//! ([`Collector::launch`]), with piped output and the admin server on an
+//! ephemeral port (so tests run in parallel); up once its `/readyz` answers
+//! 200 (the admin address read from its log). Every test that starts a
+//! collector starts it here.
 
+use std::ops::{Deref, DerefMut};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::{ChildGuard, cargo_bin, free_port};
 
 /// How long the collector may take to start.
 const START: Duration = Duration::from_secs(30);
 
-/// A running collector; killed (with its process group) on drop.
+/// A running collector; killed (with its process group) on drop. Derefs to
+/// its [`ChildGuard`] (signals, output, exit).
 pub struct Collector {
     pub guard: ChildGuard,
     /// Its ingest, `http://127.0.0.1:PORT`, for `HERMES_COLLECTOR_ENDPOINT`.
     pub endpoint: String,
 }
 
+impl Deref for Collector {
+    type Target = ChildGuard;
+
+    fn deref(&self) -> &ChildGuard {
+        &self.guard
+    }
+}
+
+impl DerefMut for Collector {
+    fn deref_mut(&mut self) -> &mut ChildGuard {
+        &mut self.guard
+    }
+}
+
 impl Collector {
+    /// A command running the workspace's `hermes-collector` binary, for
+    /// [`launch`](Self::launch).
+    pub fn command() -> Command {
+        Command::new(cargo_bin("hermes-collector", "hermes-collector"))
+    }
+
+    /// Spawns `cmd` (a collector command line: its own arguments,
+    /// environment, directory; `RUST_LOG` is `info` unless it sets one) and
+    /// waits until the collector is ready. Its endpoint is the address its
+    /// log says it receives on.
+    pub fn launch(cmd: Command) -> Collector {
+        let mut collector = Self::spawn(cmd, String::new());
+        let line = "receiving Hermes events";
+        assert!(
+            collector.wait_for_stderr(START, |e| e.contains(line)),
+            "the collector did not log `{line}`:\n{}",
+            collector.stderr_text()
+        );
+        let listen = log_field(&collector.stderr_text(), line, "listen=")
+            .unwrap_or_else(|| panic!("no ingest address in the log"));
+        collector.endpoint = if listen.starts_with("unix:") {
+            listen
+        } else {
+            format!("http://{listen}")
+        };
+        collector
+    }
+
     /// Starts the collector in `cwd` with `args` (after `--listen` on a free
     /// port and `--admin-listen 127.0.0.1:0`).
     pub fn start(cwd: &Path, args: &[&str]) -> Collector {
@@ -85,17 +131,19 @@ impl Collector {
         Self::spawn(cmd, format!("http://{listen}"))
     }
 
-    /// Spawns `cmd` with piped output and waits until it logs that it
-    /// receives events.
+    /// Spawns `cmd` with piped output and waits until it is ready.
     fn spawn(mut cmd: Command, endpoint: String) -> Collector {
-        cmd.env("RUST_LOG", "info")
-            .stdin(Stdio::piped())
+        if !cmd.get_envs().any(|(key, _)| key == "RUST_LOG") {
+            cmd.env("RUST_LOG", "info");
+        }
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut guard = ChildGuard::spawn_named("hermes-collector", &mut cmd)
             .unwrap_or_else(|e| panic!("spawn collector: {e}"));
-        let up = guard.wait_for_stderr(START, |e| e.contains("receiving Hermes events"));
-        assert!(up, "collector did not start:\n{}", guard.stderr_text());
+        if let Err(why) = wait_ready(&mut guard, START) {
+            panic!("collector did not start: {why}:\n{}", guard.stderr_text());
+        }
         Collector { guard, endpoint }
     }
 
@@ -117,6 +165,42 @@ impl Collector {
     }
 }
 
+/// Waits at most `timeout` until the collector's `/readyz` answers 200 (the
+/// admin address from its log line `serving /livez ... listen=`); why not,
+/// if it exits or the time runs out first.
+pub fn wait_ready(collector: &mut ChildGuard, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::from("no admin address in the log yet");
+    while Instant::now() < deadline {
+        if let Some(status) = collector.try_wait() {
+            return Err(format!("it exited ({status})"));
+        }
+        if let Some(addr) = admin_address(collector) {
+            match get(&addr, "/readyz", &[]) {
+                Ok(response) if response.starts_with("HTTP/1.1 200") => return Ok(()),
+                Ok(response) => last = response.lines().next().unwrap_or_default().to_owned(),
+                Err(e) => last = format!("/readyz: {e}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!("not ready within {timeout:?} ({last})"))
+}
+
+/// The value of `key` (to the end of the line) on the first log line
+/// containing `message`.
+fn log_field(log: &str, message: &str, key: &str) -> Option<String> {
+    log.lines()
+        .find(|l| l.contains(message))
+        .and_then(|l| l.split(key).nth(1))
+        .map(|a| a.trim().to_string())
+}
+
+/// The admin server's address, from the collector's log.
+fn admin_address(collector: &ChildGuard) -> Option<String> {
+    log_field(&collector.stderr_text(), "serving /livez", "listen=")
+}
+
 /// `GET path` on the admin server of a collector process (address from its
 /// log line `serving /livez ... listen=`).
 pub fn admin_get(collector: &ChildGuard, path: &str) -> String {
@@ -126,17 +210,16 @@ pub fn admin_get(collector: &ChildGuard, path: &str) -> String {
 /// `GET path` with the extra request `headers` on the admin server of a
 /// collector process; the whole HTTP response.
 pub fn admin_request(collector: &ChildGuard, path: &str, headers: &[(&str, &str)]) -> String {
+    let addr = admin_address(collector)
+        .unwrap_or_else(|| panic!("no admin address in the log:\n{}", collector.stderr_text()));
+    get(&addr, path, headers).unwrap_or_else(|e| panic!("admin request {path}: {e}"))
+}
+
+/// `GET path` with `headers` at `addr`, one connection; the whole response.
+fn get(addr: &str, path: &str, headers: &[(&str, &str)]) -> std::io::Result<String> {
     use std::io::{Read, Write};
-    let log = collector.stderr_text();
-    let addr = log
-        .lines()
-        .find(|l| l.contains("serving /livez"))
-        .and_then(|l| l.split("listen=").nth(1))
-        .map(|a| a.trim().to_string())
-        .unwrap_or_else(|| panic!("no admin address in the log:\n{log}"));
-    let mut stream =
-        std::net::TcpStream::connect(&addr).unwrap_or_else(|e| panic!("connect admin: {e}"));
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     let extra: String = headers
         .iter()
         .map(|(name, value)| format!("{name}: {value}\r\n"))
@@ -144,11 +227,8 @@ pub fn admin_request(collector: &ChildGuard, path: &str, headers: &[(&str, &str)
     write!(
         stream,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\n\r\n"
-    )
-    .unwrap_or_else(|e| panic!("admin request: {e}"));
+    )?;
     let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .unwrap_or_else(|e| panic!("admin response: {e}"));
-    response
+    stream.read_to_string(&mut response)?;
+    Ok(response)
 }

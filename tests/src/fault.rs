@@ -7,14 +7,14 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::trace::v1::Span;
 
 use crate::otlp_receiver::ReceivedExport;
 use crate::span_tree::hex;
-use crate::{RunOutput, cargo_bin, run_with_timeout};
+use crate::{ChildGuard, RunOutput, cargo_bin, run_with_timeout};
 
 /// The sum of every sample of `name` in a Prometheus text exposition.
 pub fn metric_sum(text: &str, name: &str) -> f64 {
@@ -34,6 +34,19 @@ pub fn run_loadgen(args: &[&str], timeout: Duration) -> RunOutput {
     let mut cmd = Command::new(cargo_bin("hermes-loadgen", "hermes-loadgen"));
     cmd.args(args).env("RUST_BACKTRACE", "0");
     run_with_timeout(&mut cmd, timeout)
+}
+
+/// Starts `hermes-loadgen ARGS…` in the background, its output captured;
+/// killed on drop.
+pub fn spawn_loadgen(args: &[&str]) -> ChildGuard {
+    let mut cmd = Command::new(cargo_bin("hermes-loadgen", "hermes-loadgen"));
+    cmd.args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    ChildGuard::spawn_named("hermes-loadgen", &mut cmd)
+        .unwrap_or_else(|e| panic!("spawn hermes-loadgen: {e}"))
 }
 
 /// The JSON summary line of a loadgen run.

@@ -1,7 +1,9 @@
 //! Agents' events over the wire protocol, for tests that play an agent (or
 //! an attacker) without the real one: the recorded fixtures converted
-//! exactly as the shim converts them, batches with a shim identity, and one
-//! stream exchange that returns the acknowledgements or the refusal.
+//! exactly as the shim converts them, batches with a shim identity, and the
+//! one ingest client every test uses ([`connect`], [`stream_batches`]; from
+//! plain tests [`exchange`], [`exchange_tls`]) that returns the
+//! acknowledgements or the refusal.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,6 +16,7 @@ use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch, ShimInfo};
 use serde_json::Value as Json;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// How long an exchange waits for each acknowledgement.
 const WAIT: Duration = Duration::from_secs(30);
@@ -83,43 +86,93 @@ pub fn batch_of(instance_id: &str, events: Vec<Event>) -> EventBatch {
     }
 }
 
-/// Opens one stream to `endpoint` (`http://…` or `unix:…`) with `authorization`
-/// metadata if given, sends `batches` and returns the last seqs of the acks,
-/// or the status the call or the stream ended with.
+/// A client of the ingest at `endpoint` (`http://…`, `https://…` with
+/// `tls`, or `unix:…`); a failed connection (the TLS handshake included) as
+/// text.
+pub async fn connect(
+    endpoint: &str,
+    tls: Option<ClientTlsConfig>,
+) -> Result<EventIngestClient<Channel>, String> {
+    let mut channel = Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|e| format!("endpoint {endpoint}: {e:?}"))?
+        .connect_timeout(Duration::from_secs(5));
+    if let Some(tls) = tls {
+        channel = channel
+            .tls_config(tls)
+            .map_err(|e| format!("tls config: {e:?}"))?;
+    }
+    let channel = channel
+        .connect()
+        .await
+        .map_err(|e| format!("connect {endpoint}: {e:?}"))?;
+    Ok(EventIngestClient::new(channel))
+}
+
+/// Opens one stream on `client` with `authorization` metadata if given,
+/// sends `batches` and returns the last seqs of the acks, or the status the
+/// call or the stream ended with. Panics when an acknowledgement takes more
+/// than 30 s.
+pub async fn stream_batches(
+    client: &mut EventIngestClient<Channel>,
+    authorization: Option<&str>,
+    batches: Vec<EventBatch>,
+) -> Result<Vec<u64>, tonic::Status> {
+    let expected = batches.len();
+    let mut request = tonic::Request::new(tokio_stream::iter(batches));
+    if let Some(value) = authorization {
+        request
+            .metadata_mut()
+            .insert("authorization", value.parse().unwrap());
+    }
+    let mut acks = client.stream(request).await?.into_inner();
+    let mut seqs = Vec::new();
+    while seqs.len() < expected {
+        match tokio::time::timeout(WAIT, acks.message()).await {
+            Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
+            Ok(Ok(None)) => break,
+            Ok(Err(status)) => return Err(status),
+            Err(_) => panic!("no acknowledgement within {WAIT:?}"),
+        }
+    }
+    Ok(seqs)
+}
+
+/// Runs `future` to completion on a runtime of its own, for plain
+/// `#[test]`s.
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+/// [`stream_batches`] on a new connection to `endpoint` (`http://…` or
+/// `unix:…`), from a plain `#[test]`.
 pub fn exchange(
     endpoint: &str,
     authorization: Option<&str>,
     batches: Vec<EventBatch>,
 ) -> Result<Vec<u64>, tonic::Status> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
+    block_on(async {
+        let mut client = connect(endpoint, None)
             .await
-            .unwrap_or_else(|e| panic!("connect {endpoint}: {e:?}"));
-        let mut client = EventIngestClient::new(channel);
-        let expected = batches.len();
-        let mut request = tonic::Request::new(tokio_stream::iter(batches));
-        if let Some(value) = authorization {
-            request
-                .metadata_mut()
-                .insert("authorization", value.parse().unwrap());
-        }
-        let mut acks = client.stream(request).await?.into_inner();
-        let mut seqs = Vec::new();
-        while seqs.len() < expected {
-            match tokio::time::timeout(WAIT, acks.message()).await {
-                Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
-                Ok(Ok(None)) => break,
-                Ok(Err(status)) => return Err(status),
-                Err(_) => panic!("no answer from {endpoint} within {WAIT:?}"),
-            }
-        }
-        Ok(seqs)
+            .unwrap_or_else(|e| panic!("{e}"));
+        stream_batches(&mut client, authorization, batches).await
+    })
+}
+
+/// [`exchange`] over TLS with `tls`; any failure, of the handshake
+/// included, as text.
+pub fn exchange_tls(
+    endpoint: &str,
+    tls: ClientTlsConfig,
+    batches: Vec<EventBatch>,
+) -> Result<Vec<u64>, String> {
+    block_on(async {
+        let mut client = connect(endpoint, Some(tls)).await?;
+        stream_batches(&mut client, None, batches)
+            .await
+            .map_err(|status| format!("stream: {status:?}"))
     })
 }

@@ -9,9 +9,13 @@
 //!   ([`HermesHome`]), running `hermes chat -q …` or Python snippets with a
 //!   bounded timeout and a hermetic environment.
 //! - [`otlp_receiver`]: in-test OTLP trace receivers, gRPC ([`OtlpReceiver`])
-//!   and HTTP/protobuf ([`OtlpHttpReceiver`]), recording every span.
+//!   and HTTP/protobuf ([`OtlpHttpReceiver`]), plain or TLS, recording every
+//!   span and header, with scripted rejections.
 //! - [`otlp_metrics_receiver`]: in-test OTLP metrics receivers, gRPC and
 //!   HTTP/protobuf ([`MetricsReceiver`]), recording every export.
+//! - [`server`]: what those servers share (their thread and runtime, TLS
+//!   with [`ServerTls`], request bodies).
+//! - [`pki`]: a CA and the certificates it signs, made at test time.
 //! - [`ingest`]: agents' events over the wire protocol without the real
 //!   agent (fixture turns converted as the shim does, one stream exchange).
 //! - [`fault`]: the collector on a chosen port or config file, its admin
@@ -19,6 +23,9 @@
 //!   fault tests.
 //! - [`phoenix`]: a real Arize Phoenix server ([`PhoenixServer`], from the
 //!   venv `tests/setup_phoenix.sh` makes) and a client of its REST API.
+//! - [`rig`]: a real-agent test's scaffolding ([`rig::AgentRig`]: fake
+//!   server, receiver, collector, Hermes home) and the printed session id;
+//!   [`basic_turn`]: the basic turn's script, run and expected tree.
 //! - [`span_tree`]: [`SpanTree`] to check parent/child structure and
 //!   attributes of the received spans.
 //! - [`process`]: [`ChildGuard`] (kill on drop, captured output, bounded
@@ -40,6 +47,8 @@ pub mod otlp_receiver;
 pub mod phoenix;
 pub mod pki;
 pub mod process;
+pub mod rig;
+pub mod server;
 pub mod span_tree;
 pub mod venv;
 
@@ -52,6 +61,7 @@ pub use otlp_metrics_receiver::{HistogramPoint, MetricStore, MetricsReceiver, Re
 pub use otlp_receiver::{OtlpHttpReceiver, OtlpReceiver, ReceivedExport, SpanStore};
 pub use phoenix::{PhoenixServer, PhoenixSpan};
 pub use process::{ChildGuard, RunOutput, cargo_bin, free_port, run_with_timeout};
+pub use server::ServerTls;
 pub use span_tree::{AttrsExt, SpanExt, SpanTree};
 pub use venv::{DEFAULT_HERMES_VERSION, ensure_venv, ensure_venv_for, venv_bin};
 

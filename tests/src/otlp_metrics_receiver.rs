@@ -13,13 +13,12 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::io::Read;
 use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
@@ -35,21 +34,14 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 use tonic::codec::CompressionEncoding;
 
-use crate::otlp_receiver::{
-    ServerThread, bind, http_response, local_addr, serve_grpc, serve_http1, tls_acceptor,
+pub use crate::server::ServerTls;
+use crate::server::{
+    ServerThread, bind, grpc_builder, header_text, http_error, http_response, local_addr,
+    read_body, serve_grpc, serve_http1, tls_acceptor,
 };
 
 /// Largest request either receiver accepts (decompressed).
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
-
-/// A receiver's TLS material (PEM).
-#[derive(Clone, Debug)]
-pub struct ServerTls {
-    pub cert_pem: String,
-    pub key_pem: String,
-    /// Client certificates must chain to this CA (mutual TLS) if given.
-    pub client_ca_pem: Option<String>,
-}
 
 /// One export request as received.
 #[derive(Clone, Debug)]
@@ -302,18 +294,7 @@ impl MetricsReceiver {
         })
         .accept_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = tls {
-            use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-            let mut config =
-                ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
-            if let Some(ca) = &tls.client_ca_pem {
-                config = config.client_ca_root(Certificate::from_pem(ca));
-            }
-            builder = builder
-                .tls_config(config)
-                .unwrap_or_else(|e| panic!("gRPC server TLS: {e}"));
-        }
+        let builder = grpc_builder(tls);
         let server = serve_grpc("otlp-metrics-grpc-receiver", listener, move |incoming| {
             builder.serve_with_incoming(service, incoming)
         });
@@ -331,12 +312,10 @@ impl MetricsReceiver {
         let addr = local_addr(&listener);
         let store = MetricStore::default();
         let server_store = store.clone();
-        let acceptor =
-            tls.map(|t| tls_acceptor(&t.cert_pem, &t.key_pem, t.client_ca_pem.as_deref()));
         let server = serve_http1(
             "otlp-metrics-http-receiver",
             listener,
-            acceptor,
+            tls.map(tls_acceptor),
             move |req| handle_http(server_store.clone(), req),
         );
         MetricsReceiver {
@@ -370,52 +349,23 @@ async fn handle_http(
     store: MetricStore,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let error = |status, message: String| http_response(status, "text/plain", message.into_bytes());
     if req.uri().path() != "/v1/metrics" {
-        return Ok(error(StatusCode::NOT_FOUND, "only /v1/metrics".into()));
+        return Ok(http_error(StatusCode::NOT_FOUND, "only /v1/metrics"));
     }
     if req.method() != Method::POST {
-        return Ok(error(StatusCode::METHOD_NOT_ALLOWED, "POST only".into()));
+        return Ok(http_error(StatusCode::METHOD_NOT_ALLOWED, "POST only"));
     }
-    let encoding = req
-        .headers()
-        .get(hyper::header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .map(String::from);
-    let body = match Limited::new(req.into_body(), MAX_REQUEST_BYTES)
-        .collect()
-        .await
-    {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) => return Ok(error(StatusCode::BAD_REQUEST, format!("body: {e}"))),
-    };
-    let body = match encoding.as_deref().map(str::trim) {
-        None | Some("") | Some("identity") => body.to_vec(),
-        Some("gzip") => {
-            let mut out = Vec::new();
-            let decoder = flate2::read::GzDecoder::new(&body[..]);
-            if let Err(e) = decoder
-                .take(MAX_REQUEST_BYTES as u64 + 1)
-                .read_to_end(&mut out)
-            {
-                return Ok(error(StatusCode::BAD_REQUEST, format!("gzip: {e}")));
-            }
-            out
-        }
-        Some(other) => {
-            return Ok(error(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                format!("unsupported Content-Encoding {other}"),
-            ));
-        }
+    let (headers, body) = match read_body(req, MAX_REQUEST_BYTES).await {
+        Ok(read) => read,
+        Err(refused) => return Ok(refused),
     };
     let request = match ExportMetricsServiceRequest::decode(&body[..]) {
         Ok(r) => r,
-        Err(e) => return Ok(error(StatusCode::BAD_REQUEST, format!("decode: {e}"))),
+        Err(e) => return Ok(http_error(StatusCode::BAD_REQUEST, &format!("decode: {e}"))),
     };
     store.record(ReceivedMetrics {
         transport: "http",
-        encoding,
+        encoding: header_text(&headers, hyper::header::CONTENT_ENCODING),
         received_at: Instant::now(),
         request,
     });

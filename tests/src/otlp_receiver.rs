@@ -7,30 +7,27 @@
 //!   `application/x-protobuf` (or `application/json`) bodies, optionally
 //!   `Content-Encoding: gzip`.
 //!
-//! Both listen on 127.0.0.1 (port 0 unless asked otherwise), run on their own
-//! thread with their own single-threaded tokio runtime (so they work the same
-//! from plain `#[test]`s and from `#[tokio::test]`s), stop on drop, and
-//! record into a [`SpanStore`]: every export request with its transport
-//! details, and every span with its resource. [`SpanStore::fail_next`]
-//! scripts rejections (gRPC `UNAVAILABLE`, HTTP 503) to test retries;
-//! [`SpanStore::fail_for`] rejects everything during a time window and
-//! [`SpanStore::fail_always`] for good, with a [`Rejection`] of either class
-//! (retryable, or permanent: gRPC `INVALID_ARGUMENT`, HTTP 400), keeping
-//! the rejected requests ([`SpanStore::rejected_exports`]).
+//! Both listen on 127.0.0.1 (port 0 unless asked otherwise), over TLS when
+//! started with [`ServerTls`] (`start_tls`), run on their own thread
+//! ([`crate::server`]), stop on drop, and record into a [`SpanStore`]: every
+//! export request with its transport details and headers, and every span
+//! with its resource. [`SpanStore::fail_next`] and [`SpanStore::script`]
+//! script rejections for the next requests (gRPC `UNAVAILABLE`, HTTP 503, or
+//! any [`Rejection`]) to test retries; [`SpanStore::fail_for`] rejects
+//! everything during a time window and [`SpanStore::fail_always`] for good,
+//! keeping the rejected requests ([`SpanStore::rejected_exports`]).
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::net::SocketAddr;
+use std::ops::Deref;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -41,10 +38,13 @@ use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
-use tokio::sync::oneshot;
+use tokio::sync::Notify;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::server::TcpIncoming;
 
+use crate::server::{
+    ServerThread, ServerTls, bind, grpc_builder, header_text, http_error, http_response,
+    local_addr, read_body, serve_grpc, serve_http1, tls_acceptor,
+};
 use crate::span_tree::SpanTree;
 
 /// Largest request either receiver accepts (decompressed).
@@ -61,6 +61,8 @@ pub struct ReceivedExport {
     pub content_type: Option<String>,
     /// `user-agent` of the request.
     pub user_agent: Option<String>,
+    /// Every header (HTTP) or metadata entry (gRPC) of the request.
+    pub headers: HeaderMap,
     /// When it was received.
     pub received_at: Instant,
     /// The decoded request.
@@ -85,13 +87,62 @@ pub enum Rejection {
     Unavailable,
     /// Permanent: gRPC `INVALID_ARGUMENT`, HTTP 400.
     InvalidArgument,
+    /// Retryable server fault: gRPC `INTERNAL`, HTTP 500.
+    Internal,
+    /// Throttled, retry after that many seconds: gRPC `RESOURCE_EXHAUSTED`,
+    /// HTTP 429 with `Retry-After`.
+    Throttled { retry_after_secs: u32 },
+}
+
+impl Rejection {
+    fn grpc_status(self) -> tonic::Status {
+        match self {
+            Rejection::Unavailable => tonic::Status::unavailable("hermes-e2e: scripted failure"),
+            Rejection::InvalidArgument => {
+                tonic::Status::invalid_argument("hermes-e2e: scripted permanent failure")
+            }
+            Rejection::Internal => tonic::Status::internal("hermes-e2e: scripted server fault"),
+            Rejection::Throttled { .. } => {
+                tonic::Status::resource_exhausted("hermes-e2e: scripted throttling")
+            }
+        }
+    }
+
+    fn http_response(self) -> Response<Full<Bytes>> {
+        let (status, message) = match self {
+            Rejection::Unavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "hermes-e2e: scripted failure",
+            ),
+            Rejection::InvalidArgument => (
+                StatusCode::BAD_REQUEST,
+                "hermes-e2e: scripted permanent failure",
+            ),
+            Rejection::Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "hermes-e2e: scripted server fault",
+            ),
+            Rejection::Throttled { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "hermes-e2e: scripted throttling",
+            ),
+        };
+        let mut response = http_error(status, message);
+        if let Rejection::Throttled { retry_after_secs } = self {
+            response
+                .headers_mut()
+                .insert(hyper::header::RETRY_AFTER, retry_after_secs.into());
+        }
+        response
+    }
 }
 
 #[derive(Default)]
 struct StoreState {
     exports: Vec<ReceivedExport>,
     spans: Vec<ReceivedSpan>,
-    fail_next: u32,
+    /// The answers to the next requests, in order.
+    script: VecDeque<Rejection>,
     rejected: u32,
     /// Reject everything until then.
     fail_until: Option<(Instant, Rejection)>,
@@ -105,6 +156,8 @@ struct StoreState {
 #[derive(Clone, Default)]
 pub struct SpanStore {
     inner: Arc<(Mutex<StoreState>, Condvar)>,
+    /// Wakes async waiters ([`SpanStore::until_spans`]) on every export.
+    arrived: Arc<Notify>,
 }
 
 impl SpanStore {
@@ -117,12 +170,11 @@ impl SpanStore {
     /// the window and permanent rejections).
     fn record(&self, export: ReceivedExport) -> Result<(), Rejection> {
         let mut state = self.lock();
-        if state.fail_next > 0 {
-            state.fail_next -= 1;
+        if let Some(rejection) = state.script.pop_front() {
             state.rejected += 1;
             drop(state);
-            self.inner.1.notify_all();
-            return Err(Rejection::Unavailable);
+            self.notify();
+            return Err(rejection);
         }
         let window = state
             .fail_until
@@ -132,7 +184,7 @@ impl SpanStore {
             state.rejected += 1;
             state.rejected_exports.push(export);
             drop(state);
-            self.inner.1.notify_all();
+            self.notify();
             return Err(rejection);
         }
         for rs in &export.request.resource_spans {
@@ -149,8 +201,13 @@ impl SpanStore {
         }
         state.exports.push(export);
         drop(state);
-        self.inner.1.notify_all();
+        self.notify();
         Ok(())
+    }
+
+    fn notify(&self) {
+        self.inner.1.notify_all();
+        self.arrived.notify_waiters();
     }
 
     /// Every span received so far, with its resource, in arrival order.
@@ -177,15 +234,23 @@ impl SpanStore {
         self.lock().exports.clone()
     }
 
-    /// How many requests were rejected by [`fail_next`](Self::fail_next).
+    /// How many requests were rejected so far.
     pub fn rejected(&self) -> u32 {
         self.lock().rejected
     }
 
     /// Rejects the next `n` export requests (gRPC `UNAVAILABLE`, HTTP 503),
-    /// recording nothing from them.
+    /// recording nothing from them; replaces any script.
     pub fn fail_next(&self, n: u32) {
-        self.lock().fail_next = n;
+        let mut state = self.lock();
+        state.script.clear();
+        state.script.extend((0..n).map(|_| Rejection::Unavailable));
+    }
+
+    /// Answers the next requests with `rejections`, one each in order,
+    /// recording nothing from them; then accepts again.
+    pub fn script(&self, rejections: impl IntoIterator<Item = Rejection>) {
+        self.lock().script.extend(rejections);
     }
 
     /// Rejects every export request for `duration` from now, with
@@ -268,217 +333,22 @@ impl SpanStore {
     pub fn wait_for_span_named(&self, name: &str, timeout: Duration) -> bool {
         self.wait_for(|spans| spans.iter().any(|(_, s)| s.name == name), timeout)
     }
-}
 
-/// The server thread of a receiver: stops (abruptly, dropping open
-/// connections) and is joined on drop.
-pub(crate) struct ServerThread {
-    shutdown: Option<oneshot::Sender<()>>,
-    handle: Option<JoinHandle<()>>,
-}
-
-impl ServerThread {
-    pub(crate) fn spawn<F, Fut>(name: &str, listener: StdTcpListener, serve: F) -> ServerThread
-    where
-        F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = ()>,
-    {
-        let (tx, rx) = oneshot::channel::<()>();
-        let thread_name = name.to_string();
-        let handle = std::thread::Builder::new()
-            .name(thread_name.clone())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        eprintln!("{thread_name}: cannot build tokio runtime: {e}");
-                        return;
-                    }
-                };
-                rt.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            eprintln!("{thread_name}: cannot register listener: {e}");
-                            return;
-                        }
-                    };
-                    tokio::select! {
-                        _ = serve(listener) => {}
-                        _ = rx => {}
-                    }
-                });
-                // Dropping the runtime cancels the connection tasks.
-            })
-            .unwrap_or_else(|e| panic!("spawn {name} thread: {e}"));
-        ServerThread {
-            shutdown: Some(tx),
-            handle: Some(handle),
-        }
-    }
-}
-
-impl Drop for ServerThread {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(handle) = self.handle.take() {
-            // Bounded: the server future is dropped as soon as the signal
-            // arrives, and runtime shutdown only cancels tasks.
-            let _ = handle.join();
-        }
-    }
-}
-
-/// Binds 127.0.0.1:`port` (0: OS-chosen). A chosen port that was just
-/// released is retried for up to 2 s: a child process that a parallel test
-/// forked while the old listener was open holds a copy of it until its exec
-/// closes it (the socket is close-on-exec), and binding in that window fails
-/// with "address in use".
-pub(crate) fn bind(port: u16) -> StdTcpListener {
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    let listener = loop {
-        match StdTcpListener::bind(("127.0.0.1", port)) {
-            Err(e)
-                if port != 0
-                    && e.kind() == std::io::ErrorKind::AddrInUse
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            bound => break bound,
-        }
-    }
-    .unwrap_or_else(|e| panic!("bind 127.0.0.1:{port}: {e}"));
-    listener
-        .set_nonblocking(true)
-        .unwrap_or_else(|e| panic!("set_nonblocking: {e}"));
-    listener
-}
-
-pub(crate) fn local_addr(listener: &StdTcpListener) -> SocketAddr {
-    listener
-        .local_addr()
-        .unwrap_or_else(|e| panic!("local_addr: {e}"))
-}
-
-/// Serves gRPC on `listener` from a thread of its own: `serve` runs the
-/// tonic server on the incoming connections.
-pub(crate) fn serve_grpc<F, Fut>(
-    name: &'static str,
-    listener: StdTcpListener,
-    serve: F,
-) -> ServerThread
-where
-    F: FnOnce(TcpIncoming) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<(), tonic::transport::Error>>,
-{
-    ServerThread::spawn(name, listener, move |listener| async move {
-        if let Err(e) = serve(TcpIncoming::from(listener)).await {
-            eprintln!("{name}: {e}");
-        }
-    })
-}
-
-/// Serves HTTP/1.1 on `listener` from a thread of its own, answering each
-/// request with `handle`; over TLS when `tls` is given.
-pub(crate) fn serve_http1<H, Fut>(
-    name: &'static str,
-    listener: StdTcpListener,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    handle: H,
-) -> ServerThread
-where
-    H: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
-{
-    ServerThread::spawn(name, listener, move |listener| async move {
+    /// [`wait_for_spans`](Self::wait_for_spans) for async tests whose
+    /// runtime must keep running (the exporter under test is one of its
+    /// tasks): yields instead of blocking the thread.
+    pub async fn until_spans(&self, n: usize, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    eprintln!("{name}: accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let handle = handle.clone();
-            let tls = tls.clone();
-            tokio::spawn(async move {
-                let served = match tls {
-                    None => serve_connection(stream, handle).await,
-                    Some(acceptor) => match acceptor.accept(stream).await {
-                        Ok(stream) => serve_connection(stream, handle).await,
-                        Err(e) => {
-                            eprintln!("{name}: TLS handshake: {e}");
-                            return;
-                        }
-                    },
-                };
-                if let Err(e) = served
-                    && !e.is_incomplete_message()
-                {
-                    eprintln!("{name}: connection: {e}");
-                }
-            });
-        }
-    })
-}
-
-async fn serve_connection<S, H, Fut>(stream: S, handle: H) -> Result<(), hyper::Error>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    H: Fn(Request<Incoming>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send + 'static,
-{
-    hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(stream), service_fn(handle))
-        .await
-}
-
-/// A TLS acceptor for HTTP/1.1 with `cert_pem`/`key_pem`, requiring a client
-/// certificate from `client_ca_pem` if given.
-pub(crate) fn tls_acceptor(
-    cert_pem: &str,
-    key_pem: &str,
-    client_ca_pem: Option<&str>,
-) -> tokio_rustls::TlsAcceptor {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .unwrap_or_else(|e| panic!("TLS versions: {e}"));
-    let builder = match client_ca_pem {
-        Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
-                roots
-                    .add(cert.unwrap_or_else(|e| panic!("client CA: {e}")))
-                    .unwrap_or_else(|e| panic!("client CA: {e}"));
+            let arrived = self.arrived.notified();
+            if self.span_count() >= n {
+                return true;
             }
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
-                    .build()
-                    .unwrap_or_else(|e| panic!("client verifier: {e}"));
-            builder.with_client_cert_verifier(verifier)
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return self.span_count() >= n;
+            }
         }
-        None => builder.with_no_client_auth(),
-    };
-    let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap_or_else(|e| panic!("server certificate: {e}"));
-    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-        .unwrap_or_else(|e| panic!("server key: {e}"));
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .unwrap_or_else(|e| panic!("server certificate and key: {e}"));
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    }
 }
 
 /// The gRPC trace service: records and answers.
@@ -492,17 +362,13 @@ impl TraceService for GrpcTraceService {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let meta = request.metadata();
-        let header = |name: &str| {
-            meta.get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(String::from)
-        };
+        let headers = request.metadata().clone().into_headers();
         let export = ReceivedExport {
             transport: "grpc",
-            encoding: header("grpc-encoding"),
-            content_type: header("content-type"),
-            user_agent: header("user-agent"),
+            encoding: header_text(&headers, "grpc-encoding"),
+            content_type: header_text(&headers, "content-type"),
+            user_agent: header_text(&headers, "user-agent"),
+            headers,
             received_at: Instant::now(),
             request: request.into_inner(),
         };
@@ -510,12 +376,7 @@ impl TraceService for GrpcTraceService {
             Ok(()) => Ok(tonic::Response::new(ExportTraceServiceResponse {
                 partial_success: None,
             })),
-            Err(Rejection::Unavailable) => {
-                Err(tonic::Status::unavailable("hermes-e2e: scripted failure"))
-            }
-            Err(Rejection::InvalidArgument) => Err(tonic::Status::invalid_argument(
-                "hermes-e2e: scripted permanent failure",
-            )),
+            Err(rejection) => Err(rejection.grpc_status()),
         }
     }
 }
@@ -523,6 +384,7 @@ impl TraceService for GrpcTraceService {
 /// An OTLP/gRPC trace receiver on 127.0.0.1; stops on drop.
 pub struct OtlpReceiver {
     addr: SocketAddr,
+    tls: bool,
     store: SpanStore,
     _server: ServerThread,
 }
@@ -542,6 +404,16 @@ impl OtlpReceiver {
     /// Starts on `port`, recording into an existing `store` (so spans
     /// survive a receiver restart).
     pub fn start_with_store(port: u16, store: SpanStore) -> OtlpReceiver {
+        Self::start_grpc(port, store, None)
+    }
+
+    /// Starts over TLS with `tls` (its endpoint is `https://`) on an
+    /// OS-chosen port.
+    pub fn start_tls(tls: &ServerTls) -> OtlpReceiver {
+        Self::start_grpc(0, SpanStore::default(), Some(tls))
+    }
+
+    fn start_grpc(port: u16, store: SpanStore, tls: Option<&ServerTls>) -> OtlpReceiver {
         let listener = bind(port);
         let addr = local_addr(&listener);
         let service = TraceServiceServer::new(GrpcTraceService {
@@ -550,19 +422,23 @@ impl OtlpReceiver {
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)
         .max_decoding_message_size(MAX_REQUEST_BYTES);
+        let builder = grpc_builder(tls);
         let server = serve_grpc("otlp-grpc-receiver", listener, move |incoming| {
-            tonic::transport::Server::builder().serve_with_incoming(service, incoming)
+            builder.serve_with_incoming(service, incoming)
         });
         OtlpReceiver {
             addr,
+            tls: tls.is_some(),
             store,
             _server: server,
         }
     }
 
-    /// `http://127.0.0.1:PORT`, the OTLP/gRPC endpoint.
+    /// `http://127.0.0.1:PORT` (`https://` over TLS): the OTLP/gRPC
+    /// endpoint, or the OTLP/HTTP base URL.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The listening address.
@@ -593,11 +469,17 @@ impl OtlpReceiver {
     pub fn stop(self) {}
 }
 
-/// An OTLP/HTTP trace receiver (`POST /v1/traces`) on 127.0.0.1; stops on drop.
-pub struct OtlpHttpReceiver {
-    addr: SocketAddr,
-    store: SpanStore,
-    _server: ServerThread,
+/// An OTLP/HTTP trace receiver (`POST /v1/traces`) on 127.0.0.1; stops on
+/// drop. Everything but starting and [`traces_url`](Self::traces_url) is
+/// the same as [`OtlpReceiver`]'s.
+pub struct OtlpHttpReceiver(OtlpReceiver);
+
+impl Deref for OtlpHttpReceiver {
+    type Target = OtlpReceiver;
+
+    fn deref(&self) -> &OtlpReceiver {
+        &self.0
+    }
 }
 
 impl OtlpHttpReceiver {
@@ -613,74 +495,40 @@ impl OtlpHttpReceiver {
 
     /// Starts on `port`, recording into an existing `store`.
     pub fn start_with_store(port: u16, store: SpanStore) -> OtlpHttpReceiver {
+        Self::start_http(port, store, None)
+    }
+
+    /// Starts over TLS (HTTP/1.1 over TLS, `https://`) with `tls` on an
+    /// OS-chosen port.
+    pub fn start_tls(tls: &ServerTls) -> OtlpHttpReceiver {
+        Self::start_http(0, SpanStore::default(), Some(tls))
+    }
+
+    fn start_http(port: u16, store: SpanStore, tls: Option<&ServerTls>) -> OtlpHttpReceiver {
         let listener = bind(port);
         let addr = local_addr(&listener);
         let server_store = store.clone();
-        let server = serve_http1("otlp-http-receiver", listener, None, move |req| {
-            handle_http(server_store.clone(), req)
-        });
-        OtlpHttpReceiver {
+        let server = serve_http1(
+            "otlp-http-receiver",
+            listener,
+            tls.map(tls_acceptor),
+            move |req| handle_http(server_store.clone(), req),
+        );
+        OtlpHttpReceiver(OtlpReceiver {
             addr,
+            tls: tls.is_some(),
             store,
             _server: server,
-        }
+        })
     }
 
-    /// `http://127.0.0.1:PORT` (the base; traces go to [`traces_url`](Self::traces_url)).
-    pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// `http://127.0.0.1:PORT/v1/traces`.
+    /// The endpoint with `/v1/traces`.
     pub fn traces_url(&self) -> String {
-        format!("http://{}/v1/traces", self.addr)
-    }
-
-    /// The listening address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The store the receiver records into.
-    pub fn store(&self) -> &SpanStore {
-        &self.store
-    }
-
-    /// Every span received so far, with its resource.
-    pub fn spans(&self) -> Vec<(Resource, Span)> {
-        self.store.spans()
-    }
-
-    /// Waits at most `timeout` until `pred` holds for the received spans.
-    pub fn wait_for(
-        &self,
-        pred: impl FnMut(&[(Resource, Span)]) -> bool,
-        timeout: Duration,
-    ) -> bool {
-        self.store.wait_for(pred, timeout)
+        format!("{}/v1/traces", self.endpoint())
     }
 
     /// Stops the receiver (same as dropping it).
     pub fn stop(self) {}
-}
-
-pub(crate) fn http_response(
-    status: StatusCode,
-    content_type: &str,
-    body: Vec<u8>,
-) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    if let Ok(value) = content_type.parse() {
-        response
-            .headers_mut()
-            .insert(hyper::header::CONTENT_TYPE, value);
-    }
-    response
-}
-
-fn http_error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
-    http_response(status, "text/plain", message.as_bytes().to_vec())
 }
 
 async fn handle_http(
@@ -693,45 +541,11 @@ async fn handle_http(
     if req.method() != Method::POST {
         return Ok(http_error(StatusCode::METHOD_NOT_ALLOWED, "POST only"));
     }
-    let header = |name: hyper::header::HeaderName| {
-        req.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(String::from)
+    let (headers, body) = match read_body(req, MAX_REQUEST_BYTES).await {
+        Ok(read) => read,
+        Err(refused) => return Ok(refused),
     };
-    let content_type = header(hyper::header::CONTENT_TYPE);
-    let encoding = header(hyper::header::CONTENT_ENCODING);
-    let user_agent = header(hyper::header::USER_AGENT);
-    let body = match Limited::new(req.into_body(), MAX_REQUEST_BYTES)
-        .collect()
-        .await
-    {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) => return Ok(http_error(StatusCode::BAD_REQUEST, &format!("body: {e}"))),
-    };
-    let body: Vec<u8> = match encoding.as_deref().map(str::trim) {
-        None | Some("") | Some("identity") => body.to_vec(),
-        Some("gzip") => {
-            let mut out = Vec::new();
-            let decoder = flate2::read::GzDecoder::new(&body[..]);
-            if let Err(e) = decoder
-                .take(MAX_REQUEST_BYTES as u64 + 1)
-                .read_to_end(&mut out)
-            {
-                return Ok(http_error(StatusCode::BAD_REQUEST, &format!("gzip: {e}")));
-            }
-            if out.len() > MAX_REQUEST_BYTES {
-                return Ok(http_error(StatusCode::PAYLOAD_TOO_LARGE, "too large"));
-            }
-            out
-        }
-        Some(other) => {
-            return Ok(http_error(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                &format!("unsupported Content-Encoding {other}"),
-            ));
-        }
-    };
+    let content_type = header_text(&headers, hyper::header::CONTENT_TYPE);
     let json = content_type
         .as_deref()
         .is_some_and(|ct| ct.trim().starts_with("application/json"));
@@ -746,26 +560,15 @@ async fn handle_http(
     };
     let export = ReceivedExport {
         transport: "http",
-        encoding,
+        encoding: header_text(&headers, hyper::header::CONTENT_ENCODING),
         content_type,
-        user_agent,
+        user_agent: header_text(&headers, hyper::header::USER_AGENT),
+        headers,
         received_at: Instant::now(),
         request,
     };
-    match store.record(export) {
-        Ok(()) => {}
-        Err(Rejection::Unavailable) => {
-            return Ok(http_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "hermes-e2e: scripted failure",
-            ));
-        }
-        Err(Rejection::InvalidArgument) => {
-            return Ok(http_error(
-                StatusCode::BAD_REQUEST,
-                "hermes-e2e: scripted permanent failure",
-            ));
-        }
+    if let Err(rejection) = store.record(export) {
+        return Ok(rejection.http_response());
     }
     let response = ExportTraceServiceResponse {
         partial_success: None,

@@ -31,13 +31,12 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::process::ChildGuard;
-use crate::{env_secs, free_port, repo_root, tests_dir, wait_until};
+use crate::venv::run_setup_script;
+use crate::{env_secs, free_port, repo_root, wait_until};
 
 /// The `arize-phoenix` release `setup_phoenix.sh` installs.
 pub const PHOENIX_VERSION: &str = "20.26.1";
 
-/// Bound on `setup_phoenix.sh` (first run: a few minutes of pip).
-const SETUP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Bound on Phoenix' start (database migrations included; slow on a busy
 /// machine); `$HERMES_E2E_PHOENIX_START_SECS` overrides.
 const START_TIMEOUT: Duration = Duration::from_secs(240);
@@ -65,40 +64,18 @@ pub fn ensure_phoenix() -> PathBuf {
 
 fn run_setup() -> Result<PathBuf, String> {
     let venv = phoenix_venv_path();
-    let script = tests_dir().join("setup_phoenix.sh");
-    let timeout = env_secs("HERMES_E2E_SETUP_TIMEOUT_SECS", SETUP_TIMEOUT);
-    let mut cmd = Command::new("bash");
-    cmd.arg(&script)
-        .env("HERMES_E2E_PHOENIX_VENV", &venv)
-        .current_dir(repo_root())
-        .stdin(Stdio::null())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit());
-    cmd.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
-    let mut guard = ChildGuard::spawn_named("setup_phoenix", &mut cmd)
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    match guard.wait_timeout(timeout) {
-        Some(status) if status.success() => {}
-        Some(status) => {
-            return Err(format!(
-                "{} failed ({status}); see its output above. Run `bash tests/setup_phoenix.sh` \
-                 (needs PyPI) to install arize-phoenix=={PHOENIX_VERSION}",
-                script.display()
-            ));
-        }
-        None => {
-            guard.kill();
-            return Err(format!(
-                "{} did not finish within {timeout:?}",
-                script.display()
-            ));
-        }
-    }
+    run_setup_script(
+        "setup_phoenix.sh",
+        &[("HERMES_E2E_PHOENIX_VENV", venv.as_os_str())],
+        &format!(
+            "Run `bash tests/setup_phoenix.sh` (needs PyPI) to install \
+             arize-phoenix=={PHOENIX_VERSION}"
+        ),
+    )?;
     let program = venv.join("bin").join("phoenix");
     if !program.is_file() {
         return Err(format!(
-            "{} ran but {} is missing; run `bash tests/setup_phoenix.sh`",
-            script.display(),
+            "setup_phoenix.sh ran but {} is missing; run `bash tests/setup_phoenix.sh`",
             program.display()
         ));
     }

@@ -136,22 +136,29 @@ impl ChildGuard {
         cmd.process_group(0);
         let mut child = cmd.spawn()?;
         let mut readers = Vec::new();
-        let stdout = match child.stdout.take() {
-            Some(out) => {
-                let (captured, handle) = Captured::spawn_reader(out, &format!("{name}-stdout"));
+        let mut capture = |source: Option<Box<dyn Read + Send>>, stream: &str| match source {
+            Some(source) => {
+                let (captured, handle) =
+                    Captured::spawn_reader(source, &format!("{name}-{stream}"));
                 readers.extend(handle);
                 captured
             }
             None => Captured::default(),
         };
-        let stderr = match child.stderr.take() {
-            Some(err) => {
-                let (captured, handle) = Captured::spawn_reader(err, &format!("{name}-stderr"));
-                readers.extend(handle);
-                captured
-            }
-            None => Captured::default(),
-        };
+        let stdout = capture(
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+            "stdout",
+        );
+        let stderr = capture(
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+            "stderr",
+        );
         Ok(ChildGuard {
             name: name.to_string(),
             child,

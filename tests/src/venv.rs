@@ -75,45 +75,63 @@ pub fn venv_path_for(hermes_version: &str) -> PathBuf {
 
 fn run_setup(hermes_version: &str) -> Result<PathBuf, String> {
     let venv = venv_path_for(hermes_version);
-    let script = tests_dir().join("setup_venv.sh");
+    run_setup_script(
+        "setup_venv.sh",
+        &[
+            ("HERMES_E2E_VENV", venv.as_os_str()),
+            ("HERMES_E2E_HERMES_VERSION", hermes_version.as_ref()),
+        ],
+        "(SKIP_SHIM=1 skips the shim while it does not build yet)",
+    )?;
+    let hermes = venv_bin_in(&venv, "hermes");
+    if !hermes.is_file() {
+        return Err(format!(
+            "setup_venv.sh ran but {} is missing; run `bash tests/setup_venv.sh`",
+            hermes.display()
+        ));
+    }
+    Ok(venv)
+}
+
+/// Runs `tests/SCRIPT` with `env` from the repository root, its output
+/// shown, bounded by `HERMES_E2E_SETUP_TIMEOUT_SECS`; on failure, an error
+/// saying so and `hint` (what to run or check).
+pub(crate) fn run_setup_script(
+    script: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+    hint: &str,
+) -> Result<(), String> {
+    let script = tests_dir().join(script);
     let timeout = env_secs("HERMES_E2E_SETUP_TIMEOUT_SECS", SETUP_TIMEOUT);
     let mut cmd = Command::new("bash");
     cmd.arg(&script)
-        .env("HERMES_E2E_VENV", &venv)
-        .env("HERMES_E2E_HERMES_VERSION", hermes_version)
+        .envs(env.iter().copied())
         .current_dir(repo_root())
         .stdin(Stdio::null())
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit());
     // Never hand the agent's OTLP trap to pip/maturin either.
     cmd.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
-    let mut guard = ChildGuard::spawn_named("setup_venv", &mut cmd)
+    let name = script
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut guard = ChildGuard::spawn_named(&name, &mut cmd)
         .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
     match guard.wait_timeout(timeout) {
-        Some(status) if status.success() => {}
-        Some(status) => {
-            return Err(format!(
-                "{} failed ({status}); see its output above. \
-                 (SKIP_SHIM=1 skips the shim while it does not build yet)",
-                script.display()
-            ));
-        }
+        Some(status) if status.success() => Ok(()),
+        Some(status) => Err(format!(
+            "{} failed ({status}); see its output above. {hint}",
+            script.display()
+        )),
         None => {
             guard.kill();
-            return Err(format!(
+            Err(format!(
                 "{} did not finish within {timeout:?}",
                 script.display()
-            ));
+            ))
         }
     }
-    if !venv_bin_in(&venv, "hermes").is_file() {
-        return Err(format!(
-            "{} ran but {} has no bin/hermes",
-            script.display(),
-            venv.display()
-        ));
-    }
-    Ok(venv)
 }
 
 fn venv_bin_in(venv: &Path, program: &str) -> PathBuf {

@@ -17,14 +17,13 @@ use std::collections::BTreeSet;
 use std::process::Output;
 use std::time::Duration;
 
-use hermes_e2e::collector::Collector;
 use hermes_e2e::hermes::PY_AGENT_PRELUDE;
-use hermes_e2e::{AttrsExt, FakeOpenAi, HermesHome, OtlpReceiver, SpanExt, SpanTree};
+use hermes_e2e::rig::{AgentRig, session_id};
+use hermes_e2e::{AttrsExt, DEFAULT_HERMES_VERSION, SpanExt, SpanTree};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
 /// Bound on the collector's start and on the export of a finished run.
 const WAIT: Duration = Duration::from_secs(30);
@@ -38,14 +37,6 @@ const SETTLE: Duration = Duration::from_millis(800);
 
 /// Scripted server, OTLP receiver, collector and a Hermes home with our
 /// plugin enabled and pointed at the collector.
-struct Scenario {
-    server: FakeOpenAi,
-    receiver: OtlpReceiver,
-    collector: Collector,
-    home: HermesHome,
-    _work: TempDir,
-}
-
 /// One `hermes chat -q` run: its output and the session id it printed.
 struct ChatRun {
     out: Output,
@@ -67,35 +58,22 @@ impl ChatRun {
     }
 }
 
-impl Scenario {
-    fn start(script: Value) -> Scenario {
-        let server = FakeOpenAi::start(script);
-        let receiver = OtlpReceiver::start();
-        let work = tempfile::tempdir().expect("tempdir");
-        let collector = Collector::start(work.path(), &["--otlp-endpoint", &receiver.endpoint()]);
-        let home = HermesHome::new(&server.base_url(), server.model());
-        home.enable_plugin("hermes_collector");
-        Scenario {
-            server,
-            receiver,
-            collector,
-            home,
-            _work: work,
-        }
-    }
+/// The rig of a scenario: the default Hermes with the shim enabled.
+fn scenario(script: Value) -> AgentRig {
+    AgentRig::start_enabled(script, DEFAULT_HERMES_VERSION)
+}
 
+/// What the scenarios do with their [`AgentRig`].
+trait Scenario {
+    fn model(&self) -> &str;
+    fn chat(&self, query: &str, toolsets: &str, args: &[&str]) -> ChatRun;
+    fn python(&self, body: &str, extra_env: &[(&str, &str)]) -> Value;
+    fn collect(&mut self, roots: usize, spans: usize) -> SpanTree;
+}
+
+impl Scenario for AgentRig {
     fn model(&self) -> &str {
         self.server.model()
-    }
-
-    /// The shim's environment plus `extra`.
-    fn env<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
-        let mut env = vec![(
-            "HERMES_COLLECTOR_ENDPOINT",
-            self.collector.endpoint.as_str(),
-        )];
-        env.extend_from_slice(extra);
-        env
     }
 
     /// `hermes chat -q QUERY -Q -t TOOLSETS ARGS…`; returns the output and
@@ -104,14 +82,7 @@ impl Scenario {
         let out = self
             .home
             .run_chat_with(query, toolsets, args, &self.env(&[]));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let session = stderr
-            .lines()
-            .chain(stdout.lines())
-            .find_map(|l| l.split("session_id: ").nth(1))
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|| panic!("no session id printed:\n{stdout}\n{stderr}"));
+        let session = session_id(&out);
         ChatRun { out, session }
     }
 
@@ -667,7 +638,7 @@ fn looks_like_session_id(s: &str) -> bool {
 /// event, all under the one turn.
 #[test]
 fn retried_request_gives_one_chat_span_per_attempt() {
-    let mut sc = Scenario::start(json!([
+    let mut sc = scenario(json!([
         {"error": 500},
         {"error": 429, "retry_after": 0.1},
         {"content": "Recovered after two failures.",
@@ -755,7 +726,7 @@ fn parallel_tool_calls_become_sibling_tool_spans() {
     let b = files.path().join("beta.txt");
     std::fs::write(&a, "alpha contents\n").expect("write");
     std::fs::write(&b, "beta contents\n").expect("write");
-    let mut sc = Scenario::start(json!([
+    let mut sc = scenario(json!([
         {"tool_calls": [
             {"name": "read_file", "arguments": {"path": a.to_string_lossy()}},
             {"name": "read_file", "arguments": {"path": b.to_string_lossy()}}
@@ -867,7 +838,7 @@ fn subagent_script() -> Value {
 /// │        └─ chat M
 /// └─ chat M                                (final answer)
 /// ```
-fn assert_subagent_tree(tree: &SpanTree, sc: &Scenario, platform: Option<&str>) -> String {
+fn assert_subagent_tree(tree: &SpanTree, sc: &AgentRig, platform: Option<&str>) -> String {
     let root = only_root(tree);
     let session = root
         .str_attr("session.id")
@@ -1015,7 +986,7 @@ fn assert_subagent_tree(tree: &SpanTree, sc: &Scenario, platform: Option<&str>) 
 #[test]
 
 fn subagent_in_oneshot_nests_under_delegate_task() {
-    let mut sc = Scenario::start(subagent_script());
+    let mut sc = scenario(subagent_script());
     let out = sc.home.hermes(
         &[
             "-z",
@@ -1044,7 +1015,7 @@ fn subagent_in_oneshot_nests_under_delegate_task() {
 /// re-enters a later turn).
 #[test]
 fn subagent_from_python_api_nests_under_delegate_task() {
-    let mut sc = Scenario::start(subagent_script());
+    let mut sc = scenario(subagent_script());
     let result = sc.python(
         r#"
 from gateway.session_context import declare_stateless_channel
@@ -1076,7 +1047,7 @@ print("E2E " + json.dumps({"session": agent.session_id, "final": r.get("final_re
 /// turn), one session, `hermes.session.start` on the first turn only.
 #[test]
 fn three_turns_on_one_agent_are_three_traces_of_one_session() {
-    let mut sc = Scenario::start(json!([
+    let mut sc = scenario(json!([
         {"content": "First answer.", "usage": {"prompt_tokens": 101, "completion_tokens": 1}},
         {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo turn-two"}}],
          "usage": {"prompt_tokens": 102, "completion_tokens": 2}},
@@ -1182,7 +1153,7 @@ fn approval_becomes_a_child_of_the_tool_span() {
     std::fs::create_dir_all(&scratch).expect("mkdir");
     std::fs::write(scratch.join("file.txt"), "x").expect("write");
     let command = format!("rm -r {}", scratch.display());
-    let mut sc = Scenario::start(json!([
+    let mut sc = scenario(json!([
         {"tool_calls": [{"name": "terminal", "arguments": {"command": command}}],
          "usage": {"prompt_tokens": 150, "completion_tokens": 15}},
         {"content": "Removed the scratch directory.",
@@ -1292,7 +1263,7 @@ print("E2E " + json.dumps({"session": agent.session_id, "asked": asked,
 /// `--resume`).
 #[test]
 fn resumed_session_continues_in_a_second_trace() {
-    let mut sc = Scenario::start(json!([
+    let mut sc = scenario(json!([
         {"content": "First answer.", "usage": {"prompt_tokens": 120, "completion_tokens": 6}},
         {"content": "Resumed answer.", "usage": {"prompt_tokens": 220, "completion_tokens": 7}}
     ]));
@@ -1376,7 +1347,7 @@ fn resumed_session_continues_in_a_second_trace() {
 /// that is not marked completed, nothing dangling.
 #[test]
 fn non_retryable_error_fails_the_turn_without_dangling_spans() {
-    let mut sc = Scenario::start(json!([
+    let mut sc = scenario(json!([
         {"error": 400, "message": "bad request from the e2e test"}
     ]));
     let run = sc.chat("Say hello", "terminal", &[]);
@@ -1436,7 +1407,7 @@ fn non_retryable_error_fails_the_turn_without_dangling_spans() {
 /// turn closed (incomplete) by `on_session_finalize`.
 #[test]
 fn exhausted_retries_fail_the_turn_with_one_span_per_attempt() {
-    let mut sc = Scenario::start(json!([
+    let mut sc = scenario(json!([
         {"error": 429, "retry_after": 0.1},
         {"error": 429, "retry_after": 0.1},
         {"error": 429, "retry_after": 0.1}
@@ -1507,7 +1478,7 @@ fn exhausted_retries_fail_the_turn_with_one_span_per_attempt() {
 /// `correlator.state_ttl_secs` (1 h by default).
 #[test]
 fn failed_turn_in_python_api_does_not_dangle() {
-    let mut sc = Scenario::start(json!([
+    let mut sc = scenario(json!([
         {"error": 400, "message": "bad request from the e2e test"},
         {"content": "Second turn worked.", "usage": {"prompt_tokens": 130, "completion_tokens": 3}}
     ]));
@@ -1593,7 +1564,7 @@ print("E2E " + json.dumps({"session": agent.session_id,
 /// incomplete, the turn is interrupted (not an error) and counts it.
 #[test]
 fn interrupted_turn_closes_the_open_attempt() {
-    let mut sc = Scenario::start(json!([
+    let mut sc = scenario(json!([
         {"content": "Too late.", "delay_ms": 15000}
     ]));
     let log = sc.server.log_path().to_string_lossy().into_owned();

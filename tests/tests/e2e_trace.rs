@@ -44,28 +44,7 @@ fn hermes_with_plugin(server: &FakeOpenAi) -> HermesHome {
 
 /// Runs one turn and returns Hermes' output and its session id.
 fn run_turn(home: &HermesHome, collector: &Collector) -> (Output, String) {
-    let out = home.run_chat(
-        "Please run echo hermes-e2e",
-        &[("HERMES_COLLECTOR_ENDPOINT", &collector.endpoint)],
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        out.status.success(),
-        "hermes failed: {}\n{stdout}\n{stderr}",
-        out.status
-    );
-    assert!(
-        stdout.contains("The command printed hermes-e2e."),
-        "{stdout}\n{stderr}"
-    );
-    let session = stderr
-        .lines()
-        .chain(stdout.lines())
-        .find_map(|l| l.split("session_id: ").nth(1))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|| panic!("no session id printed:\n{stdout}\n{stderr}"));
-    (out, session)
+    basic_turn::run(home, &collector.endpoint)
 }
 
 fn wait_for_turn(store_wait: impl Fn(Duration) -> bool, collector: &Collector) {

@@ -21,8 +21,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hermes_e2e::collector::Collector;
-use hermes_e2e::{AttrsExt, FakeOpenAi, HermesHome, OtlpReceiver, SpanExt, SpanTree};
+use hermes_e2e::rig::AgentRig;
+use hermes_e2e::{AttrsExt, SpanExt, SpanTree};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use serde_json::{Value, json};
@@ -62,40 +62,13 @@ fn script(parent_delay_ms: u64, child_delay_ms: u64) -> Value {
     ])
 }
 
-struct Setup {
-    server: FakeOpenAi,
-    receiver: OtlpReceiver,
-    collector: Collector,
-    home: HermesHome,
-    _work: tempfile::TempDir,
+/// What these tests do with an [`AgentRig`].
+trait Setup {
+    fn oneshot(&self, env: &[(&str, &str)]) -> std::thread::JoinHandle<hermes_e2e::RunOutput>;
+    fn collect(&self, spans: usize) -> SpanTree;
 }
 
-impl Setup {
-    fn start(script: Value) -> Setup {
-        let server = FakeOpenAi::start(script);
-        let receiver = OtlpReceiver::start();
-        let work = tempfile::tempdir().expect("tempdir");
-        let collector = Collector::start(work.path(), &["--otlp-endpoint", &receiver.endpoint()]);
-        let home = HermesHome::with_hermes(HERMES, &server.base_url(), server.model());
-        home.enable_plugin("hermes_collector");
-        Setup {
-            server,
-            receiver,
-            collector,
-            home,
-            _work: work,
-        }
-    }
-
-    fn env<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
-        let mut env = vec![(
-            "HERMES_COLLECTOR_ENDPOINT",
-            self.collector.endpoint.as_str(),
-        )];
-        env.extend_from_slice(extra);
-        env
-    }
-
+impl Setup for AgentRig {
     /// `hermes -z` with delegation, in the background; returns its thread.
     fn oneshot(&self, env: &[(&str, &str)]) -> std::thread::JoinHandle<hermes_e2e::RunOutput> {
         let mut cmd = self.home.command("hermes", env);
@@ -214,7 +187,7 @@ fn terminal<'a>(tree: &'a SpanTree, child: &Span) -> &'a Span {
 #[test]
 fn background_child_cut_off_by_the_exit_is_closed_with_its_real_work() {
     // The child reaches its slow command well before the parent answers.
-    let setup = Setup::start(script(2_500, 0));
+    let setup = AgentRig::start_enabled(script(2_500, 0), HERMES);
     let run = setup.oneshot(&setup.env(&[])).join().unwrap();
     assert!(run.success(), "{}", run.describe());
     assert!(run.stdout().contains("Parent done"), "{}", run.describe());
@@ -254,7 +227,7 @@ fn hooks_fired_during_the_exit_reach_the_collector_through_the_spool() {
     // The parent answers 1 s after its request (the collector is stopped
     // by then); the child's first answer comes 1.5 s after the parent's,
     // during the exit flush, which outlasts the child's slow command.
-    let setup = Setup::start(script(1_000, 2_500));
+    let setup = AgentRig::start_enabled(script(1_000, 2_500), HERMES);
     let spool = tempfile::tempdir().expect("spool dir");
     let spool_dir = spool.path().join("spool");
     let spool_str = spool_dir.to_string_lossy().into_owned();

@@ -8,16 +8,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeSet, HashMap};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hermes_e2e::collector::Collector;
-use hermes_e2e::fault::{read_span_keys, span_key};
-use hermes_e2e::{ChildGuard, OtlpReceiver, cargo_bin, free_port};
+use hermes_e2e::fault::{loadgen_summary, read_span_keys, span_key, spawn_loadgen};
+use hermes_e2e::{OtlpReceiver, cargo_bin, free_port};
 
 #[test]
 fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
-    let loadgen_bin = cargo_bin("hermes-loadgen", "hermes-loadgen");
+    cargo_bin("hermes-loadgen", "hermes-loadgen");
     let receiver = OtlpReceiver::start();
     let work = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -31,28 +30,21 @@ fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
 
     let mut collector = Collector::start_with_config(work.path(), &listen, &config);
     // 4 agents x 1 600 recorded turns: about 100 800 events.
-    let loadgen = ChildGuard::spawn_named(
-        "hermes-loadgen",
-        Command::new(&loadgen_bin)
-            .args([
-                "--endpoint",
-                &format!("http://127.0.0.1:{port}"),
-                "--instances",
-                "4",
-                "--turns",
-                "1600",
-                "--batch",
-                "256",
-                "--timeout-secs",
-                "400",
-                "--expect-spans",
-            ])
-            .arg(&expected_file)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let loadgen = spawn_loadgen(&[
+        "--endpoint",
+        &endpoint,
+        "--instances",
+        "4",
+        "--turns",
+        "1600",
+        "--batch",
+        "256",
+        "--timeout-secs",
+        "400",
+        "--expect-spans",
+        expected_file.to_str().unwrap(),
+    ]);
 
     // Kill once a good part of the stream was acknowledged and exported.
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -81,12 +73,7 @@ fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
 
     let out = loadgen.into_output(Duration::from_secs(420));
     assert!(out.success(), "loadgen failed:\n{}", out.describe());
-    let summary: serde_json::Value = out
-        .stdout()
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no loadgen summary:\n{}", out.describe()));
+    let summary = loadgen_summary(&out);
     assert!(
         summary["events_acked"].as_u64().unwrap() >= 100_000,
         "{summary}"

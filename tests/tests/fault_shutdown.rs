@@ -5,10 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use hermes_e2e::{ChildGuard, OtlpReceiver, cargo_bin, free_port};
+use hermes_e2e::collector::Collector;
+use hermes_e2e::fault::spawn_loadgen;
+use hermes_e2e::{OtlpReceiver, cargo_bin, free_port};
 
 /// `key=value` of the collector's final `stopped` log line.
 fn stopped_field(log: &str, key: &str) -> u64 {
@@ -27,7 +29,7 @@ fn stopped_field(log: &str, key: &str) -> u64 {
 fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
     // Build both binaries first: the load must start right after the collector.
     let collector_bin = cargo_bin("hermes-collector", "hermes-collector");
-    let loadgen_bin = cargo_bin("hermes-loadgen", "hermes-loadgen");
+    cargo_bin("hermes-loadgen", "hermes-loadgen");
     let receiver = OtlpReceiver::start();
     let work = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -43,45 +45,24 @@ fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
         ),
     )
     .unwrap();
-    let mut collector = ChildGuard::spawn_named(
-        "hermes-collector",
-        Command::new(&collector_bin)
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .unwrap();
-    assert!(
-        collector.wait_for_stderr(Duration::from_secs(30), |e| e
-            .contains("receiving Hermes events")),
-        "{}",
-        collector.stderr_text()
-    );
+    let mut cmd = Command::new(&collector_bin);
+    cmd.arg("--config").arg(&config);
+    let mut collector = Collector::launch(cmd);
 
-    let loadgen = ChildGuard::spawn_named(
-        "hermes-loadgen",
-        Command::new(&loadgen_bin)
-            .args([
-                "--endpoint",
-                &format!("http://127.0.0.1:{port}"),
-                "--instances",
-                "4",
-                "--turns",
-                "5000",
-                "--timeout-secs",
-                "120",
-                // The collector is gone after SIGTERM: stop waiting for acks.
-                "--give-up-secs",
-                "2",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .unwrap();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let loadgen = spawn_loadgen(&[
+        "--endpoint",
+        &endpoint,
+        "--instances",
+        "4",
+        "--turns",
+        "5000",
+        "--timeout-secs",
+        "120",
+        // The collector is gone after SIGTERM: stop waiting for acks.
+        "--give-up-secs",
+        "2",
+    ]);
     // Load is flowing end to end.
     assert!(
         receiver

@@ -14,61 +14,23 @@
 use std::time::Duration;
 
 use hermes_e2e::basic_turn;
-use hermes_e2e::collector::Collector;
-use hermes_e2e::{AttrsExt, FakeOpenAi, HermesHome, OtlpReceiver, SpanExt, SpanTree};
-use tempfile::TempDir;
+use hermes_e2e::rig::AgentRig;
+use hermes_e2e::{AttrsExt, SpanExt, SpanTree};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// After the expected spans: time for an unexpected extra one to arrive.
 const SETTLE: Duration = Duration::from_millis(800);
 
-struct Setup {
-    server: FakeOpenAi,
-    receiver: OtlpReceiver,
-    collector: Collector,
-    home: HermesHome,
-    _work: TempDir,
+/// What these tests do with an [`AgentRig`].
+trait Setup {
+    fn run_turn(&self) -> String;
+    fn collect(&self, spans: usize) -> SpanTree;
 }
 
-impl Setup {
-    fn start(hermes_version: &str) -> Setup {
-        let server = FakeOpenAi::start(basic_turn::script());
-        let receiver = OtlpReceiver::start();
-        let work = tempfile::tempdir().expect("tempdir");
-        let collector = Collector::start(work.path(), &["--otlp-endpoint", &receiver.endpoint()]);
-        let home = HermesHome::with_hermes(hermes_version, &server.base_url(), server.model());
-        Setup {
-            server,
-            receiver,
-            collector,
-            home,
-            _work: work,
-        }
-    }
-
+impl Setup for AgentRig {
     /// Runs the turn; returns the session id Hermes printed.
     fn run_turn(&self) -> String {
-        let out = self.home.run_chat(
-            "Please run echo hermes-e2e",
-            &[("HERMES_COLLECTOR_ENDPOINT", &self.collector.endpoint)],
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(
-            out.status.success(),
-            "hermes failed: {}\n{stdout}\n{stderr}",
-            out.status
-        );
-        assert!(
-            stdout.contains("The command printed hermes-e2e."),
-            "{stdout}\n{stderr}"
-        );
-        stderr
-            .lines()
-            .chain(stdout.lines())
-            .find_map(|l| l.split("session_id: ").nth(1))
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|| panic!("no session id printed:\n{stdout}\n{stderr}"))
+        basic_turn::run(&self.home, &self.collector.endpoint).1
     }
 
     /// Waits for a root and `spans` spans, lets a late one arrive.
@@ -93,7 +55,7 @@ impl Setup {
 
 #[test]
 fn hermes_0_18_2_enabled_without_tool_override_gives_the_basic_trace() {
-    let setup = Setup::start("0.18.2");
+    let setup = AgentRig::start(basic_turn::script(), "0.18.2");
     // `--no-allow-tool-override` (HermesHome adds it from 0.18 on): enabled
     // without the question on stdin, and without the grant.
     setup.home.enable_plugin("hermes_collector");
@@ -112,7 +74,7 @@ fn hermes_0_18_2_enabled_without_tool_override_gives_the_basic_trace() {
 
 #[test]
 fn hermes_0_17_0_loads_the_plugin_listed_in_config_yaml() {
-    let setup = Setup::start("0.17.0");
+    let setup = AgentRig::start(basic_turn::script(), "0.17.0");
     let refused = setup.home.try_enable_plugin("hermes_collector");
     assert!(
         !refused.success() && refused.stdout().contains("is not installed or bundled"),

@@ -12,11 +12,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use hermes_e2e::collector::Collector;
 use hermes_e2e::ingest::{basic_events, batch_of};
-use hermes_e2e::{AttrsExt as _, ChildGuard, OtlpReceiver, cargo_bin, free_port};
+use hermes_e2e::{AttrsExt as _, ChildGuard, OtlpReceiver, free_port};
 use hermes_proto::v1::{Event, EventBatch, Ids};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -30,29 +30,13 @@ fn exchange(endpoint: &str, batches: Vec<EventBatch>) -> Result<Vec<u64>, tonic:
 }
 
 /// A collector binary listening on `port`, with `correlator` as its
-/// correlator section, exporting to `otlp`.
-fn start_collector(work: &Path, port: u16, correlator: &str, otlp: &OtlpReceiver) -> ChildGuard {
-    let config = work.join("collector.yaml");
+/// correlator section, exporting to `otlp`; ready when this returns.
+fn start_collector(work: &Path, port: u16, correlator: &str, otlp: &OtlpReceiver) -> Collector {
     let yaml = format!(
-        "receiver:\n  listen: 127.0.0.1:{port}\ncorrelator:\n{correlator}\nexporters:\n  otlp:\n    endpoint: {}\nbatch:\n  timeout_ms: 50\n",
+        "receiver:\n  listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:0\ncorrelator:\n{correlator}\nexporters:\n  otlp:\n    endpoint: {}\nbatch:\n  timeout_ms: 50\n",
         otlp.endpoint()
     );
-    std::fs::write(&config, yaml).unwrap();
-    let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
-    cmd.arg("--config")
-        .arg(&config)
-        .args(["--admin-listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut collector = ChildGuard::spawn_named("hermes-collector", &mut cmd).unwrap();
-    assert!(
-        collector.wait_for_stderr(WAIT, |e| e.contains("receiving Hermes events")),
-        "collector did not start:\n{}",
-        collector.stderr_text()
-    );
-    collector
+    Collector::start_with_config(work, &format!("127.0.0.1:{port}"), &yaml)
 }
 
 /// `name value` of a metric on the collector's `/metrics`.

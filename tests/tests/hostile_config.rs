@@ -8,11 +8,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use hermes_e2e::collector::Collector;
 use hermes_e2e::fault::{loadgen_summary, run_loadgen};
-use hermes_e2e::{ChildGuard, RunOutput, cargo_bin, free_port, run_with_timeout};
+use hermes_e2e::{RunOutput, cargo_bin, free_port, run_with_timeout};
 
 /// Only a guard against a hang: every refusal here takes milliseconds.
 const HANG_GUARD: Duration = Duration::from_secs(20);
@@ -274,24 +275,13 @@ fn an_environment_value_never_reaches_the_output() {
     assert!(!out.stderr().contains(secret), "{}", out.describe());
 
     // Running: the start-up lines show the reference, never the value.
-    let mut run = ChildGuard::spawn_named(
-        "hermes-collector",
-        Command::new(cargo_bin("hermes-collector", "hermes-collector"))
-            .current_dir(work.path())
-            .arg("--config")
-            .arg(&config)
-            .env("SPAN_DIR", &value)
-            .env("RUST_LOG", "debug")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .unwrap();
-    assert!(
-        run.wait_for_stderr(HANG_GUARD, |e| e.contains("receiving Hermes events")),
-        "{}",
-        run.stderr_text()
-    );
+    let mut cmd = Collector::command();
+    cmd.current_dir(work.path())
+        .arg("--config")
+        .arg(&config)
+        .env("SPAN_DIR", &value)
+        .env("RUST_LOG", "debug");
+    let mut run = Collector::launch(cmd);
     assert!(data.join("spans.jsonl").exists());
     run.terminate(Duration::from_secs(10));
     let (stdout, stderr) = (run.stdout_text(), run.stderr_text());
@@ -316,23 +306,9 @@ fn an_unwritable_span_file_is_counted_and_never_holds_the_drain() {
         ),
     )
     .unwrap();
-    let mut run = ChildGuard::spawn_named(
-        "hermes-collector",
-        Command::new(cargo_bin("hermes-collector", "hermes-collector"))
-            .current_dir(work.path())
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .unwrap();
-    assert!(
-        run.wait_for_stderr(HANG_GUARD, |e| e.contains("receiving Hermes events")),
-        "{}",
-        run.stderr_text()
-    );
+    let mut cmd = Collector::command();
+    cmd.current_dir(work.path()).arg("--config").arg(&config);
+    let mut run = Collector::launch(cmd);
     let endpoint = format!("http://127.0.0.1:{port}");
     let out = run_loadgen(
         &[

@@ -21,15 +21,15 @@ use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hermes_e2e::collector::Collector;
 use hermes_e2e::{
-    AttrsExt, ChildGuard, MetricsReceiver, OtlpReceiver, ReceivedHistogram, cargo_bin, free_port,
-    repo_root, run_with_timeout, wait_until,
+    AttrsExt, MetricsReceiver, OtlpReceiver, ReceivedHistogram, cargo_bin, free_port, repo_root,
+    run_with_timeout, wait_until,
 };
 use opentelemetry_proto::tonic::trace::v1::Span;
 
@@ -112,12 +112,7 @@ fn loadgen(endpoint: &str, fixtures: &[&str], instances: usize) -> serde_json::V
         .args(["--timeout-secs", "60"]);
     let out = run_with_timeout(&mut cmd, Duration::from_secs(90));
     assert!(out.success(), "loadgen failed:\n{}", out.describe());
-    let summary: serde_json::Value = out
-        .stdout()
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no loadgen summary:\n{}", out.describe()));
+    let summary = hermes_e2e::fault::loadgen_summary(&out);
     assert_eq!(summary["events_sent"], summary["events_acked"], "{summary}");
     summary
 }
@@ -637,30 +632,9 @@ fn probes_follow_start_run_and_drain() {
         }
     });
     std::thread::sleep(Duration::from_millis(100));
-    let mut collector = ChildGuard::spawn_named(
-        "hermes-collector",
-        Command::new(&collector_bin)
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    )
-    .unwrap();
-    assert!(
-        collector.wait_for_stderr(Duration::from_secs(30), |e| e
-            .contains("receiving Hermes events")),
-        "{}",
-        collector.stderr_text()
-    );
-    assert!(
-        wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
-            probe(admin, "/readyz").answer == Answer::Status(200)
-        }),
-        "never ready:\n{}",
-        collector.stderr_text()
-    );
+    let mut cmd = Command::new(&collector_bin);
+    cmd.arg("--config").arg(&config);
+    let mut collector = Collector::launch(cmd);
 
     // Running: a turn whose spans cannot be delivered.
     let out = run_with_timeout(

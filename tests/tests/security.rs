@@ -31,15 +31,15 @@
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
+use hermes_e2e::collector::Collector;
 use hermes_e2e::ingest::{basic_events, batch_of, exchange};
 use hermes_e2e::{
-    AttrsExt as _, ChildGuard, OtlpReceiver, cargo_bin, ensure_venv, free_port, run_with_timeout,
-    venv_bin,
+    AttrsExt as _, ChildGuard, OtlpReceiver, ServerTls, cargo_bin, ensure_venv, free_port,
+    run_with_timeout, venv_bin,
 };
-use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch};
 use serde_json::Value as Json;
 
@@ -66,7 +66,7 @@ fn start_collector(
     receiver: &str,
     otlp: &OtlpReceiver,
     env: &[(&str, &str)],
-) -> ChildGuard {
+) -> Collector {
     start_collector_with(
         work,
         &format!(
@@ -77,29 +77,17 @@ fn start_collector(
     )
 }
 
-/// A collector binary with the configuration `yaml`; started and listening
+/// A collector binary with the configuration `yaml`; started and ready
 /// when this returns.
-fn start_collector_with(work: &Path, yaml: &str, env: &[(&str, &str)]) -> ChildGuard {
+fn start_collector_with(work: &Path, yaml: &str, env: &[(&str, &str)]) -> Collector {
     let config = work.join("collector.yaml");
     std::fs::write(&config, yaml).unwrap();
-    let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+    let mut cmd = Collector::command();
     cmd.arg("--config")
         .arg(&config)
         .args(["--admin-listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut collector = ChildGuard::spawn_named("hermes-collector", &mut cmd).unwrap();
-    assert!(
-        collector.wait_for_stderr(WAIT, |e| e.contains("receiving Hermes events")),
-        "collector did not start:\n{}",
-        collector.stderr_text()
-    );
-    collector
+        .envs(env.iter().copied());
+    Collector::launch(cmd)
 }
 
 /// Waits for the basic fixture's four spans and checks they form one whole
@@ -569,6 +557,8 @@ struct Pki {
     /// A second valid client of the same CA: another agent.
     other_cert: PathBuf,
     other_key: PathBuf,
+    /// An OTLP receiver's certificate, requiring clients from the CA.
+    receiver_tls: ServerTls,
 }
 
 fn make_pki(dir: &Path) -> Pki {
@@ -596,12 +586,12 @@ fn make_pki(dir: &Path) -> Pki {
         expired_key: write("expired.key", &expired.key_pem),
         other_cert: write("other.crt", &other.cert_pem),
         other_key: write("other.key", &other.key_pem),
+        receiver_tls: ServerTls::new(&server, Some(&ca)),
     }
 }
 
-/// Like [`exchange`] over TLS with the CA `ca` and the client certificate
-/// `identity` (certificate and key files) if given; any failure, of the
-/// handshake included, as text.
+/// [`hermes_e2e::ingest::exchange_tls`] trusting the CA `ca`, with the
+/// client certificate `identity` (certificate and key files) if given.
 fn exchange_tls(
     endpoint: &str,
     ca: &Path,
@@ -617,37 +607,7 @@ fn exchange_tls(
             std::fs::read(key).unwrap(),
         ));
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-            .unwrap()
-            .tls_config(tls)
-            .map_err(|e| format!("tls config: {e:?}"))?
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .map_err(|e| format!("connect: {e:?}"))?;
-        let mut client = EventIngestClient::new(channel);
-        let expected = batches.len();
-        let mut acks = client
-            .stream(tokio_stream::iter(batches))
-            .await
-            .map_err(|s| format!("call: {s:?}"))?
-            .into_inner();
-        let mut seqs = Vec::new();
-        while seqs.len() < expected {
-            match tokio::time::timeout(WAIT, acks.message()).await {
-                Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
-                Ok(Ok(None)) => break,
-                Ok(Err(status)) => return Err(format!("stream: {status:?}")),
-                Err(_) => return Err("no answer".into()),
-            }
-        }
-        Ok(seqs)
-    })
+    hermes_e2e::ingest::exchange_tls(endpoint, tls, batches)
 }
 
 #[test]
@@ -881,129 +841,31 @@ fn bad_access_control_settings_exit_64_naming_the_key() {
     }
 }
 
-/// An OTLP/gRPC receiver over TLS on 127.0.0.1 that requires a client
-/// certificate from `client_ca`, on its own thread and runtime; counts the
-/// spans and keeps the `authorization` and `x-tenant` metadata it got.
-struct TlsOtlpReceiver {
-    port: u16,
-    seen: std::sync::Arc<std::sync::Mutex<(usize, Vec<String>)>>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-#[derive(Clone)]
-struct Recorder(std::sync::Arc<std::sync::Mutex<(usize, Vec<String>)>>);
-
-#[tonic::async_trait]
-impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
-    for Recorder
-{
-    async fn export(
-        &self,
-        request: tonic::Request<
-            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest,
-        >,
-    ) -> Result<
-        tonic::Response<
-            opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse,
-        >,
-        tonic::Status,
-    > {
-        let header = |name: &str| {
-            request
-                .metadata()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(|v| format!("{name}={v}"))
-        };
-        let headers: Vec<String> = ["authorization", "x-tenant"]
-            .iter()
-            .filter_map(|n| header(n))
-            .collect();
-        let spans: usize = request
-            .get_ref()
-            .resource_spans
-            .iter()
-            .flat_map(|rs| &rs.scope_spans)
-            .map(|ss| ss.spans.len())
-            .sum();
-        let mut seen = self.0.lock().unwrap();
-        seen.0 += spans;
-        seen.1.extend(headers);
-        Ok(tonic::Response::new(Default::default()))
-    }
-}
-
-impl TlsOtlpReceiver {
-    fn start(pki: &Pki) -> Self {
-        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let tls = ServerTlsConfig::new()
-            .identity(Identity::from_pem(
-                std::fs::read(&pki.server_cert).unwrap(),
-                std::fs::read(&pki.server_key).unwrap(),
-            ))
-            .client_ca_root(Certificate::from_pem(std::fs::read(&pki.ca).unwrap()));
-        let seen = std::sync::Arc::new(std::sync::Mutex::new((0, Vec::new())));
-        let recorder = Recorder(seen.clone());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                let _ = tonic::transport::Server::builder()
-                    .tls_config(tls)
-                    .unwrap()
-                    .add_service(
-                        opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer::new(recorder),
-                    )
-                    .serve_with_incoming_shutdown(
-                        tokio_stream::wrappers::TcpListenerStream::new(listener),
-                        async {
-                            let _ = stopped.await;
-                        },
-                    )
-                    .await;
-            });
-        });
-        Self {
-            port,
-            seen,
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-
-    fn spans(&self) -> usize {
-        self.seen.lock().unwrap().0
-    }
-
-    fn headers(&self) -> Vec<String> {
-        self.seen.lock().unwrap().1.clone()
-    }
-}
-
-impl Drop for TlsOtlpReceiver {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
+/// The spans `receiver` got, and its `authorization` and `x-tenant`
+/// metadata as `name=value`.
+fn tls_received(receiver: &OtlpReceiver) -> (usize, Vec<String>) {
+    let headers = receiver
+        .store()
+        .exports()
+        .iter()
+        .flat_map(|export| {
+            ["authorization", "x-tenant"]
+                .into_iter()
+                .filter_map(|name| {
+                    let value = export.headers.get(name)?.to_str().ok()?;
+                    Some(format!("{name}={value}"))
+                })
+        })
+        .collect();
+    (receiver.store().span_count(), headers)
 }
 
 #[test]
 fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
     let work = tempfile::tempdir().unwrap();
     let pki = make_pki(work.path());
-    let receiver = TlsOtlpReceiver::start(&pki);
+    // Requires a client certificate from the test CA.
+    let receiver = OtlpReceiver::start_tls(&pki.receiver_tls);
     const SECRET: &str = "Basic c2VjcmV0LWZyb20tYS1maWxl";
     let secret_file = work.path().join("otlp-authorization");
     std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
@@ -1011,7 +873,7 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
     let config = |ca: &Path| {
         format!(
             "receiver:\n  listen: 127.0.0.1:{port}\nbatch:\n  timeout_ms: 50\nexporters:\n  otlp:\n    endpoint: https://127.0.0.1:{}\n    headers:\n      x-tenant: ${{SECURITY_TEST_TENANT}}\n    header_files:\n      authorization: {}\n    max_elapsed_secs: 60\n    tls:\n      ca_file: {}\n      cert_file: {}\n      key_file: {}\n",
-            receiver.port,
+            receiver.addr().port(),
             secret_file.display(),
             ca.display(),
             pki.client_cert.display(),
@@ -1034,12 +896,13 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
         [n]
     );
     assert!(
-        hermes_e2e::wait_until(WAIT, Duration::from_millis(50), || receiver.spans()
+        hermes_e2e::wait_until(WAIT, Duration::from_millis(50), || tls_received(&receiver)
+            .0
             >= BASIC_SPANS.len()),
         "spans did not arrive over TLS:\n{}",
         collector.stderr_text()
     );
-    let headers = receiver.headers();
+    let headers = tls_received(&receiver).1;
     assert!(
         headers.contains(&format!("authorization={SECRET}")),
         "{headers:?}"
@@ -1065,7 +928,7 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
     let other = work.path().join("other");
     std::fs::create_dir_all(&other).unwrap();
     let other_ca = make_pki(&other).ca;
-    let before = receiver.spans();
+    let before = tls_received(&receiver).0;
     let mut collector = start_collector_with(work.path(), &config(&other_ca), &env);
     assert_eq!(
         exchange(&endpoint, None, vec![batch_of("i-2", events)]).unwrap(),
@@ -1094,7 +957,7 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
     assert!(log.contains("spans_failed=4"), "{log}");
     assert!(!log.contains("c2VjcmV0"), "{log}");
     assert_eq!(
-        receiver.spans(),
+        tls_received(&receiver).0,
         before,
         "nothing arrived with the wrong CA"
     );
@@ -1103,7 +966,7 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
     // SSL_CERT_FILE (as an operator would for a corporate root).
     let system_roots = format!(
         "receiver:\n  listen: 127.0.0.1:{port}\nbatch:\n  timeout_ms: 50\nexporters:\n  otlp:\n    endpoint: https://127.0.0.1:{}\n    tls:\n      cert_file: {}\n      key_file: {}\n",
-        receiver.port,
+        receiver.addr().port(),
         pki.client_cert.display(),
         pki.client_key.display(),
     );
@@ -1123,7 +986,8 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
         [n]
     );
     assert!(
-        hermes_e2e::wait_until(WAIT, Duration::from_millis(50), || receiver.spans()
+        hermes_e2e::wait_until(WAIT, Duration::from_millis(50), || tls_received(&receiver)
+            .0
             >= before + BASIC_SPANS.len()),
         "spans did not arrive over TLS with the system's roots:\n{}",
         collector.stderr_text()

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
 use super::*;
+use hermes_e2e::ingest::stream_batches;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -48,12 +49,7 @@ async fn start(addr: ListenAddr, limits: Limits, token: Option<&str>) -> Server 
 }
 
 async fn client(endpoint: &str) -> EventIngestClient<Channel> {
-    let channel = Endpoint::from_shared(endpoint.to_owned())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    EventIngestClient::new(channel)
+    hermes_e2e::ingest::connect(endpoint, None).await.unwrap()
 }
 
 fn batch(first_seq: u64, padding: usize) -> EventBatch {
@@ -71,33 +67,6 @@ fn batch(first_seq: u64, padding: usize) -> EventBatch {
     }
 }
 
-/// Opens a stream, sends `batches`, and returns the acks' last seqs or the
-/// status the stream ended with.
-async fn exchange(
-    client: &mut EventIngestClient<Channel>,
-    token: Option<&str>,
-    batches: Vec<EventBatch>,
-) -> Result<Vec<u64>, tonic::Status> {
-    let expected = batches.len();
-    let mut request = tonic::Request::new(tokio_stream::iter(batches));
-    if let Some(token) = token {
-        request
-            .metadata_mut()
-            .insert("authorization", token.parse().unwrap());
-    }
-    let mut acks = client.stream(request).await?.into_inner();
-    let mut seqs = Vec::new();
-    while seqs.len() < expected {
-        match tokio::time::timeout(WAIT, acks.message()).await {
-            Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
-            Ok(Ok(None)) => break,
-            Ok(Err(status)) => return Err(status),
-            Err(_) => panic!("no answer within {WAIT:?}"),
-        }
-    }
-    Ok(seqs)
-}
-
 #[tokio::test]
 async fn bearer_token_is_required_and_failures_are_counted() {
     let server = start(
@@ -108,12 +77,12 @@ async fn bearer_token_is_required_and_failures_are_counted() {
     .await;
     let mut client = client(&server.endpoint).await;
 
-    let missing = exchange(&mut client, None, vec![batch(1, 1)])
+    let missing = stream_batches(&mut client, None, vec![batch(1, 1)])
         .await
         .unwrap_err();
     assert_eq!(missing.code(), tonic::Code::Unauthenticated);
     assert_eq!(missing.message(), "missing bearer token");
-    let wrong = exchange(&mut client, Some("Bearer guess"), vec![batch(1, 1)])
+    let wrong = stream_batches(&mut client, Some("Bearer guess"), vec![batch(1, 1)])
         .await
         .unwrap_err();
     assert_eq!(wrong.code(), tonic::Code::Unauthenticated);
@@ -122,7 +91,7 @@ async fn bearer_token_is_required_and_failures_are_counted() {
     assert_eq!(server.stats.auth_failures.load(Ordering::Relaxed), 2);
     assert_eq!(server.stats.streams_opened.load(Ordering::Relaxed), 0);
 
-    let acks = exchange(
+    let acks = stream_batches(
         &mut client,
         Some("Bearer s3cret-token"),
         vec![batch(1, 1), batch(2, 1)],
@@ -145,18 +114,18 @@ async fn oversized_message_is_refused_and_other_streams_go_on() {
     let mut flooder = client(&server.endpoint).await;
     let mut honest = client(&server.endpoint).await;
 
-    let huge = exchange(&mut flooder, None, vec![batch(1, 1), batch(2, 1 << 20)])
+    let huge = stream_batches(&mut flooder, None, vec![batch(1, 1), batch(2, 1 << 20)])
         .await
         .unwrap_err();
     assert_eq!(huge.code(), tonic::Code::ResourceExhausted, "{huge:?}");
     assert_eq!(server.stats.batches_refused.load(Ordering::Relaxed), 1);
 
-    let acks = exchange(&mut honest, None, vec![batch(1, 100), batch(2, 100)])
+    let acks = stream_batches(&mut honest, None, vec![batch(1, 100), batch(2, 100)])
         .await
         .unwrap();
     assert_eq!(acks, [1, 2]);
     // The flooder's connection itself still works for well-formed streams.
-    let acks = exchange(&mut flooder, None, vec![batch(3, 100)])
+    let acks = stream_batches(&mut flooder, None, vec![batch(3, 100)])
         .await
         .unwrap();
     assert_eq!(acks, [3]);
@@ -175,11 +144,11 @@ async fn serves_on_a_unix_socket_and_removes_it_at_shutdown() {
     .await;
     assert_eq!(server.endpoint, format!("unix:{}", path.display()));
     let mut client = client(&server.endpoint).await;
-    let acks = exchange(&mut client, Some("Bearer tok"), vec![batch(1, 1)])
+    let acks = stream_batches(&mut client, Some("Bearer tok"), vec![batch(1, 1)])
         .await
         .unwrap();
     assert_eq!(acks, [1]);
-    let refused = exchange(&mut client, None, vec![batch(2, 1)])
+    let refused = stream_batches(&mut client, None, vec![batch(2, 1)])
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);
@@ -268,7 +237,7 @@ async fn above_the_memory_limit_batches_are_refused_with_unavailable() {
     let limit = MemoryLimit::new(1, Duration::from_secs(3600));
     let (server, mut pipeline) = start_with(Delivery::Memory, Some(limit)).await;
     let mut client = client(&server.endpoint).await;
-    let refused = exchange(&mut client, None, vec![batch(1, 1)])
+    let refused = stream_batches(&mut client, None, vec![batch(1, 1)])
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
@@ -308,7 +277,7 @@ async fn an_event_above_max_event_bytes_is_refused_naming_the_limit() {
     // The message is far below max_message_bytes; one event is not.
     let mut big = events_batch("i-1", 1, 3);
     big.events[1].hook = "x".repeat(2000);
-    let refused = exchange(&mut sender, None, vec![events_batch("i-1", 10, 1), big])
+    let refused = stream_batches(&mut sender, None, vec![events_batch("i-1", 10, 1), big])
         .await
         .unwrap_err();
     assert_eq!(
@@ -322,7 +291,7 @@ async fn an_event_above_max_event_bytes_is_refused_naming_the_limit() {
     assert_eq!(server.stats.batches_refused.load(Ordering::Relaxed), 1);
     // The batch before it was accepted; other streams go on.
     assert_eq!(server.stats.batches_accepted.load(Ordering::Relaxed), 1);
-    let acks = exchange(&mut sender, None, vec![events_batch("i-1", 20, 3)])
+    let acks = stream_batches(&mut sender, None, vec![events_batch("i-1", 20, 3)])
         .await
         .unwrap();
     assert_eq!(acks, [22]);
@@ -346,13 +315,13 @@ async fn a_stream_over_its_rate_is_read_slower_and_other_streams_are_not() {
         let batches = (0..40)
             .map(|i| events_batch("flood", 1 + i * 5, 5))
             .collect();
-        let acks = exchange(&mut flooder, None, batches).await;
+        let acks = stream_batches(&mut flooder, None, batches).await;
         (acks, started.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     // The flooder is being paced now; another stream is read at once.
     let honest_started = tokio::time::Instant::now();
-    let acks = exchange(
+    let acks = stream_batches(
         &mut honest,
         None,
         vec![
@@ -404,7 +373,7 @@ async fn one_connection_gets_at_most_its_stream_limit() {
     tx.send(batch(1, 1)).await.unwrap();
     assert_eq!(acks.message().await.unwrap().unwrap().last_seq, 1);
     // The second stream waits for a free slot instead of running beside it.
-    let waiting = exchange(&mut second, None, vec![batch(1, 1)]);
+    let waiting = stream_batches(&mut second, None, vec![batch(1, 1)]);
     tokio::pin!(waiting);
     assert!(
         tokio::time::timeout(Duration::from_millis(300), &mut waiting)
@@ -469,14 +438,14 @@ async fn an_unknown_shim_version_is_accepted_and_counted() {
         batch
     };
     let own = versions::COLLECTOR_VERSION;
-    let acks = exchange(&mut client, None, vec![from(own, 1), from(own, 2)])
+    let acks = stream_batches(&mut client, None, vec![from(own, 1), from(own, 2)])
         .await
         .unwrap();
     assert_eq!(acks, [1, 2]);
     assert!(server.stats.unknown_shim_versions.snapshot().is_empty());
     for seq in [3, 4] {
         // Two streams of two batches each: counted once per stream.
-        let acks = exchange(
+        let acks = stream_batches(
             &mut client,
             None,
             vec![from("99.1.0", seq * 10), from("99.1.0", seq * 10 + 1)],
@@ -535,7 +504,7 @@ async fn another_wire_protocol_is_refused_with_a_clear_error() {
         server.stats.unreadable_wire_calls.load(Ordering::Relaxed),
         1
     );
-    let acks = exchange(
+    let acks = stream_batches(
         &mut EventIngestClient::new(channel),
         None,
         vec![batch(1, 1)],

@@ -1,32 +1,19 @@
-//! Shared test fixtures: span builders, an in-process OTLP/gRPC receiver, a
-//! scriptable OTLP/HTTP receiver, an in-memory writer and a scripted sink.
+//! Shared test fixtures: span builders, an in-memory writer and a scripted
+//! sink. The OTLP receivers are the workspace's (`hermes_e2e`).
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use hermes_exporter::{ExportError, ExportFuture, ExportOutcome, SpanExporter};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
-use prost::Message;
-use tokio::net::TcpListener;
-use tokio::sync::Notify;
-use tonic::codec::CompressionEncoding;
+
+/// How long a test waits for spans to arrive at a receiver.
+pub const WAIT: Duration = Duration::from_secs(10);
 
 pub const TRACE: [u8; 16] = [
     0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36,
@@ -150,216 +137,6 @@ pub fn all_spans(requests: &[ExportTraceServiceRequest]) -> Vec<Span> {
         .flat_map(|rs| rs.scope_spans.iter())
         .flat_map(|ss| ss.spans.iter().cloned())
         .collect()
-}
-
-// ---------------------------------------------------------------- gRPC
-
-/// One request as the gRPC receiver saw it.
-#[derive(Debug, Clone)]
-pub struct GrpcCall {
-    pub request: ExportTraceServiceRequest,
-    pub encoding: Option<String>,
-    pub metadata: tonic::metadata::MetadataMap,
-}
-
-#[derive(Clone, Default)]
-struct GrpcRecorder {
-    calls: Arc<Mutex<Vec<GrpcCall>>>,
-    notify: Arc<Notify>,
-}
-
-#[tonic::async_trait]
-impl TraceService for GrpcRecorder {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let metadata = request.metadata().clone();
-        let encoding = metadata
-            .get("grpc-encoding")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        self.calls.lock().unwrap().push(GrpcCall {
-            request: request.into_inner(),
-            encoding,
-            metadata,
-        });
-        self.notify.notify_waiters();
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
-    }
-}
-
-/// An OTLP/gRPC receiver on 127.0.0.1:0 that records every request. It
-/// accepts gzip-compressed requests.
-pub struct GrpcReceiver {
-    pub endpoint: String,
-    recorder: GrpcRecorder,
-}
-
-impl GrpcReceiver {
-    pub async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let recorder = GrpcRecorder::default();
-        let service = TraceServiceServer::new(recorder.clone())
-            .accept_compressed(CompressionEncoding::Gzip)
-            .max_decoding_message_size(16 * 1024 * 1024);
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        tokio::spawn(async move {
-            // One service, no router (tonic's `router` feature is off).
-            let _ = tonic::transport::Server::builder()
-                .serve_with_incoming(service, incoming)
-                .await;
-        });
-        Self {
-            endpoint: format!("http://{addr}"),
-            recorder,
-        }
-    }
-
-    pub fn calls(&self) -> Vec<GrpcCall> {
-        self.recorder.calls.lock().unwrap().clone()
-    }
-
-    /// Waits (up to 10 s) until at least `n` spans arrived.
-    pub async fn wait_for_spans(&self, n: usize) -> Vec<GrpcCall> {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let notified = self.recorder.notify.notified();
-            let calls = self.calls();
-            let requests: Vec<_> = calls.iter().map(|c| c.request.clone()).collect();
-            if all_spans(&requests).len() >= n {
-                return calls;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                panic!(
-                    "timed out waiting for {n} spans; got {}",
-                    all_spans(&requests).len()
-                );
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------- HTTP
-
-/// One request as the HTTP receiver saw it.
-#[derive(Debug, Clone)]
-pub struct HttpCall {
-    pub method: String,
-    pub path: String,
-    pub content_type: Option<String>,
-    pub headers: http::HeaderMap,
-    /// The decoded body, when it decoded.
-    pub request: Option<ExportTraceServiceRequest>,
-    /// The status the receiver answered.
-    pub answered: u16,
-}
-
-/// A scripted answer: status and extra headers.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    pub status: u16,
-    pub headers: Vec<(&'static str, &'static str)>,
-}
-
-impl Answer {
-    pub fn status(status: u16) -> Self {
-        Self {
-            status,
-            headers: Vec::new(),
-        }
-    }
-}
-
-/// An OTLP/HTTP receiver on 127.0.0.1:0. It answers from the script in order,
-/// then 200 with an empty `ExportTraceServiceResponse`.
-pub struct HttpReceiver {
-    pub endpoint: String,
-    calls: Arc<Mutex<Vec<HttpCall>>>,
-}
-
-impl HttpReceiver {
-    pub async fn start(script: Vec<Answer>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr: SocketAddr = listener.local_addr().unwrap();
-        let calls = Arc::new(Mutex::new(Vec::new()));
-        let script = Arc::new(Mutex::new(VecDeque::from(script)));
-        let state = (Arc::clone(&calls), script);
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let (calls, script) = state.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req: http::Request<Incoming>| {
-                        let calls = Arc::clone(&calls);
-                        let script = Arc::clone(&script);
-                        async move { Ok::<_, Infallible>(handle(req, &calls, &script).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Self {
-            endpoint: format!("http://{addr}"),
-            calls,
-        }
-    }
-
-    pub fn calls(&self) -> Vec<HttpCall> {
-        self.calls.lock().unwrap().clone()
-    }
-}
-
-async fn handle(
-    req: http::Request<Incoming>,
-    calls: &Mutex<Vec<HttpCall>>,
-    script: &Mutex<VecDeque<Answer>>,
-) -> http::Response<Full<Bytes>> {
-    let (parts, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let answer = script
-        .lock()
-        .unwrap()
-        .pop_front()
-        .unwrap_or(Answer::status(200));
-    calls.lock().unwrap().push(HttpCall {
-        method: parts.method.to_string(),
-        path: parts.uri.path().to_owned(),
-        content_type: parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
-        headers: parts.headers.clone(),
-        request: ExportTraceServiceRequest::decode(body).ok(),
-        answered: answer.status,
-    });
-    let body = if answer.status == 200 {
-        ExportTraceServiceResponse::default().encode_to_vec()
-    } else {
-        b"scripted failure".to_vec()
-    };
-    let mut response = http::Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = http::StatusCode::from_u16(answer.status).unwrap();
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/x-protobuf"),
-    );
-    for (name, value) in answer.headers {
-        response
-            .headers_mut()
-            .insert(name, http::HeaderValue::from_static(value));
-    }
-    response
 }
 
 // ---------------------------------------------------------------- writers and sinks

@@ -3,10 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use hermes_e2e::OtlpReceiver;
 use hermes_exporter::{
     Compression, ExportError, ExporterSettings, GrpcExporter, GrpcExporterConfig, RetryClass, Sink,
     SpanExporter,
 };
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::*;
@@ -24,24 +26,23 @@ fn exporter(endpoint: &str, compression: Compression) -> GrpcExporter {
 
 #[tokio::test]
 async fn spans_arrive_uncompressed_with_metadata() {
-    let receiver = GrpcReceiver::start().await;
-    let mut exporter = exporter(&receiver.endpoint, Compression::None);
+    let receiver = OtlpReceiver::start();
+    let mut exporter = exporter(&receiver.endpoint(), Compression::None);
     let request = request(leaf_spans(2, 3));
     let outcome = exporter.export(Arc::clone(&request)).await.unwrap();
     assert_eq!(outcome.rejected_spans, 0);
 
-    let calls = receiver.wait_for_spans(3).await;
+    assert!(receiver.store().until_spans(3, WAIT).await);
+    let calls = receiver.store().exports();
     assert_eq!(calls.len(), 1);
     assert_eq!(
         calls[0].request,
-        opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::from(
-            request.request()
-        )
+        ExportTraceServiceRequest::from(request.request())
     );
     assert_eq!(calls[0].encoding, None);
     assert_eq!(
         calls[0]
-            .metadata
+            .headers
             .get("x-api-key")
             .and_then(|v| v.to_str().ok()),
         Some("secret")
@@ -50,17 +51,16 @@ async fn spans_arrive_uncompressed_with_metadata() {
 
 #[tokio::test]
 async fn spans_arrive_gzip_compressed() {
-    let receiver = GrpcReceiver::start().await;
-    let mut exporter = exporter(&receiver.endpoint, Compression::Gzip);
+    let receiver = OtlpReceiver::start();
+    let mut exporter = exporter(&receiver.endpoint(), Compression::Gzip);
     let request = request(leaf_spans(2, 50));
     exporter.export(Arc::clone(&request)).await.unwrap();
 
-    let calls = receiver.wait_for_spans(50).await;
+    assert!(receiver.store().until_spans(50, WAIT).await);
+    let calls = receiver.store().exports();
     assert_eq!(
         calls[0].request,
-        opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::from(
-            request.request()
-        )
+        ExportTraceServiceRequest::from(request.request())
     );
     assert_eq!(calls[0].encoding.as_deref(), Some("gzip"));
 }
@@ -83,8 +83,11 @@ async fn unreachable_receiver_is_retryable() {
 
 #[tokio::test]
 async fn stage_exports_to_grpc_and_drains_on_shutdown() {
-    let receiver = GrpcReceiver::start().await;
-    let sink = Sink::new("otlp_grpc", exporter(&receiver.endpoint, Compression::Gzip));
+    let receiver = OtlpReceiver::start();
+    let sink = Sink::new(
+        "otlp_grpc",
+        exporter(&receiver.endpoint(), Compression::Gzip),
+    );
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let shutdown = CancellationToken::new();
     let settings = ExporterSettings {
@@ -102,10 +105,11 @@ async fn stage_exports_to_grpc_and_drains_on_shutdown() {
         tx.send(ours(leaf_spans(2 + i * 2, 2))).await.unwrap();
     }
     // 10 spans: two full batches of 4 go out at once, 2 wait for shutdown.
-    receiver.wait_for_spans(8).await;
+    assert!(receiver.store().until_spans(8, WAIT).await);
     shutdown.cancel();
     let stats = task.await.unwrap();
-    let calls = receiver.wait_for_spans(10).await;
+    assert!(receiver.store().until_spans(10, WAIT).await);
+    let calls = receiver.store().exports();
     assert_eq!(calls.len(), 3);
     // Merged: one resource, one scope per request.
     for call in &calls {

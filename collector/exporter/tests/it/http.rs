@@ -1,12 +1,15 @@
-//! OTLP/HTTP exporter against a scriptable hyper receiver.
+//! OTLP/HTTP exporter against the scriptable in-test receiver.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use hermes_e2e::OtlpHttpReceiver;
+use hermes_e2e::otlp_receiver::Rejection;
 use hermes_exporter::{
     ExportError, ExporterSettings, HttpExporter, HttpExporterConfig, RetryClass, RetrySettings,
     Sink, SpanExporter,
 };
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::*;
@@ -52,20 +55,17 @@ async fn run_stage(
 
 #[tokio::test]
 async fn posts_protobuf_to_v1_traces() {
-    let receiver = HttpReceiver::start(vec![]).await;
-    let mut exporter = exporter(&receiver.endpoint);
-    assert_eq!(
-        exporter.uri().to_string(),
-        format!("{}/v1/traces", receiver.endpoint)
-    );
+    let receiver = OtlpHttpReceiver::start();
+    let mut exporter = exporter(&receiver.endpoint());
+    assert_eq!(exporter.uri().to_string(), receiver.traces_url());
     let request = request(leaf_spans(2, 3));
     let outcome = exporter.export(Arc::clone(&request)).await.unwrap();
     assert_eq!(outcome.rejected_spans, 0);
 
-    let calls = receiver.calls();
+    // The receiver records only a `POST /v1/traces` (404 or 405 otherwise).
+    let calls = receiver.store().exports();
     assert_eq!(calls.len(), 1);
-    assert_eq!(calls[0].method, "POST");
-    assert_eq!(calls[0].path, "/v1/traces");
+    assert_eq!(calls[0].transport, "http");
     assert_eq!(
         calls[0].content_type.as_deref(),
         Some("application/x-protobuf")
@@ -78,36 +78,33 @@ async fn posts_protobuf_to_v1_traces() {
         Some("Bearer t0k3n")
     );
     assert_eq!(
-        calls[0].request.as_ref(),
-        Some(
-            &opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::from(
-                request.request()
-            )
-        )
+        calls[0].request,
+        ExportTraceServiceRequest::from(request.request())
     );
 }
 
 #[tokio::test]
 async fn endpoint_with_path_is_used_as_is() {
-    let receiver = HttpReceiver::start(vec![]).await;
-    let mut exporter = exporter(&format!("{}/v1/traces", receiver.endpoint));
+    let receiver = OtlpHttpReceiver::start();
+    let mut exporter = exporter(&receiver.traces_url());
+    assert_eq!(exporter.uri().to_string(), receiver.traces_url());
+    // Accepted: the receiver answers 404 to any other path.
     exporter.export(request(leaf_spans(2, 1))).await.unwrap();
-    assert_eq!(receiver.calls()[0].path, "/v1/traces");
+    assert_eq!(receiver.store().exports().len(), 1);
 }
 
 #[tokio::test]
 async fn status_mapping() {
-    let receiver = HttpReceiver::start(vec![
-        Answer {
-            status: 429,
-            headers: vec![("retry-after", "7")],
+    let receiver = OtlpHttpReceiver::start();
+    receiver.store().script([
+        Rejection::Throttled {
+            retry_after_secs: 7,
         },
-        Answer::status(503),
-        Answer::status(400),
-        Answer::status(500),
-    ])
-    .await;
-    let mut exporter = exporter(&receiver.endpoint);
+        Rejection::Unavailable,
+        Rejection::InvalidArgument,
+        Rejection::Internal,
+    ]);
+    let mut exporter = exporter(&receiver.endpoint());
     let mut class = async || {
         let err = exporter
             .export(request(leaf_spans(2, 1)))
@@ -124,17 +121,20 @@ async fn status_mapping() {
 
 #[tokio::test]
 async fn unavailable_twice_then_ok_is_retried_and_arrives_once() {
-    let receiver = HttpReceiver::start(vec![Answer::status(503), Answer::status(503)]).await;
-    let stats = run_stage(&receiver.endpoint, leaf_spans(2, 3)).await;
+    let receiver = OtlpHttpReceiver::start();
+    receiver.store().fail_next(2);
+    let stats = run_stage(&receiver.endpoint(), leaf_spans(2, 3)).await;
 
-    let calls = receiver.calls();
-    let answered: Vec<u16> = calls.iter().map(|c| c.answered).collect();
-    assert_eq!(answered, vec![503, 503, 200]);
-    let accepted: Vec<_> = calls
-        .iter()
-        .filter(|c| c.answered == 200)
-        .filter_map(|c| c.request.clone())
+    // Two 503s (the script answers the first two requests), then one
+    // accepted request with the three spans.
+    assert_eq!(receiver.store().rejected(), 2);
+    let accepted: Vec<_> = receiver
+        .store()
+        .exports()
+        .into_iter()
+        .map(|c| c.request)
         .collect();
+    assert_eq!(accepted.len(), 1);
     assert_eq!(all_spans(&accepted).len(), 3);
 
     let sink = stats.sink("otlp_http").unwrap();
@@ -145,10 +145,12 @@ async fn unavailable_twice_then_ok_is_retried_and_arrives_once() {
 
 #[tokio::test]
 async fn bad_request_is_not_retried_and_counted_failed() {
-    let receiver = HttpReceiver::start(vec![Answer::status(400)]).await;
-    let stats = run_stage(&receiver.endpoint, leaf_spans(2, 3)).await;
+    let receiver = OtlpHttpReceiver::start();
+    receiver.store().script([Rejection::InvalidArgument]);
+    let stats = run_stage(&receiver.endpoint(), leaf_spans(2, 3)).await;
 
-    assert_eq!(receiver.calls().len(), 1);
+    assert_eq!(receiver.store().rejected(), 1);
+    assert!(receiver.store().exports().is_empty());
     let sink = stats.sink("otlp_http").unwrap();
     assert_eq!(sink.spans_sent(), 0);
     assert_eq!(sink.spans_failed(), 3);

@@ -1,0 +1,72 @@
+//! The scaffolding of a real-agent test: a scripted OpenAI server, an OTLP
+//! receiver, a collector exporting to it and an isolated Hermes home
+//! configured for the server ([`AgentRig`]), and the session id a Hermes run
+//! printed ([`session_id`]).
+
+use std::process::Output;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::collector::Collector;
+use crate::{FakeOpenAi, HermesHome, OtlpReceiver};
+
+/// What a real-agent test runs against; everything stops on drop.
+pub struct AgentRig {
+    pub server: FakeOpenAi,
+    pub receiver: OtlpReceiver,
+    pub collector: Collector,
+    pub home: HermesHome,
+    /// The collector's working directory.
+    pub work: TempDir,
+}
+
+impl AgentRig {
+    /// The fake server with `script`, a receiver, a collector exporting to
+    /// it over OTLP/gRPC, and Hermes `hermes_version` configured for the
+    /// server, the shim not enabled.
+    pub fn start(script: Value, hermes_version: &str) -> AgentRig {
+        let server = FakeOpenAi::start(script);
+        let receiver = OtlpReceiver::start();
+        let work = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let collector = Collector::start(work.path(), &["--otlp-endpoint", &receiver.endpoint()]);
+        let home = HermesHome::with_hermes(hermes_version, &server.base_url(), server.model());
+        AgentRig {
+            server,
+            receiver,
+            collector,
+            home,
+            work,
+        }
+    }
+
+    /// As [`start`](Self::start), with the shim enabled as a Hermes plugin.
+    pub fn start_enabled(script: Value, hermes_version: &str) -> AgentRig {
+        let rig = AgentRig::start(script, hermes_version);
+        rig.home.enable_plugin("hermes_collector");
+        rig
+    }
+
+    /// The shim's environment (its collector endpoint) plus `extra`.
+    pub fn env<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let mut env = vec![(
+            "HERMES_COLLECTOR_ENDPOINT",
+            self.collector.endpoint.as_str(),
+        )];
+        env.extend_from_slice(extra);
+        env
+    }
+}
+
+/// The session id a `hermes chat` run printed (`session_id: …`, on stderr
+/// or stdout); panics with the output if there is none.
+pub fn session_id(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    stderr
+        .lines()
+        .chain(stdout.lines())
+        .find_map(|l| l.split("session_id: ").nth(1))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| panic!("no session id printed:\n{stdout}\n{stderr}"))
+}
