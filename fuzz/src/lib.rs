@@ -6,7 +6,7 @@
 //! | target | input | checks |
 //! |---|---|---|
 //! | [`wire`] | bytes of one `EventBatch` message | prost decoding and the receiver's [`check_batch`] never panic; what it accepts respects the limits |
-//! | [`pipeline`] | bytes read as operations (`arbitrary`): batches of generated events, batches decoded from raw protobuf, timer ticks | the receiver's checks, the sequencer and the correlator, driven as the pipeline drives them, never panic; their state stays within the configured limits after every step; time and `flush_all` empty them |
+//! | [`pipeline`] | bytes read as operations (`arbitrary`): batches of generated events, batches decoded from raw protobuf, timer ticks | the receiver's checks, the sequencer and the correlator never panic; their state stays within the configured limits after every step; time and `flush_all` empty them; then the same operations through the collector's correlation stage itself (`hermes_pipeline`'s driver on tokio's paused clock, `stage.rs`): no panic, the same bounds, nothing left open or held at its end, every parent emitted |
 //! | [`config`] | text of a configuration file | `${VAR}` interpolation, YAML parsing and validation never panic |
 //! | [`redaction`] | bytes read as a batch of spans (`arbitrary`) whose strings mix arbitrary text with fragments of secrets | the span processor with the default rules never panics; every exported string is within its limit; processing the output again changes nothing |
 
@@ -22,6 +22,7 @@ use hermes_receiver::{Limits, check_batch};
 use prost::Message;
 
 mod redaction;
+mod stage;
 pub use redaction::redaction;
 
 const MS: u64 = 1_000_000;
@@ -282,6 +283,23 @@ fn shim(instance: u8) -> v1::ShimInfo {
     }
 }
 
+/// The sequencer and correlator with the fuzz targets' small limits.
+fn correlation() -> Correlation {
+    Correlation::new(
+        Sequencer::new(SequencerConfig {
+            max_held: MAX_HELD,
+            max_instances: MAX_INSTANCES,
+            gap_timeout_nanos: GAP_TIMEOUT_MS * MS,
+        }),
+        Correlator::new(CorrelatorConfig {
+            max_open_turns: MAX_OPEN_TURNS,
+            state_ttl_nanos: TTL_MS * MS,
+            turn_end_grace_nanos: 500 * MS,
+            ..CorrelatorConfig::default()
+        }),
+    )
+}
+
 struct Pipeline {
     limits: Limits,
     correlation: Correlation,
@@ -297,19 +315,7 @@ impl Pipeline {
     fn new() -> Self {
         Self {
             limits: limits(),
-            correlation: Correlation::new(
-                Sequencer::new(SequencerConfig {
-                    max_held: MAX_HELD,
-                    max_instances: MAX_INSTANCES,
-                    gap_timeout_nanos: GAP_TIMEOUT_MS * MS,
-                }),
-                Correlator::new(CorrelatorConfig {
-                    max_open_turns: MAX_OPEN_TURNS,
-                    state_ttl_nanos: TTL_MS * MS,
-                    turn_end_grace_nanos: 500 * MS,
-                    ..CorrelatorConfig::default()
-                }),
-            ),
+            correlation: correlation(),
             now: T0,
             spans: Vec::new(),
             emitted: std::collections::HashSet::new(),
@@ -360,39 +366,69 @@ impl Pipeline {
     }
 
     fn op(&mut self, op: &Op) {
-        match op {
-            Op::Batch {
-                instance,
-                floor_seq,
-                first_seq,
-                events,
-            } => {
-                let mut seq = u64::from(*first_seq);
-                let events = events
-                    .iter()
-                    .map(|e| {
-                        seq += u64::from(e.seq_step % 4);
-                        event(seq, e, self.now)
-                    })
-                    .collect();
-                self.batch(ReceivedBatch::new(EventBatch {
-                    shim: Some(shim(*instance)),
-                    events,
-                    dropped_events: 0,
-                    floor_seq: u64::from(*floor_seq),
-                }));
-            }
-            Op::Wire { instance, bytes } => {
-                if let Ok(mut received) = ReceivedBatch::decode(bytes.as_slice()) {
-                    // One of the few agents, so that instances collide.
-                    received.batch.shim = Some(shim(*instance));
-                    self.batch(received);
-                }
-            }
-            Op::Tick { ms } => self.tick(u64::from(*ms) * MS),
+        match step(op, self.now) {
+            Step::Batch(received) => self.batch(received),
+            Step::Tick(nanos) => self.tick(nanos),
+            Step::Nothing => {}
         }
         assert!(self.correlation.sequencer().held() <= MAX_HELD * MAX_INSTANCES);
         assert!(self.correlation.correlator().open_turns() <= MAX_OPEN_TURNS);
+    }
+}
+
+/// What an operation does at `now`: a batch for the receiver, or a tick.
+enum Step {
+    Batch(ReceivedBatch),
+    Tick(u64),
+    /// Raw bytes that do not decode.
+    Nothing,
+}
+
+fn step(op: &Op, now: u64) -> Step {
+    match op {
+        Op::Batch {
+            instance,
+            floor_seq,
+            first_seq,
+            events,
+        } => {
+            let mut seq = u64::from(*first_seq);
+            let events = events
+                .iter()
+                .map(|e| {
+                    seq += u64::from(e.seq_step % 4);
+                    event(seq, e, now)
+                })
+                .collect();
+            Step::Batch(ReceivedBatch::new(EventBatch {
+                shim: Some(shim(*instance)),
+                events,
+                dropped_events: 0,
+                floor_seq: u64::from(*floor_seq),
+            }))
+        }
+        Op::Wire { instance, bytes } => match ReceivedBatch::decode(bytes.as_slice()) {
+            Ok(mut received) => {
+                // One of the few agents, so that instances collide.
+                received.batch.shim = Some(shim(*instance));
+                Step::Batch(received)
+            }
+            Err(_) => Step::Nothing,
+        },
+        Op::Tick { ms } => Step::Tick(u64::from(*ms) * MS),
+    }
+}
+
+/// Every parent of an emitted span must be emitted too, in the same trace.
+fn assert_parents_emitted(
+    emitted: &std::collections::HashSet<(Vec<u8>, Vec<u8>)>,
+    parents: &[(Vec<u8>, Vec<u8>, String)],
+) {
+    for (trace, parent, name) in parents {
+        assert!(
+            emitted.contains(&(trace.clone(), parent.clone())),
+            "span {name:?} has no emitted parent"
+        );
     }
 }
 
@@ -418,12 +454,8 @@ pub fn pipeline(data: &[u8]) {
     p.take_spans();
     assert_eq!(p.correlation.correlator().open_turns(), 0);
     assert!(open_before_flush <= MAX_OPEN_TURNS);
-    for (trace, parent, name) in &p.parents {
-        assert!(
-            p.emitted.contains(&(trace.clone(), parent.clone())),
-            "span {name:?} has no emitted parent"
-        );
-    }
+    assert_parents_emitted(&p.emitted, &p.parents);
+    stage::through_the_stage(&ops);
 }
 
 // ----------------------------------------------------------------- config
