@@ -317,8 +317,14 @@ impl SenderShared {
         let deadline = std::time::Instant::now() + timeout;
         let round = rounds.load(Ordering::Acquire);
         notify.notify_one();
+        self.poll_until(deadline, || rounds.load(Ordering::Acquire) > round)
+    }
+
+    /// Blocks the calling thread, polling every `SETTLE_POLL`, until `done`
+    /// holds (true), or the sender stopped or `deadline` passed (false).
+    fn poll_until(&self, deadline: std::time::Instant, done: impl Fn() -> bool) -> bool {
         loop {
-            if rounds.load(Ordering::Acquire) > round {
+            if done() {
                 return true;
             }
             if self.is_stopped() {
@@ -354,19 +360,7 @@ impl SenderShared {
             return true;
         }
         self.flush_notify.notify_one();
-        loop {
-            if done() {
-                return true;
-            }
-            if self.is_stopped() {
-                return false;
-            }
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            std::thread::sleep(SETTLE_POLL.min(deadline - now));
-        }
+        self.poll_until(deadline, done)
     }
 
     /// A snapshot of the counters.

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use crate::listeners::read_pem;
+use crate::validated::redacted;
 use crate::{ConfigError, positive};
 
 /// The exporters. Any combination may be set.
@@ -70,16 +71,10 @@ pub struct OtlpConfig {
 
 impl std::fmt::Debug for OtlpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Header values are credentials more often than not.
-        let headers: BTreeMap<&str, &str> = self
-            .headers
-            .keys()
-            .map(|name| (name.as_str(), "<redacted>"))
-            .collect();
         f.debug_struct("OtlpConfig")
             .field("endpoint", &self.endpoint)
             .field("protocol", &self.protocol)
-            .field("headers", &headers)
+            .field("headers", &redacted(self.headers.keys()))
             .field("timeout_ms", &self.timeout_ms)
             .field("compression", &self.compression)
             .field("max_elapsed_secs", &self.max_elapsed_secs)
@@ -146,10 +141,7 @@ impl OtlpConfig {
                     format!("exporters.otlp.headers.{name}")
                 }
             };
-            http::HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| ConfigError::new(key(), "not a valid header name"))?;
-            http::HeaderValue::from_str(value)
-                .map_err(|_| ConfigError::new(key(), "not a valid header value"))?;
+            check_header(name, value, key)?;
         }
         Ok(all)
     }
@@ -201,6 +193,34 @@ fn tls_settings(
         .check(uri.host().unwrap_or_default())
         .map_err(|e| ConfigError::new(tls_key, e.to_string()))?;
     Ok(Some(settings))
+}
+
+/// Checks that the exporter endpoint at `key` is an `http://` or
+/// `https://` URL with a host.
+pub(crate) fn check_endpoint(key: &str, endpoint: &str) -> Result<(), ConfigError> {
+    let uri: http::Uri = endpoint
+        .parse()
+        .map_err(|e| ConfigError::new(key, format!("`{endpoint}` is not a URL ({e})")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(ConfigError::new(
+            key,
+            format!("`{endpoint}` must start with http:// or https://"),
+        ));
+    }
+    if uri.host().is_none() {
+        return Err(ConfigError::new(key, format!("`{endpoint}` has no host")));
+    }
+    Ok(())
+}
+
+/// Checks that `name: value` can be sent as an HTTP header (or gRPC
+/// metadata); the error names the key `key()`, never the value.
+fn check_header(name: &str, value: &str, key: impl Fn() -> String) -> Result<(), ConfigError> {
+    http::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| ConfigError::new(key(), "not a valid header name"))?;
+    http::HeaderValue::from_str(value)
+        .map_err(|_| ConfigError::new(key(), "not a valid header value"))?;
+    Ok(())
 }
 
 fn default_protocol() -> OtlpProtocol {
@@ -312,33 +332,13 @@ impl OtlpMetricsConfig {
     /// returns the TLS settings (read once).
     pub(crate) fn validate(&self) -> Result<Option<hermes_exporter::TlsSettings>, ConfigError> {
         const KEY: &str = "exporters.otlp_metrics";
-        let uri: http::Uri = self.endpoint.parse().map_err(|e| {
-            ConfigError::new(
-                format!("{KEY}.endpoint"),
-                format!("`{}` is not a URL ({e})", self.endpoint),
-            )
-        })?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) {
-            return Err(ConfigError::new(
-                format!("{KEY}.endpoint"),
-                format!("`{}` must start with http:// or https://", self.endpoint),
-            ));
-        }
-        if uri.host().is_none() {
-            return Err(ConfigError::new(
-                format!("{KEY}.endpoint"),
-                format!("`{}` has no host", self.endpoint),
-            ));
-        }
+        check_endpoint(&format!("{KEY}.endpoint"), &self.endpoint)?;
         let tls = self.tls_settings()?;
         positive(&format!("{KEY}.interval_ms"), self.interval_ms)?;
         positive(&format!("{KEY}.timeout_ms"), self.timeout_ms)?;
         for (name, value) in &self.headers {
             let key = || format!("{KEY}.headers.{name}");
-            http::HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| ConfigError::new(key(), "not a valid header name"))?;
-            http::HeaderValue::from_str(value)
-                .map_err(|_| ConfigError::new(key(), "not a valid header value"))?;
+            check_header(name, value, key)?;
         }
         Ok(tls)
     }
@@ -346,16 +346,10 @@ impl OtlpMetricsConfig {
 
 impl std::fmt::Debug for OtlpMetricsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Header values are credentials more often than not.
-        let headers: BTreeMap<&str, &str> = self
-            .headers
-            .keys()
-            .map(|name| (name.as_str(), "<redacted>"))
-            .collect();
         f.debug_struct("OtlpMetricsConfig")
             .field("endpoint", &self.endpoint)
             .field("protocol", &self.protocol)
-            .field("headers", &headers)
+            .field("headers", &redacted(self.headers.keys()))
             .field("interval_ms", &self.interval_ms)
             .field("timeout_ms", &self.timeout_ms)
             .field("compression", &self.compression)

@@ -312,91 +312,52 @@ impl Config {
             .metrics_auth
             .token_at("admin.metrics_auth", env)?;
         self.metrics.validate()?;
-        positive(
-            "receiver.max_message_bytes",
-            self.receiver.max_message_bytes as u64,
-        )?;
-        positive(
-            "receiver.max_events_per_batch",
-            self.receiver.max_events_per_batch as u64,
-        )?;
-        positive("receiver.queue_batches", self.receiver.queue_batches as u64)?;
-        positive(
-            "receiver.max_streams_per_connection",
-            u64::from(self.receiver.max_streams_per_connection),
-        )?;
-        positive(
-            "receiver.max_event_bytes",
-            self.receiver.max_event_bytes as u64,
-        )?;
-        positive(
-            "receiver.stream_events_per_sec",
-            self.receiver.stream_events_per_sec,
-        )?;
-        positive(
-            "receiver.stream_burst_events",
-            self.receiver.stream_burst_events,
-        )?;
-        positive(
-            "receiver.max_connections",
-            self.receiver.max_connections as u64,
-        )?;
-        positive(
-            "receiver.handshake_timeout_ms",
-            self.receiver.handshake_timeout_ms,
-        )?;
-        positive(
-            "receiver.idle_timeout_secs",
-            self.receiver.idle_timeout_secs,
-        )?;
-        positive(
-            "correlator.max_open_turns_per_agent",
-            self.correlator.max_open_turns_per_agent as u64,
-        )?;
-        positive(
-            "correlator.max_open_turns",
-            self.correlator.max_open_turns as u64,
-        )?;
-        positive(
-            "correlator.max_sessions_per_agent",
-            self.correlator.max_sessions_per_agent as u64,
-        )?;
-        positive(
-            "correlator.max_sessions",
-            self.correlator.max_sessions as u64,
-        )?;
-        positive(
-            "correlator.max_bytes_per_agent",
-            self.correlator.max_bytes_per_agent as u64,
-        )?;
-        positive("correlator.max_bytes", self.correlator.max_bytes as u64)?;
-        positive("correlator.state_ttl_secs", self.correlator.state_ttl_secs)?;
-        positive("correlator.tick_ms", self.correlator.tick_ms)?;
-        positive("correlator.gap_timeout_ms", self.correlator.gap_timeout_ms)?;
-        positive("batch.max_spans", self.batch.max_spans as u64)?;
-        positive("batch.max_bytes", self.batch.max_bytes as u64)?;
-        positive("batch.timeout_ms", self.batch.timeout_ms)?;
-        positive("batch.queue", self.batch.queue as u64)?;
+        let (r, c, b) = (&self.receiver, &self.correlator, &self.batch);
+        for (key, value) in [
+            ("receiver.max_message_bytes", r.max_message_bytes as u64),
+            (
+                "receiver.max_events_per_batch",
+                r.max_events_per_batch as u64,
+            ),
+            ("receiver.queue_batches", r.queue_batches as u64),
+            (
+                "receiver.max_streams_per_connection",
+                u64::from(r.max_streams_per_connection),
+            ),
+            ("receiver.max_event_bytes", r.max_event_bytes as u64),
+            ("receiver.stream_events_per_sec", r.stream_events_per_sec),
+            ("receiver.stream_burst_events", r.stream_burst_events),
+            ("receiver.max_connections", r.max_connections as u64),
+            ("receiver.handshake_timeout_ms", r.handshake_timeout_ms),
+            ("receiver.idle_timeout_secs", r.idle_timeout_secs),
+            (
+                "correlator.max_open_turns_per_agent",
+                c.max_open_turns_per_agent as u64,
+            ),
+            ("correlator.max_open_turns", c.max_open_turns as u64),
+            (
+                "correlator.max_sessions_per_agent",
+                c.max_sessions_per_agent as u64,
+            ),
+            ("correlator.max_sessions", c.max_sessions as u64),
+            (
+                "correlator.max_bytes_per_agent",
+                c.max_bytes_per_agent as u64,
+            ),
+            ("correlator.max_bytes", c.max_bytes as u64),
+            ("correlator.state_ttl_secs", c.state_ttl_secs),
+            ("correlator.tick_ms", c.tick_ms),
+            ("correlator.gap_timeout_ms", c.gap_timeout_ms),
+            ("batch.max_spans", b.max_spans as u64),
+            ("batch.max_bytes", b.max_bytes as u64),
+            ("batch.timeout_ms", b.timeout_ms),
+            ("batch.queue", b.queue as u64),
+        ] {
+            positive(key, value)?;
+        }
         let mut otlp_export = None;
         if let Some(otlp) = &self.exporters.otlp {
-            let uri: http::Uri = otlp.endpoint.parse().map_err(|e| {
-                ConfigError::new(
-                    "exporters.otlp.endpoint",
-                    format!("`{}` is not a URL ({e})", otlp.endpoint),
-                )
-            })?;
-            if !matches!(uri.scheme_str(), Some("http" | "https")) {
-                return Err(ConfigError::new(
-                    "exporters.otlp.endpoint",
-                    format!("`{}` must start with http:// or https://", otlp.endpoint),
-                ));
-            }
-            if uri.host().is_none() {
-                return Err(ConfigError::new(
-                    "exporters.otlp.endpoint",
-                    format!("`{}` has no host", otlp.endpoint),
-                ));
-            }
+            crate::exporters::check_endpoint("exporters.otlp.endpoint", &otlp.endpoint)?;
             positive("exporters.otlp.timeout_ms", otlp.timeout_ms)?;
             let headers = otlp.all_headers()?;
             let tls = otlp.tls_settings()?;

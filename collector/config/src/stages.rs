@@ -47,19 +47,23 @@ pub struct CorrelatorConfig {
     pub gap_timeout_ms: u64,
 }
 
+/// The defaults are the correlator's and the sequencer's own, so that the
+/// configuration and the stages cannot disagree on them.
 impl Default for CorrelatorConfig {
     fn default() -> Self {
+        let stage = hermes_correlator::Config::default();
+        let sequencer = hermes_correlator::sequencer::SequencerConfig::default();
         Self {
-            max_open_turns: 10_000,
-            max_open_turns_per_agent: 1_000,
-            max_sessions_per_agent: 1_000,
-            max_sessions: 10_000,
-            max_bytes_per_agent: 64 << 20,
-            max_bytes: 256 << 20,
-            state_ttl_secs: 3600,
-            turn_end_grace_ms: 2000,
+            max_open_turns: stage.max_open_turns,
+            max_open_turns_per_agent: stage.max_open_turns_per_agent,
+            max_sessions_per_agent: stage.max_sessions_per_agent,
+            max_sessions: stage.max_sessions,
+            max_bytes_per_agent: stage.max_bytes_per_agent,
+            max_bytes: stage.max_bytes,
+            state_ttl_secs: stage.state_ttl_nanos / 1_000_000_000,
+            turn_end_grace_ms: stage.turn_end_grace_nanos / 1_000_000,
             tick_ms: 500,
-            gap_timeout_ms: 5000,
+            gap_timeout_ms: sequencer.gap_timeout_nanos / 1_000_000,
         }
     }
 }

@@ -147,7 +147,10 @@ impl fmt::Debug for OtlpExport {
             .field("endpoint", &hermes_exporter::shown_endpoint(&self.endpoint))
             .field("timeout", &self.timeout)
             .field("compression", &self.compression)
-            .field("headers", &redacted(&self.headers))
+            .field(
+                "headers",
+                &redacted(self.headers.iter().map(|(name, _)| name)),
+            )
             .field("tls", &self.tls)
             .finish()
     }
@@ -171,12 +174,13 @@ impl fmt::Debug for OtlpMetricsExport {
     }
 }
 
-/// Header names, each value replaced.
+/// Headers as `Debug` output shows them: their names, each value
+/// replaced (header values are credentials more often than not).
 pub(crate) fn redacted<'a>(
-    headers: impl IntoIterator<Item = &'a (String, String)>,
+    names: impl IntoIterator<Item = &'a String>,
 ) -> BTreeMap<&'a str, &'static str> {
-    headers
+    names
         .into_iter()
-        .map(|(name, _)| (name.as_str(), "<redacted>"))
+        .map(|name| (name.as_str(), "<redacted>"))
         .collect()
 }

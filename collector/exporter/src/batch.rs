@@ -292,10 +292,9 @@ mod byte_limit_tests {
         }
     }
 
-    #[test]
-    fn batches_stay_under_the_byte_limit() {
-        let mut b = Batcher::new(1000, 10_000);
-        let spans: Vec<Span> = (0..10).map(|i| big_span(i, 3000)).collect();
+    /// Every batch `spans` (of one resource and scope) make, the partial
+    /// last one included.
+    fn push_all(b: &mut Batcher, spans: Vec<Span>) -> Vec<ExportBatch> {
         let mut full = b.push(vec![ResourceSpans {
             resource: None,
             scope_spans: vec![ScopeSpans {
@@ -306,6 +305,14 @@ mod byte_limit_tests {
             schema_url: String::new(),
         }]);
         full.extend(b.take());
+        full
+    }
+
+    #[test]
+    fn batches_stay_under_the_byte_limit() {
+        let mut b = Batcher::new(1000, 10_000);
+        let spans: Vec<Span> = (0..10).map(|i| big_span(i, 3000)).collect();
+        let full = push_all(&mut b, spans);
         let sizes: Vec<usize> = full.iter().map(|batch| batch.protobuf().len()).collect();
         assert!(sizes.iter().all(|s| *s <= 10_000), "{sizes:?}");
         let count: u64 = full.iter().map(ExportBatch::span_count).sum();
@@ -317,16 +324,7 @@ mod byte_limit_tests {
     fn a_span_above_the_limit_travels_alone() {
         let mut b = Batcher::new(1000, 100);
         let spans = vec![big_span(1, 500), big_span(2, 10)];
-        let mut full = b.push(vec![ResourceSpans {
-            resource: None,
-            scope_spans: vec![ScopeSpans {
-                scope: None,
-                spans,
-                schema_url: String::new(),
-            }],
-            schema_url: String::new(),
-        }]);
-        full.extend(b.take());
+        let full = push_all(&mut b, spans);
         assert_eq!(full.len(), 2);
     }
 }

@@ -311,26 +311,18 @@ mod tests {
     #[test]
     fn appends_traces_path_once() {
         let uri = |e: &str| traces_uri(e).map(|u| u.to_string());
-        assert_eq!(
-            uri("http://127.0.0.1:4318").ok().as_deref(),
-            Some("http://127.0.0.1:4318/v1/traces")
-        );
-        assert_eq!(
-            uri("http://127.0.0.1:4318/").ok().as_deref(),
-            Some("http://127.0.0.1:4318/v1/traces")
-        );
-        assert_eq!(
-            uri("http://h:4318/otlp/v1/traces").ok().as_deref(),
-            Some("http://h:4318/otlp/v1/traces")
-        );
-        assert_eq!(
-            uri("http://h:4318/otlp").ok().as_deref(),
-            Some("http://h:4318/otlp/v1/traces")
-        );
-        assert_eq!(
-            uri("https://h/otlp").ok().as_deref(),
-            Some("https://h/otlp/v1/traces")
-        );
+        for (endpoint, traces) in [
+            ("http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"),
+            ("http://127.0.0.1:4318/", "http://127.0.0.1:4318/v1/traces"),
+            (
+                "http://h:4318/otlp/v1/traces",
+                "http://h:4318/otlp/v1/traces",
+            ),
+            ("http://h:4318/otlp", "http://h:4318/otlp/v1/traces"),
+            ("https://h/otlp", "https://h/otlp/v1/traces"),
+        ] {
+            assert_eq!(uri(endpoint).ok().as_deref(), Some(traces), "{endpoint}");
+        }
         assert!(uri("h:4318").is_err());
         assert!(uri("not a url").is_err());
     }

@@ -340,25 +340,21 @@ mod tests {
                 Some(&self.0)
             }
         }
-        let found = handshake_failure(&Outer(io));
-        assert!(
-            found
-                .as_deref()
-                .is_some_and(|m| m.contains("UnknownIssuer")),
-            "{found:?}"
-        );
+        // The failure found under `error`, wrapped once, names `what`.
+        let finds = |error: std::io::Error, what: &str| {
+            let found = handshake_failure(&Outer(error));
+            assert!(
+                found.as_deref().is_some_and(|m| m.contains(what)),
+                "{what}: {found:?}"
+            );
+        };
+        finds(io, "UnknownIssuer");
         assert_eq!(handshake_failure(&std::io::Error::other("reset")), None);
         // As h2 hands it back: the alert as text only.
         let text = std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             "received fatal alert: CertificateRequired",
         );
-        let found = handshake_failure(&Outer(text));
-        assert!(
-            found
-                .as_deref()
-                .is_some_and(|m| m.contains("client certificate")),
-            "{found:?}"
-        );
+        finds(text, "client certificate");
     }
 }

@@ -223,72 +223,23 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use crate::derived::samples::{sample_spans, text};
     use hermes_processor::{AttributeSet, MIN_ATTRIBUTE_BYTES, ProcessorConfig};
-    use hermes_span::common::v1::{AnyValue, KeyValue, any_value::Value};
     use hermes_span::resource::v1::Resource;
-    use hermes_span::trace::v1::Span;
-    use prometheus_client::registry::Registry;
 
     const KEY: &str = "sk-proj-Q3vT9xLmN2bR7kWp4ZsY8aDf";
 
-    fn kv(key: &str, value: Value) -> KeyValue {
-        KeyValue {
-            key: key.into(),
-            value: Some(AnyValue { value: Some(value) }),
-        }
-    }
-
-    /// A 0.3 s chat of `model` with 1212/17 tokens, a 50 ms call of `tool`,
-    /// a 1 s turn.
+    /// The sample spans of the derived metrics' tests, with `tool` and
+    /// `model`, as the correlator hands them over.
     fn spans(tool: &str, model: &str) -> Vec<FinishedSpan> {
-        let s = |text: &str| Value::StringValue(text.into());
         let resource = Arc::new(Resource::default());
-        [
-            Span {
-                start_time_unix_nano: 0,
-                end_time_unix_nano: 300_000_000,
-                attributes: vec![
-                    kv("gen_ai.operation.name", s("chat")),
-                    kv("gen_ai.request.model", s(model)),
-                    kv("gen_ai.provider.name", s("custom")),
-                    kv("gen_ai.usage.input_tokens", Value::IntValue(1212)),
-                    kv("gen_ai.usage.output_tokens", Value::IntValue(17)),
-                ],
-                ..Default::default()
-            },
-            Span {
-                end_time_unix_nano: 50_000_000,
-                attributes: vec![
-                    kv("gen_ai.operation.name", s("execute_tool")),
-                    kv("gen_ai.tool.name", s(tool)),
-                    kv("hermes.tool.status", s("ok")),
-                ],
-                ..Default::default()
-            },
-            Span {
-                end_time_unix_nano: 1_000_000_000,
-                attributes: vec![
-                    kv("gen_ai.operation.name", s("invoke_agent")),
-                    kv("hermes.turn.api_attempts", Value::IntValue(1)),
-                    kv("hermes.turn.completed", Value::BoolValue(true)),
-                ],
-                ..Default::default()
-            },
-        ]
-        .into_iter()
-        .map(|span| FinishedSpan {
-            resource: resource.clone(),
-            span,
-        })
-        .collect()
-    }
-
-    fn text(metrics: &DerivedMetrics) -> String {
-        let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-        out
+        sample_spans(tool, model)
+            .into_iter()
+            .map(|span| FinishedSpan {
+                resource: resource.clone(),
+                span,
+            })
+            .collect()
     }
 
     #[test]

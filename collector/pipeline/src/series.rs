@@ -271,16 +271,7 @@ impl Series {
         values: [&str; N],
         family: &PrometheusHistograms,
     ) -> usize {
-        let histogram = family
-            .get_or_create(&kind.labels(values.map(str::to_owned)))
-            .clone();
-        self.entries.push(Entry {
-            kind,
-            values: values.map(str::to_owned).into(),
-            histogram,
-            overflow: false,
-        });
-        let at = self.entries.len() - 1;
+        let at = self.push(kind, values, family, false);
         let hash = self.hasher.hash_one((kind, values));
         self.by_hash.entry(hash).or_default().push(at);
         self.series[kind as usize] += 1;
@@ -296,7 +287,20 @@ impl Series {
         if let Some(at) = self.overflow[k] {
             return at;
         }
-        let values = [OTHER; N];
+        let at = self.push(kind, [OTHER; N], family, true);
+        self.overflow[k] = Some(at);
+        at
+    }
+
+    /// Adds the entry of the series `values` of `kind` (its histogram
+    /// created in `family`) and returns its index.
+    fn push<const N: usize>(
+        &mut self,
+        kind: Kind,
+        values: [&str; N],
+        family: &PrometheusHistograms,
+        overflow: bool,
+    ) -> usize {
         let histogram = family
             .get_or_create(&kind.labels(values.map(str::to_owned)))
             .clone();
@@ -304,11 +308,9 @@ impl Series {
             kind,
             values: values.map(str::to_owned).into(),
             histogram,
-            overflow: true,
+            overflow,
         });
-        let at = self.entries.len() - 1;
-        self.overflow[k] = Some(at);
-        at
+        self.entries.len() - 1
     }
 }
 

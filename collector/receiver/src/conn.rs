@@ -432,6 +432,30 @@ mod tests {
         (incoming, addr, stats, shutdown)
     }
 
+    /// One client connected through a guard with default limits; both ends
+    /// stay open while it lives.
+    struct OneClient {
+        /// The server side, as the guard hands it out.
+        io: Guarded<tokio::net::TcpStream>,
+        stats: Arc<ReceiverStats>,
+        shutdown: CancellationToken,
+        _client: tokio::net::TcpStream,
+        _incoming: GuardedIncoming<TcpListener>,
+    }
+
+    async fn one_client() -> OneClient {
+        let (mut incoming, addr, stats, shutdown) = incoming(ConnectionLimits::default()).await;
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let io = incoming.next().await.unwrap().unwrap();
+        OneClient {
+            io,
+            stats,
+            shutdown,
+            _client: client,
+            _incoming: incoming,
+        }
+    }
+
     /// Reads from the server side until it reports end of file (the guard
     /// closed it) and returns how long that took.
     async fn until_closed(mut io: Guarded<tokio::net::TcpStream>) -> Duration {
@@ -447,25 +471,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_connection_is_closed_after_the_handshake_timeout() {
         let limits = ConnectionLimits::default();
-        let (mut incoming, addr, stats, _shutdown) = incoming(limits).await;
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let io = incoming.next().await.unwrap().unwrap();
-        assert_eq!(stats.connections_open.load(Ordering::Relaxed), 1);
-        let took = until_closed(io).await;
+        let c = one_client().await;
+        assert_eq!(c.stats.connections_open.load(Ordering::Relaxed), 1);
+        let took = until_closed(c.io).await;
         assert_eq!(took, limits.handshake_timeout);
-        assert_eq!(stats.connections_timed_out.load(Ordering::Relaxed), 1);
-        assert_eq!(stats.connections_open.load(Ordering::Relaxed), 0);
+        assert_eq!(c.stats.connections_timed_out.load(Ordering::Relaxed), 1);
+        assert_eq!(c.stats.connections_open.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_connection_with_a_stream_stays_until_idle_after_it() {
         let limits = ConnectionLimits::default();
-        let (mut incoming, addr, stats, _shutdown) = incoming(limits).await;
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let io = incoming.next().await.unwrap().unwrap();
-        let conn = io.connect_info();
+        let c = one_client().await;
+        let conn = c.io.connect_info();
         let stream = conn.stream_opened();
-        let closed = tokio::spawn(until_closed(io));
+        let closed = tokio::spawn(until_closed(c.io));
         // Open streams keep it past both timeouts.
         tokio::time::sleep(limits.idle_timeout * 3).await;
         assert!(!closed.is_finished());
@@ -474,20 +494,18 @@ mod tests {
         let took = closed.await.unwrap();
         assert!(took >= limits.idle_timeout * 3 + limits.idle_timeout);
         assert!(ended.elapsed() <= limits.idle_timeout + Duration::from_millis(1));
-        assert_eq!(stats.connections_idle_closed.load(Ordering::Relaxed), 1);
-        assert_eq!(stats.connections_timed_out.load(Ordering::Relaxed), 0);
+        assert_eq!(c.stats.connections_idle_closed.load(Ordering::Relaxed), 1);
+        assert_eq!(c.stats.connections_timed_out.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn shutdown_closes_every_connection_after_the_linger() {
         let limits = ConnectionLimits::default();
-        let (mut incoming, addr, _stats, shutdown) = incoming(limits).await;
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let io = incoming.next().await.unwrap().unwrap();
-        let _stream = io.connect_info().stream_opened();
-        let closed = tokio::spawn(until_closed(io));
+        let c = one_client().await;
+        let _stream = c.io.connect_info().stream_opened();
+        let closed = tokio::spawn(until_closed(c.io));
         tokio::time::sleep(Duration::from_secs(1)).await;
-        shutdown.cancel();
+        c.shutdown.cancel();
         let start = Instant::now();
         closed.await.unwrap();
         assert_eq!(start.elapsed(), limits.shutdown_linger);
@@ -495,10 +513,8 @@ mod tests {
 
     #[tokio::test]
     async fn accepted_tcp_connections_do_not_delay_small_writes() {
-        let (mut incoming, addr, _stats, _shutdown) = incoming(ConnectionLimits::default()).await;
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let accepted = incoming.next().await.unwrap().unwrap();
-        assert!(accepted.io.nodelay().unwrap());
+        let c = one_client().await;
+        assert!(c.io.io.nodelay().unwrap());
     }
 
     #[tokio::test]

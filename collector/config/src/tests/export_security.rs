@@ -1,3 +1,4 @@
+use super::bad_pems;
 use crate::*;
 
 fn otlp(extra: &str) -> Result<Config, ConfigError> {
@@ -54,16 +55,8 @@ fn header_files_are_read_trimmed_and_never_shown() {
 
 #[test]
 fn tls_files_are_checked_naming_the_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let not_pem = dir.path().join("not.pem");
-    std::fs::write(&not_pem, "hello").unwrap();
-    let bad_pem = dir.path().join("bad.pem");
-    std::fs::write(
-        &bad_pem,
-        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
-    )
-    .unwrap();
-    let missing = dir.path().join("missing.pem");
+    let pems = bad_pems();
+    let (not_pem, bad_pem, missing) = (&pems.not_pem, &pems.bad_pem, &pems.missing);
     let tls = |body: String| otlp(&format!("    tls:\n{body}")).unwrap_err();
     let e = tls(format!("      ca_file: {}\n", missing.display()));
     assert_eq!(e.path, "exporters.otlp.tls.ca_file", "{e}");

@@ -140,8 +140,19 @@ fn token_file_and_env_exclude_each_other() {
     assert_eq!(e.path, "receiver.auth.token");
 }
 
-#[test]
-fn tls_files_are_checked_naming_the_key() {
+/// PEM files that fail to load, each in its own way, in a directory that
+/// lives as long as the struct.
+struct BadPems {
+    /// Not PEM at all.
+    not_pem: PathBuf,
+    /// PEM whose certificate does not parse.
+    bad_pem: PathBuf,
+    /// A path with no file.
+    missing: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn bad_pems() -> BadPems {
     let dir = tempfile::tempdir().unwrap();
     let not_pem = dir.path().join("not.pem");
     std::fs::write(&not_pem, "hello").unwrap();
@@ -151,7 +162,18 @@ fn tls_files_are_checked_naming_the_key() {
         "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
     )
     .unwrap();
-    let missing = dir.path().join("missing.pem");
+    BadPems {
+        missing: dir.path().join("missing.pem"),
+        not_pem,
+        bad_pem,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn tls_files_are_checked_naming_the_key() {
+    let pems = bad_pems();
+    let (not_pem, bad_pem, missing) = (&pems.not_pem, &pems.bad_pem, &pems.missing);
     let tls = |cert: &Path, key: &Path, ca: Option<&Path>| {
         let mut yaml = format!(
             "receiver:\n  tls:\n    cert_file: {}\n    key_file: {}\n",
@@ -163,13 +185,13 @@ fn tls_files_are_checked_naming_the_key() {
         }
         Config::from_yaml(&yaml).unwrap_err()
     };
-    assert_eq!(tls(&missing, &bad_pem, None).path, "receiver.tls.cert_file");
-    assert_eq!(tls(&bad_pem, &not_pem, None).path, "receiver.tls.key_file");
+    assert_eq!(tls(missing, bad_pem, None).path, "receiver.tls.cert_file");
+    assert_eq!(tls(bad_pem, not_pem, None).path, "receiver.tls.key_file");
     assert_eq!(
-        tls(&bad_pem, &bad_pem, Some(&missing)).path,
+        tls(bad_pem, bad_pem, Some(missing)).path,
         "receiver.tls.client_ca_file"
     );
-    let e = tls(&bad_pem, &bad_pem, None);
+    let e = tls(bad_pem, bad_pem, None);
     assert_eq!(e.path, "receiver.tls", "{e}");
     let e = Config::from_yaml("receiver:\n  tls:\n    cert_file: x\n").unwrap_err();
     assert!(e.reason.contains("key_file"), "{e}");

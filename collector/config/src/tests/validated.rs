@@ -172,9 +172,8 @@ fn the_validated_debug_output_shows_no_secret() {
 
 #[test]
 fn bad_material_is_refused_naming_its_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let not_pem = dir.path().join("not.pem");
-    std::fs::write(&not_pem, "hello").unwrap();
+    let pems = super::bad_pems();
+    let not_pem = &pems.not_pem;
     let cases = [
         (
             format!(

@@ -242,7 +242,7 @@ impl Tree {
         // Break parent cycles: any span not reachable from a top becomes an
         // orphan, earliest first, until every span is reachable.
         loop {
-            let reached = reachable(&parent, n);
+            let reached = reachable(&parent);
             let unreached = sorted(spans, (0..n).filter(|&i| !reached[i]).collect());
             let Some(&first) = unreached.first() else {
                 break;
@@ -251,14 +251,7 @@ impl Tree {
             orphan[first] = true;
         }
 
-        let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
-        let mut tops = Vec::new();
-        for (i, p) in parent.iter().enumerate() {
-            match p {
-                Some(p) => children[*p].push(i),
-                None => tops.push(i),
-            }
-        }
+        let (children, tops) = links(&parent);
         let children = children.into_iter().map(|c| sorted(spans, c)).collect();
         // The root always prints first, then any other tops by time.
         let mut tops = sorted(spans, tops);
@@ -278,16 +271,9 @@ impl Tree {
 }
 
 /// Which spans are reachable from a top (a span with no parent).
-fn reachable(parent: &[Option<usize>], n: usize) -> Vec<bool> {
-    let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
-    let mut stack = Vec::new();
-    for (i, p) in parent.iter().enumerate() {
-        match p {
-            Some(p) => children[*p].push(i),
-            None => stack.push(i),
-        }
-    }
-    let mut reached = vec![false; n];
+fn reachable(parent: &[Option<usize>]) -> Vec<bool> {
+    let (children, mut stack) = links(parent);
+    let mut reached = vec![false; parent.len()];
     while let Some(i) = stack.pop() {
         if std::mem::replace(&mut reached[i], true) {
             continue;
@@ -295,6 +281,20 @@ fn reachable(parent: &[Option<usize>], n: usize) -> Vec<bool> {
         stack.extend(children[i].iter().copied());
     }
     reached
+}
+
+/// The children of each span, in index order, and the tops (the spans
+/// with no parent), from each span's parent index.
+fn links(parent: &[Option<usize>]) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); parent.len()];
+    let mut tops = Vec::new();
+    for (i, p) in parent.iter().enumerate() {
+        match p {
+            Some(p) => children[*p].push(i),
+            None => tops.push(i),
+        }
+    }
+    (children, tops)
 }
 
 fn sorted(spans: &[Span], mut ids: Vec<usize>) -> Vec<usize> {

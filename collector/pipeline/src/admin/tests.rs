@@ -69,6 +69,16 @@ async fn start() -> Fixture {
 }
 
 /// One request over a fresh raw connection; returns (status, head, body).
+/// Asserts that each of `lines` is a whole line of `body`.
+fn assert_lines(body: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            body.lines().any(|l| l == *line),
+            "missing `{line}` in\n{body}"
+        );
+    }
+}
+
 async fn get(addr: SocketAddr, method: &str, path: &str, extra: &str) -> (u16, String, String) {
     let request =
         format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{extra}\r\n");
@@ -98,50 +108,48 @@ async fn metrics_read_the_atomics_at_scrape_time() {
             .contains("content-type: text/plain; version=0.0.4"),
         "{head}"
     );
-    for line in [
-        "hermes_collector_receiver_accepted_events_total 0",
-        "hermes_collector_receiver_refused_batches_total 0",
-        "hermes_collector_receiver_oversized_events_total 0",
-        "hermes_collector_receiver_throttled_batches_total 0",
-        "hermes_collector_receiver_streams_opened_total 0",
-        "hermes_collector_receiver_unreadable_wire_calls_total 0",
-        "hermes_collector_shim_dropped_events_total 0",
-        "hermes_collector_correlator_events_total 0",
-        "hermes_collector_correlator_duplicate_events_total 0",
-        "hermes_collector_correlator_skipped_seqs_total 0",
-        "hermes_collector_correlator_held_events 0",
-        "hermes_collector_correlator_open_turns 0",
-        "hermes_collector_correlator_evicted_turns_total 0",
-        "hermes_collector_correlator_expired_total 0",
-        "hermes_collector_correlator_evicted_turns_for_bytes_total 0",
-        "hermes_collector_correlator_evicted_sessions_total 0",
-        "hermes_collector_correlator_late_events_dropped_total 0",
-        "hermes_collector_correlator_cross_instance_turns_total 0",
-        "hermes_collector_correlator_turns_cut_off_at_exit_total 0",
-        "hermes_collector_correlator_sessions 0",
-        "hermes_collector_correlator_held_bytes 0",
-        "hermes_collector_correlator_agents 0",
-        "hermes_collector_spans_total 0",
-        "hermes_collector_exporter_sent_spans_total{exporter=\"otlp_grpc\"} 0",
-        "hermes_collector_exporter_send_failed_spans_total{exporter=\"otlp_grpc\"} 0",
-        "hermes_collector_exporter_retries_total{exporter=\"otlp_grpc\"} 0",
-        "hermes_collector_queue_size{queue=\"ingest\"} 0",
-        "hermes_collector_queue_capacity{queue=\"ingest\"} 8",
-        "hermes_collector_queue_size{queue=\"export\"} 0",
-        "hermes_collector_queue_capacity{queue=\"export\"} 4",
-        "# TYPE hermes_collector_spans_total counter",
-        "# TYPE hermes_collector_correlator_open_turns gauge",
-    ] {
-        assert!(
-            body.lines().any(|l| l == line),
-            "missing `{line}` in\n{body}"
-        );
-    }
+    assert_lines(
+        &body,
+        &[
+            "hermes_collector_receiver_accepted_events_total 0",
+            "hermes_collector_receiver_refused_batches_total 0",
+            "hermes_collector_receiver_oversized_events_total 0",
+            "hermes_collector_receiver_throttled_batches_total 0",
+            "hermes_collector_receiver_streams_opened_total 0",
+            "hermes_collector_receiver_unreadable_wire_calls_total 0",
+            "hermes_collector_shim_dropped_events_total 0",
+            "hermes_collector_correlator_events_total 0",
+            "hermes_collector_correlator_duplicate_events_total 0",
+            "hermes_collector_correlator_skipped_seqs_total 0",
+            "hermes_collector_correlator_held_events 0",
+            "hermes_collector_correlator_open_turns 0",
+            "hermes_collector_correlator_evicted_turns_total 0",
+            "hermes_collector_correlator_expired_total 0",
+            "hermes_collector_correlator_evicted_turns_for_bytes_total 0",
+            "hermes_collector_correlator_evicted_sessions_total 0",
+            "hermes_collector_correlator_late_events_dropped_total 0",
+            "hermes_collector_correlator_cross_instance_turns_total 0",
+            "hermes_collector_correlator_turns_cut_off_at_exit_total 0",
+            "hermes_collector_correlator_sessions 0",
+            "hermes_collector_correlator_held_bytes 0",
+            "hermes_collector_correlator_agents 0",
+            "hermes_collector_spans_total 0",
+            "hermes_collector_exporter_sent_spans_total{exporter=\"otlp_grpc\"} 0",
+            "hermes_collector_exporter_send_failed_spans_total{exporter=\"otlp_grpc\"} 0",
+            "hermes_collector_exporter_retries_total{exporter=\"otlp_grpc\"} 0",
+            "hermes_collector_queue_size{queue=\"ingest\"} 0",
+            "hermes_collector_queue_capacity{queue=\"ingest\"} 8",
+            "hermes_collector_queue_size{queue=\"export\"} 0",
+            "hermes_collector_queue_capacity{queue=\"export\"} 4",
+            "# TYPE hermes_collector_spans_total counter",
+            "# TYPE hermes_collector_correlator_open_turns gauge",
+        ],
+    );
     let version = format!(
         "hermes_collector_build_info{{version=\"{}\"}} 1",
         env!("CARGO_PKG_VERSION")
     );
-    assert!(body.lines().any(|l| l == version), "{body}");
+    assert_lines(&body, &[&version]);
 
     f.receiver.events_accepted.fetch_add(42, Ordering::Relaxed);
     f.receiver.unknown_shim_versions.count("9.9.9");
@@ -150,18 +158,16 @@ async fn metrics_read_the_atomics_at_scrape_time() {
     f.ingest_tx.send(1).await.unwrap();
     f.ingest_tx.send(2).await.unwrap();
     let (_, _, body) = get(f.addr, "GET", "/metrics", "").await;
-    for line in [
-        "hermes_collector_receiver_accepted_events_total 42",
-        "hermes_collector_receiver_unknown_shim_version_streams_total{shim_version=\"9.9.9\"} 1",
-        "hermes_collector_correlator_open_turns 3",
-        "hermes_collector_spans_total 7",
-        "hermes_collector_queue_size{queue=\"ingest\"} 2",
-    ] {
-        assert!(
-            body.lines().any(|l| l == line),
-            "missing `{line}` in\n{body}"
-        );
-    }
+    assert_lines(
+        &body,
+        &[
+            "hermes_collector_receiver_accepted_events_total 42",
+            "hermes_collector_receiver_unknown_shim_version_streams_total{shim_version=\"9.9.9\"} 1",
+            "hermes_collector_correlator_open_turns 3",
+            "hermes_collector_spans_total 7",
+            "hermes_collector_queue_size{queue=\"ingest\"} 2",
+        ],
+    );
     f.shutdown.cancel();
     f.server.await.unwrap().unwrap();
 }
@@ -182,17 +188,15 @@ fn the_persistent_queue_reports_its_counters_and_its_fill_level() {
     stats.capacity_bytes.store(4_096, Ordering::Relaxed);
     stats.replayed_batches.store(2, Ordering::Relaxed);
     let body = state.render_prometheus().unwrap();
-    for line in [
-        "hermes_collector_persistent_queue_records 3",
-        "hermes_collector_persistent_queue_replayed_batches_total 2",
-        "hermes_collector_queue_size{queue=\"persistent_bytes\"} 1000",
-        "hermes_collector_queue_capacity{queue=\"persistent_bytes\"} 4096",
-    ] {
-        assert!(
-            body.lines().any(|l| l == line),
-            "missing `{line}` in\n{body}"
-        );
-    }
+    assert_lines(
+        &body,
+        &[
+            "hermes_collector_persistent_queue_records 3",
+            "hermes_collector_persistent_queue_replayed_batches_total 2",
+            "hermes_collector_queue_size{queue=\"persistent_bytes\"} 1000",
+            "hermes_collector_queue_capacity{queue=\"persistent_bytes\"} 4096",
+        ],
+    );
 }
 
 #[tokio::test]

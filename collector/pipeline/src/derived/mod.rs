@@ -411,4 +411,6 @@ fn boolean(span: &Span, key: &str) -> Option<bool> {
 }
 
 #[cfg(test)]
+pub(crate) mod samples;
+#[cfg(test)]
 mod tests;

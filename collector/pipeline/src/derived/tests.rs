@@ -1,61 +1,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::otlp::{OnRuntime, cardinality_view, instance_id, metrics_url};
+use super::samples::{kv, text};
 use super::*;
-use hermes_span::common::v1::{AnyValue, KeyValue};
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use std::sync::{Arc, Mutex};
 
-fn kv(key: &str, value: Value) -> KeyValue {
-    KeyValue {
-        key: key.into(),
-        value: Some(AnyValue { value: Some(value) }),
-    }
-}
-
-fn text(metrics: &DerivedMetrics) -> String {
-    let mut registry = Registry::default();
-    metrics.register(&mut registry);
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-    out
-}
-
-/// A 0.3 s chat with 1212/17 tokens, a 50 ms tool call, a 1 s turn.
 fn sample_spans() -> Vec<Span> {
-    let s = |name: &str| Value::StringValue(name.into());
-    vec![
-        Span {
-            start_time_unix_nano: 0,
-            end_time_unix_nano: 300_000_000,
-            attributes: vec![
-                kv("gen_ai.operation.name", s("chat")),
-                kv("gen_ai.request.model", s("m")),
-                kv("gen_ai.provider.name", s("custom")),
-                kv("gen_ai.usage.input_tokens", Value::IntValue(1212)),
-                kv("gen_ai.usage.output_tokens", Value::IntValue(17)),
-            ],
-            ..Default::default()
-        },
-        Span {
-            end_time_unix_nano: 50_000_000,
-            attributes: vec![
-                kv("gen_ai.operation.name", s("execute_tool")),
-                kv("gen_ai.tool.name", s("terminal")),
-                kv("hermes.tool.status", s("ok")),
-            ],
-            ..Default::default()
-        },
-        Span {
-            end_time_unix_nano: 1_000_000_000,
-            attributes: vec![
-                kv("gen_ai.operation.name", s("invoke_agent")),
-                kv("hermes.turn.api_attempts", Value::IntValue(2)),
-                kv("hermes.turn.completed", Value::BoolValue(true)),
-            ],
-            ..Default::default()
-        },
-    ]
+    super::samples::sample_spans("terminal", "m")
 }
 
 #[test]
