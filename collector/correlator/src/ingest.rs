@@ -9,13 +9,11 @@ impl Correlator {
         let before = out.len();
         let resource = self.resource(shim, &event.schema_version);
         let instance = shim.instance_id.as_str();
-        let no_ids;
+        // Missing ids or a missing body read as empty: each handler below
+        // takes what the event has.
         let ids = match &event.ids {
             Some(ids) => ids,
-            None => {
-                no_ids = v1::Ids::default();
-                &no_ids
-            }
+            None => &v1::Ids::default(),
         };
         let t = event.time_unix_nano;
         let platform = match event.body.as_ref() {
@@ -160,13 +158,9 @@ impl Correlator {
                 }
             }
             (hooks::POST_TOOL_CALL, body) => {
-                let no_tool;
                 let tool = match body {
                     Some(Body::Tool(b)) => b,
-                    _ => {
-                        no_tool = v1::ToolCall::default();
-                        &no_tool
-                    }
+                    _ => &v1::ToolCall::default(),
                 };
                 if let Some((turn, values)) =
                     self.turn_and_values(instance, ids, &resource, t, platform, out)
@@ -188,53 +182,28 @@ impl Correlator {
                     out.push(span);
                 }
             }
-            (hooks::SUBAGENT_START, body) => {
-                let no_sub;
+            (hooks::SUBAGENT_START | hooks::SUBAGENT_STOP, body) => {
                 let sub = match body {
                     Some(Body::Subagent(s)) => s,
-                    _ => {
-                        no_sub = v1::Subagent::default();
-                        &no_sub
-                    }
+                    _ => &v1::Subagent::default(),
                 };
-                self.subagent_start(instance, ids, sub, &resource, t, out);
-            }
-            (hooks::SUBAGENT_STOP, body) => {
-                let no_sub;
-                let sub = match body {
-                    Some(Body::Subagent(s)) => s,
-                    _ => {
-                        no_sub = v1::Subagent::default();
-                        &no_sub
-                    }
-                };
-                self.subagent_stop(instance, ids, sub, &resource, t, out);
-            }
-            (hooks::PRE_APPROVAL_REQUEST, body) => {
-                let no_appr;
-                let appr = match body {
-                    Some(Body::Approval(a)) => a,
-                    _ => {
-                        no_appr = v1::Approval::default();
-                        &no_appr
-                    }
-                };
-                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
-                    approval::request(turn, ids, appr, t);
+                if event.hook == hooks::SUBAGENT_START {
+                    self.subagent_start(instance, ids, sub, &resource, t, out);
+                } else {
+                    self.subagent_stop(instance, ids, sub, &resource, t, out);
                 }
             }
-            (hooks::POST_APPROVAL_RESPONSE, body) => {
-                let no_appr;
+            (hooks::PRE_APPROVAL_REQUEST | hooks::POST_APPROVAL_RESPONSE, body) => {
                 let appr = match body {
                     Some(Body::Approval(a)) => a,
-                    _ => {
-                        no_appr = v1::Approval::default();
-                        &no_appr
-                    }
+                    _ => &v1::Approval::default(),
                 };
                 if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
-                    let span = approval::respond(turn, ids, appr, t);
-                    out.push(span);
+                    if event.hook == hooks::PRE_APPROVAL_REQUEST {
+                        approval::request(turn, ids, appr, t);
+                    } else {
+                        out.push(approval::respond(turn, ids, appr, t));
+                    }
                 }
             }
             (hooks::PROCESS_EXIT, _) => self.process_exit(instance, t, out),
