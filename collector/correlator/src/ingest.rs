@@ -22,6 +22,13 @@ impl Correlator {
             Some(Body::Api(b)) => b.platform.as_str(),
             _ => "",
         };
+        let at = At {
+            instance,
+            ids,
+            resource: &resource,
+            t,
+            platform,
+        };
         match (event.hook.as_str(), event.body.as_ref()) {
             (hooks::ON_SESSION_START, body) => {
                 let (model, platform) = match body {
@@ -32,7 +39,7 @@ impl Correlator {
             }
             (hooks::PRE_LLM_CALL, body) => {
                 self.close_superseded(ids, instance, out);
-                let turn = self.turn_with(instance, ids, &resource, t, platform, out);
+                let turn = self.turn(at, out);
                 if let Some(turn) = turn {
                     if !turn.started {
                         // pre_llm_call is the turn's real start, whatever
@@ -57,7 +64,7 @@ impl Correlator {
             }
             (hooks::POST_LLM_CALL, _) => {
                 let clock = self.clock;
-                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn(at, out) {
                     turn.end = Some(turn.end.map_or(t, |e| e.max(t)));
                     turn.end_seen = t.max(clock);
                     if let Some(text) = event.content.get(content::ASSISTANT_RESPONSE) {
@@ -73,9 +80,7 @@ impl Correlator {
                 if ids.turn_id.is_empty() {
                     // Shutdown variant: no turn id; closes the session.
                     self.close_session(&ids.session_id, instance, t, out);
-                } else if let Some(turn) =
-                    self.turn_with(instance, ids, &resource, t, platform, out)
-                {
+                } else if let Some(turn) = self.turn(at, out) {
                     if let Some(Body::Turn(b)) = body {
                         turn.completed = b.completed;
                         turn.interrupted = b.interrupted;
@@ -91,7 +96,7 @@ impl Correlator {
                 self.close_session(&ids.session_id, instance, t, out);
             }
             (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => {
-                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn(at, out) {
                     let start = if api.attempt <= 1 && api.started_at_unix_nano > 0 {
                         api.started_at_unix_nano
                     } else {
@@ -122,9 +127,7 @@ impl Correlator {
             }
             (hooks::POST_API_REQUEST | hooks::API_REQUEST_ERROR, Some(Body::Api(api))) => {
                 let failed = event.hook == hooks::API_REQUEST_ERROR;
-                if let Some((turn, values)) =
-                    self.turn_and_values(instance, ids, &resource, t, platform, out)
-                {
+                if let Some((turn, values)) = self.turn_and_values(at, out) {
                     let span = close_attempt(
                         turn,
                         values,
@@ -138,7 +141,7 @@ impl Correlator {
                 }
             }
             (hooks::PRE_TOOL_CALL, body) => {
-                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn(at, out) {
                     let name = match body {
                         Some(Body::Tool(b)) => b.tool_name.clone(),
                         _ => String::new(),
@@ -162,9 +165,7 @@ impl Correlator {
                     Some(Body::Tool(b)) => b,
                     _ => &v1::ToolCall::default(),
                 };
-                if let Some((turn, values)) =
-                    self.turn_and_values(instance, ids, &resource, t, platform, out)
-                {
+                if let Some((turn, values)) = self.turn_and_values(at, out) {
                     // Requests of this tool still waiting are unanswered:
                     // closed with it, under it.
                     approval::close_for_tool(turn, &ids.tool_call_id, t, out);
@@ -188,9 +189,9 @@ impl Correlator {
                     _ => &v1::Subagent::default(),
                 };
                 if event.hook == hooks::SUBAGENT_START {
-                    self.subagent_start(instance, ids, sub, &resource, t, out);
+                    self.subagent_start(at, sub, out);
                 } else {
-                    self.subagent_stop(instance, ids, sub, &resource, t, out);
+                    self.subagent_stop(at, sub, out);
                 }
             }
             (hooks::PRE_APPROVAL_REQUEST | hooks::POST_APPROVAL_RESPONSE, body) => {
@@ -198,7 +199,7 @@ impl Correlator {
                     Some(Body::Approval(a)) => a,
                     _ => &v1::Approval::default(),
                 };
-                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn(at, out) {
                     if event.hook == hooks::PRE_APPROVAL_REQUEST {
                         approval::request(turn, ids, appr, t);
                     } else {

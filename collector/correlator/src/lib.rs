@@ -68,6 +68,7 @@ use attrs::Interner;
 pub use exit::PROCESS_EXIT_REASON;
 use fair::{Closed, Ledger, RECORD_BYTES, TURN_BYTES, key};
 use ids::{SpanId, SpanKey, TraceId, scoped_trace_id, span_id, trace_id};
+use turns::At;
 
 /// The correlator's and the sequencer's maps, keyed by ids from the agents:
 /// foldhash's quality hasher, randomly seeded per map, is faster than std's
