@@ -76,6 +76,22 @@ use turns::At;
 /// maps are bounded by the limits.
 pub(crate) type Map<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
 
+/// The keys of `map`'s entries that `pick` picks, sorted: state closed in
+/// key order gives the same spans in the same order on every run, whatever
+/// the maps' random seeds.
+pub(crate) fn sorted_keys<K: Ord + Clone, V>(
+    map: &Map<K, V>,
+    mut pick: impl FnMut(&K, &V) -> bool,
+) -> Vec<K> {
+    let mut keys: Vec<K> = map
+        .iter()
+        .filter(|(k, v)| pick(k, v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    keys.sort();
+    keys
+}
+
 const NANOS_PER_MILLI: u64 = 1_000_000;
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// Name of the instrumentation scope of every span.
