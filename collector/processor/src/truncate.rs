@@ -128,18 +128,8 @@ fn fit_str(s: &str, budget: usize, out: &mut String) -> bool {
         out.push_str("\"\"");
         return true;
     };
-    let mut used = 0;
-    let mut end = 0;
-    for (i, c) in s.char_indices() {
-        let n = json::escaped_len(c);
-        if used + n > room {
-            break;
-        }
-        used += n;
-        end = i + c.len_utf8();
-    }
     out.push('"');
-    json::write_escaped(&s[..end], out);
+    json::write_escaped(json::escaped_prefix(s, room), out);
     out.push_str(ELLIPSIS);
     out.push('"');
     true
