@@ -5,8 +5,10 @@
 
 mod common;
 
-use common::{Feed, MS, T0, boolean, end_body, string, tool_done, turn_body};
+use common::Feed;
 use hermes_correlator::ids::{SpanKey, span_id};
+use hermes_e2e::events::{MS, T0, end_body, ids, tool_done, turn_body, with_call};
+use hermes_e2e::span_attrs::{boolean, string};
 use hermes_proto::v1::{self, event::Body};
 use hermes_span::trace::v1::Span;
 
@@ -23,7 +25,7 @@ fn feed() -> Feed {
 
 /// The ids of an event of the turn, about tool call `call` (none: "").
 fn call(call: &str) -> v1::Ids {
-    common::with_call(common::ids(SESSION, "task-1", TURN), call)
+    with_call(ids(SESSION, "task-1", TURN), call)
 }
 
 fn approvals(f: &Feed) -> Vec<&Span> {

@@ -4,12 +4,14 @@
 
 mod common;
 
-use common::{
-    Feed, MS, T0, api_body, attr, boolean, end_body, int, session_ids, shim, string, tool,
-    tool_done, turn_body, with_api, with_call,
-};
+use common::Feed;
 use hermes_correlator::ids::{SpanKey, span_id, trace_id};
 use hermes_correlator::{Config, Expiry};
+use hermes_e2e::events::{
+    self, MS, T0, api_body, end_body, session_ids, shim, tool, tool_done, turn_body, with_api,
+    with_call,
+};
+use hermes_e2e::span_attrs::{attr, boolean, int, string};
 use hermes_proto::v1::{self, event::Body};
 use hermes_span::trace::v1::{Span, status::StatusCode};
 
@@ -20,7 +22,7 @@ const API2: &str = "20261129_200230_bbf019:task-1:1b06e77d:api:2";
 
 /// The ids of an event of `turn` in [`SESSION`].
 fn ids(turn: &str) -> v1::Ids {
-    common::ids(SESSION, "task-1", turn)
+    events::ids(SESSION, "task-1", turn)
 }
 
 fn tool_ids(turn: &str, call: &str) -> v1::Ids {
@@ -37,7 +39,7 @@ fn api(attempt: u32, started_ms: u64, ended_ms: u64) -> v1::ApiCall {
         provider: "custom".into(),
         base_url: "http://127.0.0.1:45501/v1".into(),
         api_call_count: 1,
-        ..common::api_call("fake-model-1", attempt, started_ms, ended_ms)
+        ..events::api_call("fake-model-1", attempt, started_ms, ended_ms)
     }
 }
 
@@ -845,11 +847,11 @@ fn one_agent_cannot_evict_the_turns_of_another() {
         max_open_turns_per_agent: 2,
         ..Config::default()
     });
-    let quiet = common::ids("qs", "", "q1");
+    let quiet = events::ids("qs", "", "q1");
     f.ev_from(&shim("quiet"), "pre_llm_call", 0, quiet, turn_body());
     for n in 0..5 {
         // A flooding agent opens turns in sessions of its own.
-        let flood = common::ids(&format!("fs{n}"), "", &format!("f{n}"));
+        let flood = events::ids(&format!("fs{n}"), "", &format!("f{n}"));
         f.ev_from(&shim("flood"), "pre_llm_call", 0, flood, turn_body());
     }
     assert_eq!(

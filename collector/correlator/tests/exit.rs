@@ -6,11 +6,12 @@
 
 mod common;
 
-use common::{
-    Feed, MS, T0, api_body, api_call, attr, boolean, end_body, ids, shim, string, tool, with_api,
-    with_call,
-};
+use common::Feed;
 use hermes_correlator::PROCESS_EXIT_REASON;
+use hermes_e2e::events::{
+    self, MS, T0, api_body, api_call, end_body, ids, shim, tool, with_api, with_call,
+};
+use hermes_e2e::span_attrs::{attr, boolean, string};
 use hermes_proto::hooks;
 use hermes_proto::v1::{self, event::Body};
 use hermes_span::trace::v1::{Span, status::StatusCode};
@@ -55,7 +56,7 @@ fn api(attempt: u32, started_ms: u64, ended_ms: u64) -> Option<Body> {
 }
 
 fn link() -> v1::Ids {
-    common::link(SESSION, TURN, CHILD_SESSION, "sa-0-1")
+    events::link(SESSION, TURN, CHILD_SESSION, "sa-0-1")
 }
 
 /// Hermes 0.18.2 under `hermes -z`: the parent delegates in the background

@@ -8,18 +8,17 @@
 
 use std::collections::{HashMap, HashSet};
 
-mod common;
-
-use common::{attr, event, shim};
 use hermes_correlator::ids::trace_id;
 use hermes_correlator::{Config, Correlator, FinishedSpan};
+use hermes_e2e::events::{self, event, shim};
+use hermes_e2e::span_attrs::attr;
 use hermes_proto::hooks;
 use hermes_proto::v1::{self, event::Body};
 use hermes_span::common::v1::any_value::Value;
 use hermes_span::trace::v1::Span;
 
 fn ids(session: &str, turn: &str, api: &str) -> v1::Ids {
-    common::with_api(common::ids(session, "", turn), api)
+    events::with_api(events::ids(session, "", turn), api)
 }
 
 fn api(tokens: u64) -> Option<Body> {

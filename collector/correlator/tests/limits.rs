@@ -26,13 +26,10 @@
 
 use std::collections::HashSet;
 
-mod common;
-
-use common::{MS, T0, shim};
-
 use hermes_correlator::Correlation;
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlator, FinishedSpan};
+use hermes_e2e::events::{MS, T0, shim};
 use hermes_proto::hooks;
 use hermes_proto::v1::{self, event::Body};
 use proptest::prelude::*;

@@ -3,15 +3,10 @@
 //! `exception` event is redacted and cut alike.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-// The correlator's own test builders: the events here are the ones its
-// tests feed it.
-#[path = "../../correlator/tests/common/mod.rs"]
-mod common;
-
-use common::{Feed, api_body, turn_body};
-use hermes_correlator::to_resource_spans;
+use hermes_correlator::{Config, Correlator, FinishedSpan, to_resource_spans};
+use hermes_e2e::events::{self, api_body, event, shim, turn_body};
 use hermes_processor::{ProcessorConfig, SpanProcessor};
-use hermes_proto::v1;
+use hermes_proto::v1::{self, event::Body};
 use hermes_span::common::v1::any_value::Value;
 use hermes_span::trace::v1::status::StatusCode;
 
@@ -27,8 +22,8 @@ const SECRETS: [&str; 5] = [
 ];
 
 fn ids(api: &str) -> v1::Ids {
-    let turn = common::ids("20261129_200230_bbf019", "task-1", TURN);
-    common::with_api(turn, api)
+    let turn = events::ids("20261129_200230_bbf019", "task-1", TURN);
+    events::with_api(turn, api)
 }
 
 fn api(ended_ms: u64) -> v1::ApiCall {
@@ -36,8 +31,24 @@ fn api(ended_ms: u64) -> v1::ApiCall {
         platform: "cli".into(),
         provider: "openai".into(),
         api_call_count: 1,
-        ..common::api_call("fake-model-1", 1, 8, ended_ms)
+        ..events::api_call("fake-model-1", 1, 8, ended_ms)
     }
+}
+
+/// The spans one correlator closes from these events of one agent, fed in
+/// order, then flushed.
+fn correlate(hooks: Vec<(&str, u64, v1::Ids, Option<Body>)>) -> Vec<FinishedSpan> {
+    let mut correlator = Correlator::new(Config::default());
+    let mut out = Vec::new();
+    for (seq, (hook, t_ms, ids, body)) in (1..).zip(hooks) {
+        let e = v1::Event {
+            seq,
+            ..event(hook, t_ms, ids, body)
+        };
+        correlator.ingest(&shim("inst-1"), &e, &mut out);
+    }
+    correlator.flush_all(&mut out);
+    out
 }
 
 #[test]
@@ -52,23 +63,23 @@ fn an_api_error_with_secrets_gives_a_redacted_cut_status_message() {
         SECRETS[4],
         "x".repeat(100_000),
     );
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(""), turn_body());
-    f.ev("pre_api_request", 10, ids(API), api_body(api(0)));
-    f.ev(
-        "api_request_error",
-        300,
-        ids(API),
-        api_body(v1::ApiCall {
-            status_code: Some(401),
-            reason: "auth".into(),
-            error_type: "AuthenticationError".into(),
-            error_message: error.clone(),
-            ..api(299)
-        }),
-    );
-    f.c.flush_all(&mut f.out);
-    let mut batch = to_resource_spans(f.out);
+    let spans = correlate(vec![
+        ("pre_llm_call", 0, ids(""), turn_body()),
+        ("pre_api_request", 10, ids(API), api_body(api(0))),
+        (
+            "api_request_error",
+            300,
+            ids(API),
+            api_body(v1::ApiCall {
+                status_code: Some(401),
+                reason: "auth".into(),
+                error_type: "AuthenticationError".into(),
+                error_message: error.clone(),
+                ..api(299)
+            }),
+        ),
+    ]);
+    let mut batch = to_resource_spans(spans);
     let mut processor = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
     processor.process(&mut batch);
 
