@@ -1,9 +1,11 @@
 //! A feed shared by the correlator's tests: events of one agent, built with
 //! `hermes_e2e::events`, ingested in order by one correlator, and the spans
-//! they closed.
+//! they closed; [`turn`]: the ids and calls of the rule tests' turn.
 
 // Each test binary uses its own part of these.
 #![allow(dead_code)]
+
+pub mod turn;
 
 use hermes_correlator::{Config, Correlator, FinishedSpan};
 use hermes_e2e::events::{event, shim};
