@@ -64,14 +64,16 @@ fn open_turn_limit_evicts_the_oldest() {
 }
 
 #[test]
-fn finalize_closes_open_turns_of_the_session() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("on_session_finalize", 50, session_ids(SESSION), None);
-    let root = f.one("invoke_agent hermes");
-    assert_eq!(boolean(root, "hermes.incomplete"), Some(true));
-    assert_eq!(root.end_time_unix_nano, T0 + 50 * MS);
-    assert_eq!(f.c.open_turns(), 0);
+fn finalize_and_reset_close_open_turns_of_the_session() {
+    for hook in ["on_session_finalize", "on_session_reset"] {
+        let mut f = Feed::new();
+        f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+        f.ev(hook, 50, session_ids(SESSION), None);
+        let root = f.one("invoke_agent hermes");
+        assert_eq!(boolean(root, "hermes.incomplete"), Some(true), "{hook}");
+        assert_eq!(root.end_time_unix_nano, T0 + 50 * MS, "{hook}");
+        assert_eq!(f.c.open_turns(), 0, "{hook}");
+    }
 }
 
 #[test]
@@ -118,16 +120,6 @@ fn next_turn_of_the_session_closes_a_turn_that_never_ended() {
     );
     assert_eq!(string(root, "error.type"), Some("format_error"));
     assert_eq!(f.c.open_turns(), 1);
-}
-
-#[test]
-fn reset_closes_open_turns_of_the_session() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("on_session_reset", 40, session_ids(SESSION), None);
-    let root = f.one("invoke_agent hermes");
-    assert_eq!(boolean(root, "hermes.incomplete"), Some(true));
-    assert_eq!(f.c.open_turns(), 0);
 }
 
 #[test]
