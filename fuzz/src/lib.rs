@@ -613,72 +613,42 @@ mod smoke {
             body,
             content: Default::default(),
         };
+        let api = |usage: Option<v1::Usage>| {
+            Some(Body::Api(Box::new(v1::ApiCall {
+                model: "m".into(),
+                attempt: 1,
+                usage,
+                ..Default::default()
+            })))
+        };
+        let tool = |status: &str, duration_ms: Option<u64>| {
+            Some(Body::Tool(v1::ToolCall {
+                tool_name: "terminal".into(),
+                status: status.into(),
+                duration_ms,
+                ..Default::default()
+            }))
+        };
+        let turn = |model: &str, completed: Option<bool>| {
+            Some(Body::Turn(v1::Turn {
+                model: model.into(),
+                completed,
+                ..Default::default()
+            }))
+        };
+        let usage = v1::Usage {
+            input_tokens: 10,
+            output_tokens: 3,
+            ..Default::default()
+        };
         let turn = vec![
-            event(
-                1,
-                "pre_llm_call",
-                Some(Body::Turn(v1::Turn {
-                    model: "m".into(),
-                    ..Default::default()
-                })),
-            ),
-            event(
-                2,
-                "pre_api_request",
-                Some(Body::Api(Box::new(v1::ApiCall {
-                    model: "m".into(),
-                    attempt: 1,
-                    ..Default::default()
-                }))),
-            ),
-            event(
-                3,
-                "post_api_request",
-                Some(Body::Api(Box::new(v1::ApiCall {
-                    model: "m".into(),
-                    attempt: 1,
-                    usage: Some(v1::Usage {
-                        input_tokens: 10,
-                        output_tokens: 3,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }))),
-            ),
-            event(
-                4,
-                "pre_tool_call",
-                Some(Body::Tool(v1::ToolCall {
-                    tool_name: "terminal".into(),
-                    ..Default::default()
-                })),
-            ),
-            event(
-                5,
-                "post_tool_call",
-                Some(Body::Tool(v1::ToolCall {
-                    tool_name: "terminal".into(),
-                    status: "ok".into(),
-                    duration_ms: Some(40),
-                    ..Default::default()
-                })),
-            ),
-            event(
-                6,
-                "post_llm_call",
-                Some(Body::Turn(v1::Turn {
-                    completed: Some(true),
-                    ..Default::default()
-                })),
-            ),
-            event(
-                7,
-                "on_session_end",
-                Some(Body::Turn(v1::Turn {
-                    completed: Some(true),
-                    ..Default::default()
-                })),
-            ),
+            event(1, "pre_llm_call", turn("m", None)),
+            event(2, "pre_api_request", api(None)),
+            event(3, "post_api_request", api(Some(usage))),
+            event(4, "pre_tool_call", tool("", None)),
+            event(5, "post_tool_call", tool("ok", Some(40))),
+            event(6, "post_llm_call", turn("", Some(true))),
+            event(7, "on_session_end", turn("", Some(true))),
         ];
         let shim = v1::ShimInfo {
             instance_id: "inst-1".into(),

@@ -38,6 +38,7 @@
 
 pub mod basic_turn;
 pub mod collector;
+pub mod events;
 pub mod fake_openai;
 pub mod fault;
 pub mod hermes;
@@ -49,6 +50,7 @@ pub mod pki;
 pub mod process;
 pub mod rig;
 pub mod server;
+pub mod span_attrs;
 pub mod span_tree;
 pub mod venv;
 

@@ -15,6 +15,7 @@ use hermes_collector_shim::config::CaptureLevel;
 use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlation, Correlator, FinishedSpan, to_resource_spans};
+use hermes_e2e::span_attrs::{self, attr};
 use hermes_pipeline::clock::TokioClock;
 use hermes_pipeline::derived::DerivedMetrics;
 use hermes_pipeline::driver::{Driver, Steps};
@@ -22,7 +23,6 @@ use hermes_pipeline::ledger::Ledger;
 use hermes_processor::{ProcessorConfig, SpanProcessor};
 use hermes_proto::v1;
 use hermes_receiver::Ingested;
-use hermes_span::common::v1::any_value::Value;
 use hermes_span::trace::v1::{Span, status::StatusCode};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -95,25 +95,16 @@ fn correlate(events: &[v1::Event]) -> Vec<FinishedSpan> {
     out
 }
 
-fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
-    span.attributes
-        .iter()
-        .find(|kv| kv.key == key)
-        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
-}
-
+/// The integer attribute `key`; panics when it is absent.
 fn int(span: &Span, key: &str) -> i64 {
-    match attr(span, key) {
-        Some(Value::IntValue(i)) => *i,
-        other => panic!("{key} = {other:?} on {}", span.name),
-    }
+    span_attrs::int(span, key).unwrap_or_else(|| panic!("no {key} on {}", span.name))
 }
 
+/// The string attribute `key`; panics when it is absent.
 fn string(span: &Span, key: &str) -> String {
-    match attr(span, key) {
-        Some(Value::StringValue(s)) => s.to_string(),
-        other => panic!("{key} = {other:?} on {}", span.name),
-    }
+    span_attrs::string(span, key)
+        .unwrap_or_else(|| panic!("no {key} on {}", span.name))
+        .to_string()
 }
 
 /// Invariants every output must hold: unique span ids, every parent present

@@ -20,7 +20,7 @@ use hermes_span::trace::v1::{Span, span};
 
 use crate::fair::RECORD_BYTES;
 use crate::ids::{SpanKey, span_id};
-use crate::{FinishedSpan, Turn, child_span};
+use crate::{FinishedSpan, Turn, child_span, sorted_keys};
 
 /// `(tool_call_id, pattern_key, surface)`.
 pub(crate) type ApprovalKey = (String, String, String);
@@ -89,13 +89,7 @@ pub(crate) fn close_for_tool(
     t: u64,
     out: &mut Vec<FinishedSpan>,
 ) {
-    let mut keys: Vec<ApprovalKey> = turn
-        .approvals
-        .keys()
-        .filter(|k| k.0 == tool_call_id)
-        .cloned()
-        .collect();
-    keys.sort();
+    let keys = sorted_keys(&turn.approvals, |k, _| k.0 == tool_call_id);
     for key in keys {
         let open = take(turn, &key);
         out.push(close(turn, key, open, None, t, false));
@@ -105,8 +99,7 @@ pub(crate) fn close_for_tool(
 /// Closes, unanswered, every open request of a turn ending at `t`, in key
 /// order; `incomplete` when the turn itself is.
 pub(crate) fn close_all(turn: &mut Turn, t: u64, incomplete: bool, out: &mut Vec<FinishedSpan>) {
-    let mut keys: Vec<ApprovalKey> = turn.approvals.keys().cloned().collect();
-    keys.sort();
+    let keys = sorted_keys(&turn.approvals, |_, _| true);
     for key in keys {
         let open = take(turn, &key);
         out.push(close(turn, key, open, None, t, incomplete));

@@ -28,7 +28,7 @@
 use hermes_proto::v1;
 
 use crate::fair::key;
-use crate::{Correlator, FinishedSpan};
+use crate::{Correlator, FinishedSpan, sorted_keys};
 
 /// `hermes.turn.end_reason` of a turn cut off by the exit.
 pub const PROCESS_EXIT_REASON: &str = "process_exit";
@@ -36,13 +36,7 @@ pub const PROCESS_EXIT_REASON: &str = "process_exit";
 impl Correlator {
     /// The shim of `instance` is gone (its exit marker, captured at `t`).
     pub(crate) fn process_exit(&mut self, instance: &str, t: u64, out: &mut Vec<FinishedSpan>) {
-        let mut ids: Vec<String> = self
-            .turns
-            .iter()
-            .filter(|(_, turn)| turn.instance == instance)
-            .map(|(id, _)| id.clone())
-            .collect();
-        ids.sort();
+        let ids = sorted_keys(&self.turns, |_, turn| turn.instance == instance);
         for id in ids {
             let Some(mut turn) = self.take_turn(&id) else {
                 continue;
@@ -61,28 +55,16 @@ impl Correlator {
             let end = if gave_up { turn.last_seen } else { t };
             self.emit_turn(turn, end, true, out);
         }
-        let mut subs: Vec<String> = self
-            .subagents
-            .iter()
-            .filter(|(child, _)| {
-                self.links
-                    .get(*child)
-                    .is_some_and(|l| l.instance == instance)
-            })
-            .map(|(child, _)| child.clone())
-            .collect();
-        subs.sort();
+        let subs = sorted_keys(&self.subagents, |child, _| {
+            self.links
+                .get(child)
+                .is_some_and(|l| l.instance == instance)
+        });
         for child in subs {
             self.subagent_stop_at(&child, &v1::Subagent::default(), t, true, out);
         }
         // Nothing of this instance can arrive any more.
-        let mut links: Vec<String> = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.instance == instance)
-            .map(|(k, _)| k.clone())
-            .collect();
-        links.sort();
+        let links = sorted_keys(&self.links, |_, l| l.instance == instance);
         for k in links {
             self.remove_link(&k);
         }

@@ -9,13 +9,11 @@ impl Correlator {
         let before = out.len();
         let resource = self.resource(shim, &event.schema_version);
         let instance = shim.instance_id.as_str();
-        let no_ids;
+        // Missing ids or a missing body read as empty: each handler below
+        // takes what the event has.
         let ids = match &event.ids {
             Some(ids) => ids,
-            None => {
-                no_ids = v1::Ids::default();
-                &no_ids
-            }
+            None => &v1::Ids::default(),
         };
         let t = event.time_unix_nano;
         let platform = match event.body.as_ref() {
@@ -23,6 +21,13 @@ impl Correlator {
             Some(Body::Turn(b)) => b.platform.as_str(),
             Some(Body::Api(b)) => b.platform.as_str(),
             _ => "",
+        };
+        let at = At {
+            instance,
+            ids,
+            resource: &resource,
+            t,
+            platform,
         };
         match (event.hook.as_str(), event.body.as_ref()) {
             (hooks::ON_SESSION_START, body) => {
@@ -34,7 +39,7 @@ impl Correlator {
             }
             (hooks::PRE_LLM_CALL, body) => {
                 self.close_superseded(ids, instance, out);
-                let turn = self.turn_with(instance, ids, &resource, t, platform, out);
+                let turn = self.turn(at, out);
                 if let Some(turn) = turn {
                     if !turn.started {
                         // pre_llm_call is the turn's real start, whatever
@@ -59,7 +64,7 @@ impl Correlator {
             }
             (hooks::POST_LLM_CALL, _) => {
                 let clock = self.clock;
-                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn(at, out) {
                     turn.end = Some(turn.end.map_or(t, |e| e.max(t)));
                     turn.end_seen = t.max(clock);
                     if let Some(text) = event.content.get(content::ASSISTANT_RESPONSE) {
@@ -75,9 +80,7 @@ impl Correlator {
                 if ids.turn_id.is_empty() {
                     // Shutdown variant: no turn id; closes the session.
                     self.close_session(&ids.session_id, instance, t, out);
-                } else if let Some(turn) =
-                    self.turn_with(instance, ids, &resource, t, platform, out)
-                {
+                } else if let Some(turn) = self.turn(at, out) {
                     if let Some(Body::Turn(b)) = body {
                         turn.completed = b.completed;
                         turn.interrupted = b.interrupted;
@@ -93,7 +96,7 @@ impl Correlator {
                 self.close_session(&ids.session_id, instance, t, out);
             }
             (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => {
-                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn(at, out) {
                     let start = if api.attempt <= 1 && api.started_at_unix_nano > 0 {
                         api.started_at_unix_nano
                     } else {
@@ -124,9 +127,7 @@ impl Correlator {
             }
             (hooks::POST_API_REQUEST | hooks::API_REQUEST_ERROR, Some(Body::Api(api))) => {
                 let failed = event.hook == hooks::API_REQUEST_ERROR;
-                if let Some((turn, values)) =
-                    self.turn_and_values(instance, ids, &resource, t, platform, out)
-                {
+                if let Some((turn, values)) = self.turn_and_values(at, out) {
                     let span = close_attempt(
                         turn,
                         values,
@@ -140,7 +141,7 @@ impl Correlator {
                 }
             }
             (hooks::PRE_TOOL_CALL, body) => {
-                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
+                if let Some(turn) = self.turn(at, out) {
                     let name = match body {
                         Some(Body::Tool(b)) => b.tool_name.clone(),
                         _ => String::new(),
@@ -160,17 +161,11 @@ impl Correlator {
                 }
             }
             (hooks::POST_TOOL_CALL, body) => {
-                let no_tool;
                 let tool = match body {
                     Some(Body::Tool(b)) => b,
-                    _ => {
-                        no_tool = v1::ToolCall::default();
-                        &no_tool
-                    }
+                    _ => &v1::ToolCall::default(),
                 };
-                if let Some((turn, values)) =
-                    self.turn_and_values(instance, ids, &resource, t, platform, out)
-                {
+                if let Some((turn, values)) = self.turn_and_values(at, out) {
                     // Requests of this tool still waiting are unanswered:
                     // closed with it, under it.
                     approval::close_for_tool(turn, &ids.tool_call_id, t, out);
@@ -188,53 +183,28 @@ impl Correlator {
                     out.push(span);
                 }
             }
-            (hooks::SUBAGENT_START, body) => {
-                let no_sub;
+            (hooks::SUBAGENT_START | hooks::SUBAGENT_STOP, body) => {
                 let sub = match body {
                     Some(Body::Subagent(s)) => s,
-                    _ => {
-                        no_sub = v1::Subagent::default();
-                        &no_sub
-                    }
+                    _ => &v1::Subagent::default(),
                 };
-                self.subagent_start(instance, ids, sub, &resource, t, out);
-            }
-            (hooks::SUBAGENT_STOP, body) => {
-                let no_sub;
-                let sub = match body {
-                    Some(Body::Subagent(s)) => s,
-                    _ => {
-                        no_sub = v1::Subagent::default();
-                        &no_sub
-                    }
-                };
-                self.subagent_stop(instance, ids, sub, &resource, t, out);
-            }
-            (hooks::PRE_APPROVAL_REQUEST, body) => {
-                let no_appr;
-                let appr = match body {
-                    Some(Body::Approval(a)) => a,
-                    _ => {
-                        no_appr = v1::Approval::default();
-                        &no_appr
-                    }
-                };
-                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
-                    approval::request(turn, ids, appr, t);
+                if event.hook == hooks::SUBAGENT_START {
+                    self.subagent_start(at, sub, out);
+                } else {
+                    self.subagent_stop(at, sub, out);
                 }
             }
-            (hooks::POST_APPROVAL_RESPONSE, body) => {
-                let no_appr;
+            (hooks::PRE_APPROVAL_REQUEST | hooks::POST_APPROVAL_RESPONSE, body) => {
                 let appr = match body {
                     Some(Body::Approval(a)) => a,
-                    _ => {
-                        no_appr = v1::Approval::default();
-                        &no_appr
-                    }
+                    _ => &v1::Approval::default(),
                 };
-                if let Some(turn) = self.turn_with(instance, ids, &resource, t, platform, out) {
-                    let span = approval::respond(turn, ids, appr, t);
-                    out.push(span);
+                if let Some(turn) = self.turn(at, out) {
+                    if event.hook == hooks::PRE_APPROVAL_REQUEST {
+                        approval::request(turn, ids, appr, t);
+                    } else {
+                        out.push(approval::respond(turn, ids, appr, t));
+                    }
                 }
             }
             (hooks::PROCESS_EXIT, _) => self.process_exit(instance, t, out),

@@ -68,12 +68,29 @@ use attrs::Interner;
 pub use exit::PROCESS_EXIT_REASON;
 use fair::{Closed, Ledger, RECORD_BYTES, TURN_BYTES, key};
 use ids::{SpanId, SpanKey, TraceId, scoped_trace_id, span_id, trace_id};
+use turns::At;
 
 /// The correlator's and the sequencer's maps, keyed by ids from the agents:
 /// foldhash's quality hasher, randomly seeded per map, is faster than std's
 /// SipHash on the ids' 40-80 bytes (criterion bench `correlator_turn`); the
 /// maps are bounded by the limits.
 pub(crate) type Map<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
+
+/// The keys of `map`'s entries that `pick` picks, sorted: state closed in
+/// key order gives the same spans in the same order on every run, whatever
+/// the maps' random seeds.
+pub(crate) fn sorted_keys<K: Ord + Clone, V>(
+    map: &Map<K, V>,
+    mut pick: impl FnMut(&K, &V) -> bool,
+) -> Vec<K> {
+    let mut keys: Vec<K> = map
+        .iter()
+        .filter(|(k, v)| pick(k, v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    keys.sort();
+    keys
+}
 
 const NANOS_PER_MILLI: u64 = 1_000_000;
 const NANOS_PER_SEC: u64 = 1_000_000_000;

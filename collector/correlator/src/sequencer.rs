@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use hermes_proto::v1::{Event, ShimInfo};
 
-use crate::Map;
+use crate::{Map, sorted_keys};
 
 /// Limits of the sequencer.
 #[derive(Debug, Clone)]
@@ -220,9 +220,7 @@ impl Sequencer {
     /// Skips holes older than the gap timeout at wall-clock `now`.
     pub fn expire(&mut self, now: u64, ready: &mut Vec<Ready>) {
         let timeout = self.config.gap_timeout_nanos;
-        let mut ids: Vec<&String> = self.instances.keys().collect();
-        ids.sort();
-        let ids: Vec<String> = ids.into_iter().cloned().collect();
+        let ids = sorted_keys(&self.instances, |_, _| true);
         let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
         for id in ids {
             if let Some(instance) = self.instances.get_mut(&id)
@@ -236,8 +234,7 @@ impl Sequencer {
 
     /// Releases everything held (shutdown), in order, skipping the holes.
     pub fn flush_all(&mut self, ready: &mut Vec<Ready>) {
-        let mut ids: Vec<String> = self.instances.keys().cloned().collect();
-        ids.sort();
+        let ids = sorted_keys(&self.instances, |_, _| true);
         let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
         for id in ids {
             if let Some(instance) = self.instances.get_mut(&id) {

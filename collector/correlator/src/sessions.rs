@@ -35,13 +35,7 @@ impl Correlator {
 
     /// Forgets the pending session starts `stale` picks.
     pub(crate) fn drop_pending_starts(&mut self, stale: impl Fn(&PendingSessionStart) -> bool) {
-        let mut keys: Vec<String> = self
-            .pending_starts
-            .iter()
-            .filter(|(_, p)| stale(p))
-            .map(|(k, _)| k.clone())
-            .collect();
-        keys.sort();
+        let keys = sorted_keys(&self.pending_starts, |_, p| stale(p));
         for k in keys {
             self.drop_pending_start(&k);
         }
@@ -96,13 +90,9 @@ impl Correlator {
         if ids.session_id.is_empty() || self.turns.contains_key(&k) || self.closed.contains(&k) {
             return;
         }
-        let mut ended: Vec<String> = self
-            .turns
-            .iter()
-            .filter(|(_, turn)| turn.session_id == ids.session_id && turn.instance == instance_id)
-            .map(|(id, _)| id.clone())
-            .collect();
-        ended.sort();
+        let ended = sorted_keys(&self.turns, |_, turn| {
+            turn.session_id == ids.session_id && turn.instance == instance_id
+        });
         for id in ended {
             if let Some(turn) = self.take_turn(&id) {
                 let incomplete = turn.end.is_none();
@@ -122,16 +112,9 @@ impl Correlator {
         t: u64,
         out: &mut Vec<FinishedSpan>,
     ) {
-        let mut ids: Vec<String> = self
-            .turns
-            .iter()
-            .filter(|(_, turn)| {
-                turn.instance == instance_id
-                    && (session_id.is_empty() || turn.session_id == session_id)
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        ids.sort();
+        let ids = sorted_keys(&self.turns, |_, turn| {
+            turn.instance == instance_id && (session_id.is_empty() || turn.session_id == session_id)
+        });
         for id in ids {
             if let Some(turn) = self.take_turn(&id) {
                 let incomplete = turn.end.is_none();

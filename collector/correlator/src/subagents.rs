@@ -6,13 +6,17 @@ use super::*;
 impl Correlator {
     pub(crate) fn subagent_start(
         &mut self,
-        instance: &str,
-        ids: &v1::Ids,
+        at: At<'_>,
         sub: &v1::Subagent,
-        resource: &Arc<Resource>,
-        t: u64,
         out: &mut Vec<FinishedSpan>,
     ) {
+        let At {
+            instance,
+            ids,
+            resource,
+            t,
+            ..
+        } = at;
         // Without a child session nothing can hang from the subagent, and a
         // session cannot be its own subagent (hostile or broken ids). A
         // second start for a child whose subagent is still open is ignored
@@ -31,7 +35,12 @@ impl Correlator {
             turn_id: ids.parent_turn_id.clone(),
             ..Default::default()
         };
-        let Some(parent_turn) = self.turn(instance, &parent_ids, resource, t, out) else {
+        let parent_at = At {
+            ids: &parent_ids,
+            platform: "",
+            ..at
+        };
+        let Some(parent_turn) = self.turn(parent_at, out) else {
             return;
         };
         let delegates: Vec<&String> = parent_turn
@@ -107,21 +116,24 @@ impl Correlator {
 
     pub(crate) fn subagent_stop(
         &mut self,
-        instance: &str,
-        ids: &v1::Ids,
+        at: At<'_>,
         sub: &v1::Subagent,
-        resource: &Arc<Resource>,
-        t: u64,
         out: &mut Vec<FinishedSpan>,
     ) {
-        let child_key = key(instance, &ids.child_session_id);
+        let (ids, t) = (at.ids, at.t);
+        let child_key = key(at.instance, &ids.child_session_id);
         if !self.subagents.contains_key(&child_key) {
             // Missing start: build the span from the stop event and its duration.
             let start =
                 t.saturating_sub(sub.duration_ms.unwrap_or(0).saturating_mul(NANOS_PER_MILLI));
             let mut start_ids = ids.clone();
             start_ids.child_subagent_id.clear();
-            self.subagent_start(instance, &start_ids, sub, resource, start, out);
+            let start_at = At {
+                ids: &start_ids,
+                t: start,
+                ..at
+            };
+            self.subagent_start(start_at, sub, out);
         }
         self.subagent_stop_at(&child_key, sub, t, false, out);
     }

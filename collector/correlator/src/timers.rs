@@ -32,13 +32,7 @@ impl Correlator {
                 self.emit_turn(turn, end, incomplete, out);
             }
         }
-        let mut stale: Vec<String> = self
-            .subagents
-            .iter()
-            .filter(|(_, s)| now.abs_diff(s.start) >= ttl)
-            .map(|(k, _)| k.clone())
-            .collect();
-        stale.sort();
+        let stale = sorted_keys(&self.subagents, |_, s| now.abs_diff(s.start) >= ttl);
         for child in stale {
             self.stats.expired += 1;
             let end = self.subagent_end(&child);
@@ -46,13 +40,9 @@ impl Correlator {
         }
         // A link lives as long as its subagent is open (its span needs it).
         let open = &self.subagents;
-        let mut stale: Vec<String> = self
-            .links
-            .iter()
-            .filter(|(child, l)| !open.contains_key(*child) && now.abs_diff(l.last_seen) >= ttl)
-            .map(|(k, _)| k.clone())
-            .collect();
-        stale.sort();
+        let stale = sorted_keys(&self.links, |child, l| {
+            !open.contains_key(child) && now.abs_diff(l.last_seen) >= ttl
+        });
         for k in stale {
             self.remove_link(&k);
         }
@@ -67,13 +57,7 @@ impl Correlator {
     /// go); counted as evictions.
     pub fn evict_below_lsn(&mut self, lsn: u64, out: &mut Vec<FinishedSpan>) {
         let before = out.len();
-        let mut ids: Vec<String> = self
-            .turns
-            .iter()
-            .filter(|(_, t)| t.min_lsn < lsn)
-            .map(|(id, _)| id.clone())
-            .collect();
-        ids.sort();
+        let ids = sorted_keys(&self.turns, |_, t| t.min_lsn < lsn);
         for id in ids {
             if let Some(turn) = self.take_turn(&id) {
                 self.stats.turns_evicted += 1;
@@ -81,13 +65,7 @@ impl Correlator {
                 self.emit_turn(turn, end, true, out);
             }
         }
-        let mut subs: Vec<String> = self
-            .subagents
-            .iter()
-            .filter(|(_, s)| s.min_lsn < lsn)
-            .map(|(k, _)| k.clone())
-            .collect();
-        subs.sort();
+        let subs = sorted_keys(&self.subagents, |_, s| s.min_lsn < lsn);
         for child in subs {
             let end = self.subagent_end(&child);
             self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
@@ -99,8 +77,7 @@ impl Correlator {
     /// Closes everything still open (shutdown), as incomplete.
     pub fn flush_all(&mut self, out: &mut Vec<FinishedSpan>) {
         let before = out.len();
-        let mut ids: Vec<String> = self.turns.keys().cloned().collect();
-        ids.sort();
+        let ids = sorted_keys(&self.turns, |_, _| true);
         for id in ids {
             if let Some(turn) = self.take_turn(&id) {
                 let end = turn.end.unwrap_or(turn.last_seen);
@@ -108,8 +85,7 @@ impl Correlator {
                 self.emit_turn(turn, end, incomplete, out);
             }
         }
-        let mut subs: Vec<String> = self.subagents.keys().cloned().collect();
-        subs.sort();
+        let subs = sorted_keys(&self.subagents, |_, _| true);
         for child in subs {
             let end = self.subagent_end(&child);
             self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);

@@ -3,6 +3,18 @@
 
 use super::*;
 
+/// What the handlers of one event read: the agent (shim instance) that
+/// sent it, its ids, that agent's resource, its time and the platform its
+/// body names ("" when none).
+#[derive(Clone, Copy)]
+pub(crate) struct At<'a> {
+    pub(crate) instance: &'a str,
+    pub(crate) ids: &'a v1::Ids,
+    pub(crate) resource: &'a Arc<Resource>,
+    pub(crate) t: u64,
+    pub(crate) platform: &'a str,
+}
+
 impl Correlator {
     pub(crate) fn resource(&mut self, shim: &v1::ShimInfo, schema_version: &str) -> Arc<Resource> {
         if let Some(entry) = self.resources.get(&shim.instance_id) {
@@ -39,45 +51,28 @@ impl Correlator {
         resource
     }
 
-    /// The open turn of `ids.turn_id` of `instance`, opened (synthesized)
-    /// if unknown. `None` when the event carries no turn id, or when that
-    /// turn was closed already (the event is counted as late).
-    pub(crate) fn turn(
-        &mut self,
-        instance: &str,
-        ids: &v1::Ids,
-        resource: &Arc<Resource>,
-        t: u64,
-        out: &mut Vec<FinishedSpan>,
-    ) -> Option<&mut Turn> {
-        self.turn_with(instance, ids, resource, t, "", out)
+    /// The open turn of the event's turn id of its agent, opened
+    /// (synthesized) if unknown, recording the platform the event names.
+    /// `None` when the event carries no turn id, or when that turn was
+    /// closed already (the event is counted as late).
+    pub(crate) fn turn(&mut self, at: At<'_>, out: &mut Vec<FinishedSpan>) -> Option<&mut Turn> {
+        self.turn_and_values(at, out).map(|(turn, _)| turn)
     }
 
-    /// As [`Self::turn`], also recording the platform the event names.
-    pub(crate) fn turn_with(
-        &mut self,
-        instance: &str,
-        ids: &v1::Ids,
-        resource: &Arc<Resource>,
-        t: u64,
-        platform: &str,
-        out: &mut Vec<FinishedSpan>,
-    ) -> Option<&mut Turn> {
-        self.turn_and_values(instance, ids, resource, t, platform, out)
-            .map(|(turn, _)| turn)
-    }
-
-    /// As [`Self::turn_with`], with the correlator's shared values for the
-    /// span that the event closes.
+    /// As [`Self::turn`], with the correlator's shared values for the span
+    /// that the event closes.
     pub(crate) fn turn_and_values(
         &mut self,
-        instance: &str,
-        ids: &v1::Ids,
-        resource: &Arc<Resource>,
-        t: u64,
-        platform: &str,
+        at: At<'_>,
         out: &mut Vec<FinishedSpan>,
     ) -> Option<(&mut Turn, &mut Interner)> {
+        let At {
+            instance,
+            ids,
+            resource,
+            t,
+            platform,
+        } = at;
         if ids.turn_id.is_empty() {
             return None;
         }

@@ -3,126 +3,44 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::Feed;
 use hermes_correlator::ids::{SpanKey, span_id};
-use hermes_correlator::{Config, Correlator, FinishedSpan};
+use hermes_e2e::events::{MS, T0, end_body, ids, tool_done, turn_body, with_call};
+use hermes_e2e::span_attrs::{boolean, string};
 use hermes_proto::v1::{self, event::Body};
-use hermes_span::common::v1::any_value::Value;
 use hermes_span::trace::v1::Span;
 
-const MS: u64 = 1_000_000;
-const T0: u64 = 1_800_000_000_000 * MS;
 const SESSION: &str = "20261201_090000_a1b2c3";
 const TURN: &str = "20261201_090000_a1b2c3:task-1:5e5e5e5e";
 const PATTERN: &str = "delete in root path";
 
-struct Feed {
-    c: Correlator,
-    seq: u64,
-    out: Vec<FinishedSpan>,
+/// A feed of one agent capturing content.
+fn feed() -> Feed {
+    let mut f = Feed::new();
+    f.shim.capture = "content".into();
+    f
 }
 
-impl Feed {
-    fn new() -> Self {
-        Self {
-            c: Correlator::new(Config::default()),
-            seq: 0,
-            out: Vec::new(),
-        }
-    }
-
-    fn ev(&mut self, hook: &str, t_ms: u64, call: &str, body: Option<Body>) {
-        self.seq += 1;
-        let shim = v1::ShimInfo {
-            instance_id: "inst-1".into(),
-            service_name: "hermes-agent".into(),
-            host_name: "host".into(),
-            pid: 42,
-            shim_version: "0.1.0".into(),
-            capture: "content".into(),
-        };
-        let e = v1::Event {
-            seq: self.seq,
-            hook: hook.into(),
-            schema_version: "hermes.observer.v1".into(),
-            time_unix_nano: T0 + t_ms * MS,
-            mono_nano: t_ms * MS,
-            thread: "MainThread".into(),
-            ids: Some(Box::new(v1::Ids {
-                session_id: SESSION.into(),
-                task_id: "task-1".into(),
-                turn_id: TURN.into(),
-                tool_call_id: call.into(),
-                ..Default::default()
-            })),
-            body,
-            content: Default::default(),
-        };
-        self.c.ingest(&shim, &e, &mut self.out);
-    }
-
-    fn approvals(&self) -> Vec<&Span> {
-        let mut found: Vec<&Span> = self
-            .out
-            .iter()
-            .map(|s| &s.span)
-            .filter(|s| s.name.starts_with("approval"))
-            .collect();
-        found.sort_by_key(|s| s.start_time_unix_nano);
-        found
-    }
-
-    fn named(&self, name: &str) -> &Span {
-        let found: Vec<_> = self.out.iter().filter(|s| s.span.name == name).collect();
-        assert_eq!(found.len(), 1, "one {name}");
-        &found[0].span
-    }
+/// The ids of an event of the turn, about tool call `call` (none: "").
+fn call(call: &str) -> v1::Ids {
+    with_call(ids(SESSION, "task-1", TURN), call)
 }
 
-fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
-    span.attributes
+fn approvals(f: &Feed) -> Vec<&Span> {
+    let mut found: Vec<&Span> = f
+        .out
         .iter()
-        .find(|kv| kv.key == key)
-        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
-}
-
-fn string<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
-    match attr(span, key) {
-        Some(Value::StringValue(s)) => Some(s),
-        None => None,
-        other => panic!("{key} is {other:?}"),
-    }
-}
-
-fn boolean(span: &Span, key: &str) -> Option<bool> {
-    match attr(span, key) {
-        Some(Value::BoolValue(b)) => Some(*b),
-        None => None,
-        other => panic!("{key} is {other:?}"),
-    }
-}
-
-fn turn() -> Option<Body> {
-    Some(Body::Turn(v1::Turn {
-        model: "fake-model-1".into(),
-        platform: "cli".into(),
-        ..Default::default()
-    }))
-}
-
-fn turn_end() -> Option<Body> {
-    Some(Body::Turn(v1::Turn {
-        completed: Some(true),
-        interrupted: Some(false),
-        ..Default::default()
-    }))
+        .map(|s| &s.span)
+        .filter(|s| s.name.starts_with("approval"))
+        .collect();
+    found.sort_by_key(|s| s.start_time_unix_nano);
+    found
 }
 
 fn tool(status: &str) -> Option<Body> {
-    Some(Body::Tool(v1::ToolCall {
-        tool_name: "terminal".into(),
-        status: status.into(),
-        ..Default::default()
-    }))
+    tool_done("terminal", status, None)
 }
 
 fn request(surface: &str) -> Option<Body> {
@@ -143,30 +61,36 @@ fn response(surface: &str, choice: &str) -> Option<Body> {
     })))
 }
 
+/// The turn opens, tool `call_1` starts and asks `surface` for approval
+/// at 20 ms.
+fn ask(f: &mut Feed, surface: &str) {
+    f.ev("pre_llm_call", 0, call(""), turn_body());
+    f.ev("pre_tool_call", 10, call("call_1"), tool(""));
+    f.ev("pre_approval_request", 20, call("call_1"), request(surface));
+}
+
 /// A smart review that escalates: its request gets no response; the CLI's
 /// request that follows is answered; then the tool ends.
 fn escalation(f: &mut Feed) {
-    f.ev("pre_llm_call", 0, "", turn());
-    f.ev("pre_tool_call", 10, "call_1", tool(""));
-    f.ev("pre_approval_request", 20, "call_1", request("smart"));
-    f.ev("pre_approval_request", 50, "call_1", request("cli"));
+    ask(f, "smart");
+    f.ev("pre_approval_request", 50, call("call_1"), request("cli"));
     f.ev(
         "post_approval_response",
         90,
-        "call_1",
+        call("call_1"),
         response("cli", "once"),
     );
-    f.ev("post_tool_call", 120, "call_1", tool("ok"));
-    f.ev("post_llm_call", 130, "", turn());
-    f.ev("on_session_end", 131, "", turn_end());
+    f.ev("post_tool_call", 120, call("call_1"), tool("ok"));
+    f.ev("post_llm_call", 130, call(""), turn_body());
+    f.ev("on_session_end", 131, call(""), end_body(true, false));
 }
 
 #[test]
 fn an_escalated_smart_review_and_the_cli_question_are_two_spans() {
-    let mut f = Feed::new();
+    let mut f = feed();
     escalation(&mut f);
-    let tool_span = f.named("execute_tool terminal");
-    let spans = f.approvals();
+    let tool_span = f.one("execute_tool terminal");
+    let spans = approvals(&f);
     assert_eq!(
         spans.len(),
         2,
@@ -212,26 +136,24 @@ fn an_escalated_smart_review_and_the_cli_question_are_two_spans() {
         });
         assert_eq!(span.span_id, id.to_vec(), "{surface}");
     }
-    let mut again = Feed::new();
+    let mut again = feed();
     escalation(&mut again);
     assert_eq!(f.out, again.out);
 }
 
 #[test]
 fn a_smart_review_that_decides_is_one_answered_span() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, "", turn());
-    f.ev("pre_tool_call", 10, "call_1", tool(""));
-    f.ev("pre_approval_request", 20, "call_1", request("smart"));
+    let mut f = feed();
+    ask(&mut f, "smart");
     f.ev(
         "post_approval_response",
         40,
-        "call_1",
+        call("call_1"),
         response("smart", "smart_approve"),
     );
-    f.ev("post_tool_call", 120, "call_1", tool("ok"));
-    f.ev("on_session_end", 131, "", turn_end());
-    let spans = f.approvals();
+    f.ev("post_tool_call", 120, call("call_1"), tool("ok"));
+    f.ev("on_session_end", 131, call(""), end_body(true, false));
+    let spans = approvals(&f);
     assert_eq!(spans.len(), 1);
     assert_eq!(boolean(spans[0], "hermes.approval.answered"), Some(true));
     assert_eq!(
@@ -243,14 +165,14 @@ fn a_smart_review_that_decides_is_one_answered_span() {
 
 #[test]
 fn an_unanswered_request_is_closed_by_its_turn_end() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, "", turn());
+    let mut f = feed();
+    f.ev("pre_llm_call", 0, call(""), turn_body());
     // Asked without a tool call id (no open tool): hangs off the turn.
-    f.ev("pre_approval_request", 20, "", request("cli"));
-    f.ev("post_llm_call", 200, "", turn());
-    f.ev("on_session_end", 201, "", turn_end());
-    let root = f.named("invoke_agent hermes");
-    let spans = f.approvals();
+    f.ev("pre_approval_request", 20, call(""), request("cli"));
+    f.ev("post_llm_call", 200, call(""), turn_body());
+    f.ev("on_session_end", 201, call(""), end_body(true, false));
+    let root = f.one("invoke_agent hermes");
+    let spans = approvals(&f);
     assert_eq!(spans.len(), 1);
     let s = spans[0];
     assert_eq!(boolean(s, "hermes.approval.answered"), Some(false));
@@ -265,13 +187,11 @@ fn an_unanswered_request_is_closed_by_its_turn_end() {
 
 #[test]
 fn a_request_open_when_the_turn_is_cut_off_is_incomplete_and_unanswered() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, "", turn());
-    f.ev("pre_tool_call", 10, "call_1", tool(""));
-    f.ev("pre_approval_request", 20, "call_1", request("gateway"));
+    let mut f = feed();
+    ask(&mut f, "gateway");
     f.c.flush_all(&mut f.out);
-    let tool_span = f.named("execute_tool terminal");
-    let spans = f.approvals();
+    let tool_span = f.one("execute_tool terminal");
+    let spans = approvals(&f);
     assert_eq!(spans.len(), 1);
     assert_eq!(boolean(spans[0], "hermes.approval.answered"), Some(false));
     assert_eq!(boolean(spans[0], "hermes.incomplete"), Some(true));
@@ -280,15 +200,18 @@ fn a_request_open_when_the_turn_is_cut_off_is_incomplete_and_unanswered() {
 
 #[test]
 fn a_response_without_a_surface_answers_the_latest_request() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, "", turn());
-    f.ev("pre_tool_call", 10, "call_1", tool(""));
-    f.ev("pre_approval_request", 20, "call_1", request("smart"));
-    f.ev("pre_approval_request", 50, "call_1", request("cli"));
-    f.ev("post_approval_response", 90, "call_1", response("", "deny"));
-    f.ev("post_tool_call", 120, "call_1", tool("blocked"));
-    f.ev("on_session_end", 131, "", turn_end());
-    let spans = f.approvals();
+    let mut f = feed();
+    ask(&mut f, "smart");
+    f.ev("pre_approval_request", 50, call("call_1"), request("cli"));
+    f.ev(
+        "post_approval_response",
+        90,
+        call("call_1"),
+        response("", "deny"),
+    );
+    f.ev("post_tool_call", 120, call("call_1"), tool("blocked"));
+    f.ev("on_session_end", 131, call(""), end_body(true, false));
+    let spans = approvals(&f);
     assert_eq!(spans.len(), 2);
     assert_eq!(boolean(spans[0], "hermes.approval.answered"), Some(false));
     assert_eq!(string(spans[1], "hermes.approval.surface"), Some("cli"));

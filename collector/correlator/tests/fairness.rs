@@ -10,42 +10,15 @@ use std::collections::{HashMap, HashSet};
 
 use hermes_correlator::ids::trace_id;
 use hermes_correlator::{Config, Correlator, FinishedSpan};
+use hermes_e2e::events::{self, event, shim};
+use hermes_e2e::span_attrs::attr;
 use hermes_proto::hooks;
 use hermes_proto::v1::{self, event::Body};
 use hermes_span::common::v1::any_value::Value;
 use hermes_span::trace::v1::Span;
 
-const MS: u64 = 1_000_000;
-const T0: u64 = 1_800_000_000_000 * MS;
-
-fn shim(instance: &str) -> v1::ShimInfo {
-    v1::ShimInfo {
-        instance_id: instance.into(),
-        service_name: "hermes-agent".into(),
-        host_name: "host".into(),
-        pid: 7,
-        shim_version: "test".into(),
-        capture: "metadata".into(),
-    }
-}
-
 fn ids(session: &str, turn: &str, api: &str) -> v1::Ids {
-    v1::Ids {
-        session_id: session.into(),
-        turn_id: turn.into(),
-        api_request_id: api.into(),
-        ..Default::default()
-    }
-}
-
-fn event(hook: &str, t_ms: u64, ids: v1::Ids, body: Option<Body>) -> v1::Event {
-    v1::Event {
-        hook: hook.into(),
-        time_unix_nano: T0 + t_ms * MS,
-        ids: Some(Box::new(ids)),
-        body,
-        ..Default::default()
-    }
+    events::with_api(events::ids(session, "", turn), api)
 }
 
 fn api(tokens: u64) -> Option<Body> {
@@ -95,13 +68,6 @@ fn whole_turn(session: &str, turn: &str, t_ms: u64) -> Vec<v1::Event> {
     ]
 }
 
-fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
-    span.attributes
-        .iter()
-        .find(|kv| kv.key == key)
-        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
-}
-
 fn instance_of(s: &FinishedSpan) -> String {
     s.resource
         .attributes
@@ -116,6 +82,26 @@ fn instance_of(s: &FinishedSpan) -> String {
 
 fn is_turn(s: &FinishedSpan) -> bool {
     attr(&s.span, "hermes.turn.api_attempts").is_some()
+}
+
+/// The first turn span of `instance`.
+fn turn_of<'a>(out: &'a [FinishedSpan], instance: &str) -> &'a FinishedSpan {
+    out.iter()
+        .find(|s| is_turn(s) && instance_of(s) == instance)
+        .expect("a turn of the instance")
+}
+
+fn has_session_start(turn: &FinishedSpan) -> bool {
+    turn.span
+        .events
+        .iter()
+        .any(|e| e.name == "hermes.session.start")
+}
+
+/// Turn `n` of the flooding agent `agent`, opened in a session of its own.
+fn flood_turn(agent: u64, n: u64) -> v1::Event {
+    let (session, turn) = (format!("hs-{n}"), format!("h-{agent}-{n}"));
+    event(hooks::PRE_LLM_CALL, 10 + n, ids(&session, &turn, ""), None)
 }
 
 /// No two spans share a trace id and span id, unless they are identical.
@@ -210,18 +196,9 @@ fn a_resumed_session_in_a_new_process_keeps_its_session_start() {
     for e in whole_turn("s1", "t2", 101) {
         c.ingest(&shim("second"), &e, &mut out);
     }
-    let second = out
-        .iter()
-        .find(|s| is_turn(s) && instance_of(s) == "second")
-        .unwrap();
+    let second = turn_of(&out, "second");
     assert_eq!(second.span.trace_id, trace_id("t2").to_vec());
-    assert!(
-        second
-            .span
-            .events
-            .iter()
-            .any(|e| e.name == "hermes.session.start")
-    );
+    assert!(has_session_start(second));
     assert_eq!(c.stats().cross_instance_turns, 0);
 }
 
@@ -237,12 +214,7 @@ fn eleven_heavy_agents_never_evict_a_light_agents_turn() {
     for agent in 0..11 {
         let heavy = shim(&format!("heavy-{agent}"));
         for n in 0..1_000 {
-            let e = event(
-                hooks::PRE_LLM_CALL,
-                10 + n,
-                ids(&format!("hs-{n}"), &format!("ht-{agent}-{n}"), ""),
-                None,
-            );
+            let e = flood_turn(agent, n);
             c.ingest(&heavy, &e, &mut out);
         }
     }
@@ -333,16 +305,8 @@ fn sessions_are_bounded_per_agent_and_in_all() {
     for e in whole_turn("light-s", "light-t", 20_000) {
         c.ingest(&shim("light"), &e, &mut out);
     }
-    let root = out
-        .iter()
-        .find(|s| is_turn(s) && instance_of(s) == "light")
-        .unwrap();
-    assert!(
-        root.span
-            .events
-            .iter()
-            .any(|e| e.name == "hermes.session.start")
-    );
+    let root = turn_of(&out, "light");
+    assert!(has_session_start(root));
 }
 
 #[test]
@@ -361,12 +325,7 @@ fn bytes_are_bounded_per_agent_and_a_light_agent_keeps_its_turn() {
     for agent in 0..4 {
         let heavy = shim(&format!("heavy-{agent}"));
         for n in 0..100u64 {
-            let mut e = event(
-                hooks::PRE_LLM_CALL,
-                10 + n,
-                ids(&format!("hs-{n}"), &format!("h-{agent}-{n}"), ""),
-                None,
-            );
+            let mut e = flood_turn(agent, n);
             e.content.insert("user_message".into(), big.clone());
             c.ingest(&heavy, &e, &mut out);
             assert!(c.agent_usage(&format!("heavy-{agent}")).2 <= 1 << 20);
@@ -378,10 +337,7 @@ fn bytes_are_bounded_per_agent_and_a_light_agent_keeps_its_turn() {
     for e in &light[2..] {
         c.ingest(&shim("light"), e, &mut out);
     }
-    let root = out
-        .iter()
-        .find(|s| is_turn(s) && instance_of(s) == "light")
-        .unwrap();
+    let root = turn_of(&out, "light");
     assert_eq!(attr(&root.span, "hermes.incomplete"), None);
     c.flush_all(&mut out);
     assert_eq!(c.gauges().held_bytes, 0, "every byte charged is refunded");

@@ -29,13 +29,10 @@ use std::collections::HashSet;
 use hermes_correlator::Correlation;
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlator, FinishedSpan};
+use hermes_e2e::events::{MS, T0, shim};
 use hermes_proto::hooks;
 use hermes_proto::v1::{self, event::Body};
 use proptest::prelude::*;
-
-const MS: u64 = 1_000_000;
-/// 2027-01-15 in ns: the wall clock of the test starts here.
-const T0: u64 = 1_800_000_000_000 * MS;
 
 const MAX_OPEN_TURNS: usize = 3;
 const MAX_HELD: usize = 4;
@@ -226,17 +223,6 @@ fn step(max: u64) -> impl Strategy<Value = Step> {
     ]
 }
 
-fn shim(instance: usize) -> v1::ShimInfo {
-    v1::ShimInfo {
-        instance_id: format!("inst-{instance}"),
-        service_name: "hermes-agent".into(),
-        host_name: "host".into(),
-        pid: instance as u32,
-        shim_version: "test".into(),
-        capture: "metadata".into(),
-    }
-}
-
 struct Pipeline {
     correlation: Correlation,
     now: u64,
@@ -277,7 +263,7 @@ impl Pipeline {
                     event,
                 } = *arrival;
                 self.correlation.push_batch(
-                    &shim(instance),
+                    &shim(&format!("inst-{instance}")),
                     floor_seq,
                     [event],
                     0,
@@ -451,7 +437,7 @@ proptest! {
         let mut ready = Vec::new();
         for seq in seqs {
             let event = v1::Event { seq, ..Default::default() };
-            sequencer.push(&shim(0), 0, event, T0, &mut ready);
+            sequencer.push(&shim("inst-0"), 0, event, T0, &mut ready);
             prop_assert!(sequencer.held() <= MAX_HELD);
         }
         let released: Vec<u64> = ready.iter().map(|(_, e)| e.seq).collect();

@@ -144,6 +144,22 @@ pub(crate) fn escaped_len(c: char) -> usize {
     }
 }
 
+/// The longest prefix of `s` (on a character boundary) whose escaped form
+/// takes at most `room` bytes.
+pub(crate) fn escaped_prefix(s: &str, room: usize) -> &str {
+    let mut used = 0;
+    let mut end = 0;
+    for (i, c) in s.char_indices() {
+        let n = escaped_len(c);
+        if used + n > room {
+            break;
+        }
+        used += n;
+        end = i + c.len_utf8();
+    }
+    &s[..end]
+}
+
 /// Byte length of `s` written as a JSON string literal, quotes included.
 /// Every escape replaces one ASCII byte, so the length is counted over
 /// bytes (a multi-byte character is written verbatim).

@@ -356,20 +356,11 @@ fn write_cut(s: &str, cap: usize, out: &mut String) {
     } else {
         (room.saturating_sub(ELLIPSIS.len()), false)
     };
-    let mut used = 0;
-    let mut end = 0;
-    for (i, c) in s.char_indices() {
-        let n = json::escaped_len(c);
-        if used + n > budget {
-            break;
-        }
-        used += n;
-        end = i + c.len_utf8();
-    }
+    let kept = json::escaped_prefix(s, budget);
     out.push('"');
-    json::write_escaped(&s[..end], out);
+    json::write_escaped(kept, out);
     if full_marker {
-        out.push_str(&cut_marker(s.len() - end));
+        out.push_str(&cut_marker(s.len() - kept.len()));
     } else if room >= ELLIPSIS.len() {
         out.push_str(ELLIPSIS);
     }

@@ -128,117 +128,89 @@ fn fit_str(s: &str, budget: usize, out: &mut String) -> bool {
         out.push_str("\"\"");
         return true;
     };
-    let mut used = 0;
-    let mut end = 0;
-    for (i, c) in s.char_indices() {
-        let n = json::escaped_len(c);
-        if used + n > room {
-            break;
-        }
-        used += n;
-        end = i + c.len_utf8();
-    }
     out.push('"');
-    json::write_escaped(&s[..end], out);
+    json::write_escaped(json::escaped_prefix(s, room), out);
     out.push_str(ELLIPSIS);
     out.push('"');
     true
 }
 
+/// The brackets of an array or an object, and the entry that ends it when
+/// entries were lost.
+struct Brackets {
+    open: char,
+    close: char,
+    lost: &'static str,
+}
+
+const ARRAY: Brackets = Brackets {
+    open: '[',
+    close: ']',
+    lost: ELLIPSIS_JSON,
+};
+
+const OBJECT: Brackets = Brackets {
+    open: '{',
+    close: '}',
+    lost: TRUNCATED_MEMBER,
+};
+
 /// An array too long for `budget`: whole elements from the start, the first
 /// that does not fit cut, then `"…"` when elements were lost.
 fn fit_array(items: &[Json], budget: usize, out: &mut String) -> bool {
-    if budget < 2 {
-        return false;
-    }
-    // `["…"]`
-    if budget < 2 + ELLIPSIS_JSON.len() {
-        out.push_str("[]");
-        return true;
-    }
-    let start = out.len();
-    out.push('[');
-    // Room kept for `,"…"]` (the comma only after an element).
-    let tail = |any: bool| usize::from(any) + ELLIPSIS_JSON.len() + 1;
-    let mut lost = true;
-    for (i, item) in items.iter().enumerate() {
-        let any = i > 0;
-        let used = out.len() - start;
-        let sep = usize::from(any);
-        if used + sep + item.text_len() + tail(true) <= budget {
-            if any {
-                out.push(',');
-            }
-            item.write(out);
-            continue;
-        }
-        // The element does not fit whole: cut it, then stop. The last
-        // element needs no marker after it, only `]`.
-        let last = i + 1 == items.len();
-        let reserve = if last { 1 } else { tail(true) };
-        if let Some(room) = budget.checked_sub(used + sep + reserve) {
-            let mark = out.len();
-            if any {
-                out.push(',');
-            }
-            if fit(item, room, out) {
-                lost = !last;
-            } else {
-                out.truncate(mark);
-            }
-        }
-        break;
-    }
-    if lost {
-        if out.len() - start > 1 {
-            out.push(',');
-        }
-        out.push_str(ELLIPSIS_JSON);
-    }
-    out.push(']');
-    true
+    fit_entries(&ARRAY, items.iter().map(|v| (None, v)), budget, out)
 }
 
 /// An object too long for `budget`: whole members from the start, the value
 /// of the first that does not fit cut, then `"_truncated":true` when members
 /// were lost.
 fn fit_object(members: &[(String, Json)], budget: usize, out: &mut String) -> bool {
+    let entries = members.iter().map(|(k, v)| (Some(k.as_str()), v));
+    fit_entries(&OBJECT, entries, budget, out)
+}
+
+/// The entries (an element, or a member's key and value) of an array or an
+/// object too long for `budget`: whole entries from the start, the value of
+/// the first that does not fit cut, then the `lost` entry when entries were
+/// lost.
+fn fit_entries<'a>(
+    brackets: &Brackets,
+    entries: impl ExactSizeIterator<Item = (Option<&'a str>, &'a Json)>,
+    budget: usize,
+    out: &mut String,
+) -> bool {
     if budget < 2 {
         return false;
     }
-    // `{"_truncated":true}`
-    if budget < 2 + TRUNCATED_MEMBER.len() {
-        out.push_str("{}");
+    // Room for the `lost` entry alone (`["…"]`, `{"_truncated":true}`)?
+    if budget < 2 + brackets.lost.len() {
+        out.push(brackets.open);
+        out.push(brackets.close);
         return true;
     }
     let start = out.len();
-    out.push('{');
-    // Room kept for `,"_truncated":true}` (the comma only after a member).
-    let tail = |any: bool| usize::from(any) + TRUNCATED_MEMBER.len() + 1;
+    out.push(brackets.open);
+    // Room kept for `,` + the `lost` entry + the closing bracket.
+    let tail = 1 + brackets.lost.len() + 1;
+    let count = entries.len();
     let mut lost = true;
-    for (i, (key, value)) in members.iter().enumerate() {
+    for (i, (key, value)) in entries.enumerate() {
         let any = i > 0;
         let used = out.len() - start;
         let sep = usize::from(any);
-        let key_len = json::str_len(key) + 1;
-        if used + sep + key_len + value.text_len() + tail(true) <= budget {
-            if any {
-                out.push(',');
-            }
-            json::write_str(key, out);
-            out.push(':');
+        let key_len = key.map_or(0, |k| json::str_len(k) + 1);
+        if used + sep + key_len + value.text_len() + tail <= budget {
+            entry_head(any, key, out);
             value.write(out);
             continue;
         }
-        let last = i + 1 == members.len();
-        let reserve = if last { 1 } else { tail(true) };
+        // The entry does not fit whole: cut its value, then stop. The last
+        // entry needs no `lost` entry after it, only the closing bracket.
+        let last = i + 1 == count;
+        let reserve = if last { 1 } else { tail };
         if let Some(room) = budget.checked_sub(used + sep + key_len + reserve) {
             let mark = out.len();
-            if any {
-                out.push(',');
-            }
-            json::write_str(key, out);
-            out.push(':');
+            entry_head(any, key, out);
             if fit(value, room, out) {
                 lost = !last;
             } else {
@@ -251,10 +223,22 @@ fn fit_object(members: &[(String, Json)], budget: usize, out: &mut String) -> bo
         if out.len() - start > 1 {
             out.push(',');
         }
-        out.push_str(TRUNCATED_MEMBER);
+        out.push_str(brackets.lost);
     }
-    out.push('}');
+    out.push(brackets.close);
     true
+}
+
+/// What comes before an entry's value: `,` after another entry, then a
+/// member's `"key":`.
+fn entry_head(any: bool, key: Option<&str>, out: &mut String) {
+    if any {
+        out.push(',');
+    }
+    if let Some(key) = key {
+        json::write_str(key, out);
+        out.push(':');
+    }
 }
 
 #[cfg(test)]

@@ -3,14 +3,13 @@
 //! `exception` event is redacted and cut alike.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use hermes_correlator::{Config, Correlator, to_resource_spans};
+use hermes_correlator::{Config, Correlator, FinishedSpan, to_resource_spans};
+use hermes_e2e::events::{self, api_body, event, shim, turn_body};
 use hermes_processor::{ProcessorConfig, SpanProcessor};
 use hermes_proto::v1::{self, event::Body};
 use hermes_span::common::v1::any_value::Value;
 use hermes_span::trace::v1::status::StatusCode;
 
-const MS: u64 = 1_000_000;
-const T0: u64 = 1_800_000_000_000 * MS;
 const TURN: &str = "20261129_200230_bbf019:task-1:1b06e77d";
 const API: &str = "20261129_200230_bbf019:task-1:1b06e77d:api:1";
 
@@ -23,40 +22,33 @@ const SECRETS: [&str; 5] = [
 ];
 
 fn ids(api: &str) -> v1::Ids {
-    v1::Ids {
-        session_id: "20261129_200230_bbf019".into(),
-        task_id: "task-1".into(),
-        turn_id: TURN.into(),
-        api_request_id: api.into(),
-        ..Default::default()
-    }
-}
-
-fn event(seq: u64, hook: &str, t_ms: u64, ids: v1::Ids, body: Body) -> v1::Event {
-    v1::Event {
-        seq,
-        hook: hook.into(),
-        schema_version: "hermes.observer.v1".into(),
-        time_unix_nano: T0 + t_ms * MS,
-        mono_nano: t_ms * MS,
-        thread: "MainThread".into(),
-        ids: Some(Box::new(ids)),
-        body: Some(body),
-        content: Default::default(),
-    }
+    let turn = events::ids("20261129_200230_bbf019", "task-1", TURN);
+    events::with_api(turn, api)
 }
 
 fn api(ended_ms: u64) -> v1::ApiCall {
     v1::ApiCall {
-        model: "fake-model-1".into(),
         platform: "cli".into(),
         provider: "openai".into(),
         api_call_count: 1,
-        started_at_unix_nano: T0 + 8 * MS,
-        ended_at_unix_nano: if ended_ms == 0 { 0 } else { T0 + ended_ms * MS },
-        attempt: 1,
-        ..Default::default()
+        ..events::api_call("fake-model-1", 1, 8, ended_ms)
     }
+}
+
+/// The spans one correlator closes from these events of one agent, fed in
+/// order, then flushed.
+fn correlate(hooks: Vec<(&str, u64, v1::Ids, Option<Body>)>) -> Vec<FinishedSpan> {
+    let mut correlator = Correlator::new(Config::default());
+    let mut out = Vec::new();
+    for (seq, (hook, t_ms, ids, body)) in (1..).zip(hooks) {
+        let e = v1::Event {
+            seq,
+            ..event(hook, t_ms, ids, body)
+        };
+        correlator.ingest(&shim("inst-1"), &e, &mut out);
+    }
+    correlator.flush_all(&mut out);
+    out
 }
 
 #[test]
@@ -71,48 +63,23 @@ fn an_api_error_with_secrets_gives_a_redacted_cut_status_message() {
         SECRETS[4],
         "x".repeat(100_000),
     );
-    let shim = v1::ShimInfo {
-        instance_id: "inst-1".into(),
-        service_name: "hermes-agent".into(),
-        host_name: "host".into(),
-        pid: 42,
-        shim_version: "0.1.0".into(),
-        capture: "metadata".into(),
-    };
-    let mut c = Correlator::new(Config::default());
-    let mut out = Vec::new();
-    let turn = Body::Turn(v1::Turn {
-        model: "fake-model-1".into(),
-        platform: "cli".into(),
-        ..Default::default()
-    });
-    for e in [
-        event(1, "pre_llm_call", 0, ids(""), turn),
-        event(
-            2,
-            "pre_api_request",
-            10,
-            ids(API),
-            Body::Api(Box::new(api(0))),
-        ),
-        event(
-            3,
+    let spans = correlate(vec![
+        ("pre_llm_call", 0, ids(""), turn_body()),
+        ("pre_api_request", 10, ids(API), api_body(api(0))),
+        (
             "api_request_error",
             300,
             ids(API),
-            Body::Api(Box::new(v1::ApiCall {
+            api_body(v1::ApiCall {
                 status_code: Some(401),
                 reason: "auth".into(),
                 error_type: "AuthenticationError".into(),
                 error_message: error.clone(),
                 ..api(299)
-            })),
+            }),
         ),
-    ] {
-        c.ingest(&shim, &e, &mut out);
-    }
-    c.flush_all(&mut out);
-    let mut batch = to_resource_spans(out);
+    ]);
+    let mut batch = to_resource_spans(spans);
     let mut processor = SpanProcessor::new(&ProcessorConfig::default()).unwrap();
     processor.process(&mut batch);
 

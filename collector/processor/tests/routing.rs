@@ -100,15 +100,18 @@ fn project(rs: &ResourceSpans) -> Option<&str> {
     )
 }
 
+/// The spans of two agents, `coder` and `reviewer`, processed with `set`.
+fn two_agents(set: AttributeSet) -> Vec<ResourceSpans> {
+    let agents = vec![
+        resource_spans(vec![s("service.name", "coder")]),
+        resource_spans(vec![s("service.name", "reviewer")]),
+    ];
+    run(&sets(&[set]), agents)
+}
+
 #[test]
 fn two_agents_land_in_two_phoenix_projects() {
-    let out = run(
-        &sets(&[AttributeSet::OpenInference]),
-        vec![
-            resource_spans(vec![s("service.name", "coder")]),
-            resource_spans(vec![s("service.name", "reviewer")]),
-        ],
-    );
+    let out = two_agents(AttributeSet::OpenInference);
     assert_eq!(project(&out[0]), Some("coder"));
     assert_eq!(project(&out[1]), Some("reviewer"));
     // A resource attribute, not a span attribute: Phoenix reads the resource.
@@ -271,13 +274,7 @@ fn langfuse_trace_attributes_follow_its_documented_mapping() {
 
 #[test]
 fn langfuse_defaults_come_from_the_service_name() {
-    let out = run(
-        &sets(&[AttributeSet::Langfuse]),
-        vec![
-            resource_spans(vec![s("service.name", "coder")]),
-            resource_spans(vec![s("service.name", "reviewer")]),
-        ],
-    );
+    let out = two_agents(AttributeSet::Langfuse);
     let root = |i: usize| &out[i].scope_spans[0].spans[0].attributes;
     assert_eq!(string(root(0), "langfuse.trace.name"), Some("coder"));
     assert_eq!(string(root(1), "langfuse.trace.name"), Some("reviewer"));
