@@ -349,6 +349,23 @@ impl RunOutput {
         !self.timed_out && self.output.status.success()
     }
 
+    /// Asserts the collector refused its configuration: exit 64 (usage
+    /// error), with `needle` (the offending key) on stderr. `context` (the
+    /// case) starts each failure message.
+    pub fn assert_refused_naming(&self, context: &str, needle: &str) {
+        assert_eq!(
+            self.output.status.code(),
+            Some(64),
+            "{context}:\n{}",
+            self.describe()
+        );
+        assert!(
+            self.stderr().contains(needle),
+            "{context}: stderr does not name {needle}:\n{}",
+            self.describe()
+        );
+    }
+
     /// A multi-line description for assertion messages.
     pub fn describe(&self) -> String {
         format!(

@@ -827,17 +827,7 @@ fn bad_access_control_settings_exit_64_naming_the_key() {
                 .env_remove("SECURITY_TEST_UNSET_VARIABLE"),
             WAIT,
         );
-        assert_eq!(
-            out.output.status.code(),
-            Some(64),
-            "{yaml}{}",
-            out.describe()
-        );
-        assert!(
-            out.stderr().contains(&format!("`{key}`")),
-            "{yaml}{}",
-            out.describe()
-        );
+        out.assert_refused_naming(yaml, &format!("`{key}`"));
     }
 }
 
