@@ -75,6 +75,21 @@ impl Captured {
         (captured, handle)
     }
 
+    /// What `source` (a child's pipe, if piped) writes, its reader thread
+    /// added to `readers`; empty if not piped.
+    fn of(
+        source: Option<impl Read + Send + 'static>,
+        name: &str,
+        readers: &mut Vec<JoinHandle<()>>,
+    ) -> Self {
+        let Some(source) = source else {
+            return Captured::default();
+        };
+        let (captured, handle) = Captured::spawn_reader(source, name);
+        readers.extend(handle);
+        captured
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -136,29 +151,8 @@ impl ChildGuard {
         cmd.process_group(0);
         let mut child = cmd.spawn()?;
         let mut readers = Vec::new();
-        let mut capture = |source: Option<Box<dyn Read + Send>>, stream: &str| match source {
-            Some(source) => {
-                let (captured, handle) =
-                    Captured::spawn_reader(source, &format!("{name}-{stream}"));
-                readers.extend(handle);
-                captured
-            }
-            None => Captured::default(),
-        };
-        let stdout = capture(
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-            "stdout",
-        );
-        let stderr = capture(
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-            "stderr",
-        );
+        let stdout = Captured::of(child.stdout.take(), &format!("{name}-stdout"), &mut readers);
+        let stderr = Captured::of(child.stderr.take(), &format!("{name}-stderr"), &mut readers);
         Ok(ChildGuard {
             name: name.to_string(),
             child,
