@@ -5,11 +5,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hermes_e2e::collector::Collector;
-use hermes_e2e::fault::spawn_loadgen;
+use hermes_e2e::fault::{loadgen_summary, spawn_loadgen};
 use hermes_e2e::{OtlpReceiver, cargo_bin, free_port};
 
 /// `key=value` of the collector's final `stopped` log line.
@@ -28,7 +27,7 @@ fn stopped_field(log: &str, key: &str) -> u64 {
 #[test]
 fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
     // Build both binaries first: the load must start right after the collector.
-    let collector_bin = cargo_bin("hermes-collector", "hermes-collector");
+    cargo_bin("hermes-collector", "hermes-collector");
     cargo_bin("hermes-loadgen", "hermes-loadgen");
     let receiver = OtlpReceiver::start();
     let work = tempfile::tempdir().unwrap();
@@ -36,23 +35,18 @@ fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
     // Debug builds on a busy 2-core machine: a generous grace, still far
     // below Kubernetes' 30 s.
     let grace_ms = 15_000;
-    let config = work.path().join("collector.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "receiver:\n  listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:0\nexporters:\n  otlp:\n    endpoint: {}\nshutdown:\n  grace_ms: {grace_ms}\n",
+    let listen = format!("127.0.0.1:{port}");
+    let mut collector = Collector::start_with_config(
+        work.path(),
+        &listen,
+        &format!(
+            "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\nexporters:\n  otlp:\n    endpoint: {}\nshutdown:\n  grace_ms: {grace_ms}\n",
             receiver.endpoint()
         ),
-    )
-    .unwrap();
-    let mut cmd = Command::new(&collector_bin);
-    cmd.arg("--config").arg(&config);
-    let mut collector = Collector::launch(cmd);
-
-    let endpoint = format!("http://127.0.0.1:{port}");
+    );
     let loadgen = spawn_loadgen(&[
         "--endpoint",
-        &endpoint,
+        &collector.endpoint,
         "--instances",
         "4",
         "--turns",
@@ -87,12 +81,7 @@ fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
     );
 
     let out = loadgen.into_output(Duration::from_secs(30));
-    let summary: serde_json::Value = out
-        .stdout()
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no loadgen summary:\n{}", out.describe()));
+    let summary = loadgen_summary(&out);
     let acked = summary["events_acked"].as_u64().unwrap();
     assert!(acked > 0, "{summary}");
 

@@ -286,22 +286,18 @@ fn an_unwritable_span_file_is_counted_and_never_holds_the_drain() {
     let work = tempfile::tempdir().unwrap();
     let port = free_port();
     let grace_ms = 15_000;
-    let config = work.path().join("collector.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "receiver:\n  listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:0\nexporters:\n  file:\n    path: /dev/full\nshutdown:\n  grace_ms: {grace_ms}\n"
+    let listen = format!("127.0.0.1:{port}");
+    let mut run = Collector::start_with_config(
+        work.path(),
+        &listen,
+        &format!(
+            "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\nexporters:\n  file:\n    path: /dev/full\nshutdown:\n  grace_ms: {grace_ms}\n"
         ),
-    )
-    .unwrap();
-    let mut cmd = Collector::command();
-    cmd.current_dir(work.path()).arg("--config").arg(&config);
-    let mut run = Collector::launch(cmd);
-    let endpoint = format!("http://127.0.0.1:{port}");
+    );
     let out = run_loadgen(
         &[
             "--endpoint",
-            &endpoint,
+            &run.endpoint,
             "--instances",
             "1",
             "--turns",
