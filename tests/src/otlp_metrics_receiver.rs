@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Request, Response, StatusCode};
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
 };
@@ -37,7 +37,7 @@ use tonic::codec::CompressionEncoding;
 pub use crate::server::ServerTls;
 use crate::server::{
     ServerThread, bind, grpc_builder, header_text, http_error, http_response, local_addr,
-    read_body, serve_grpc, serve_http1, tls_acceptor,
+    read_post, serve_grpc, serve_http1, tls_acceptor,
 };
 
 /// Largest request either receiver accepts (decompressed).
@@ -349,13 +349,7 @@ async fn handle_http(
     store: MetricStore,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.uri().path() != "/v1/metrics" {
-        return Ok(http_error(StatusCode::NOT_FOUND, "only /v1/metrics"));
-    }
-    if req.method() != Method::POST {
-        return Ok(http_error(StatusCode::METHOD_NOT_ALLOWED, "POST only"));
-    }
-    let (headers, body) = match read_body(req, MAX_REQUEST_BYTES).await {
+    let (headers, body) = match read_post(req, "/v1/metrics", MAX_REQUEST_BYTES).await {
         Ok(read) => read,
         Err(refused) => return Ok(refused),
     };

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::{HeaderMap, Method, Request, Response, StatusCode};
+use hyper::{HeaderMap, Request, Response, StatusCode};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -43,7 +43,7 @@ use tonic::codec::CompressionEncoding;
 
 use crate::server::{
     ServerThread, ServerTls, bind, grpc_builder, header_text, http_error, http_response,
-    local_addr, read_body, serve_grpc, serve_http1, tls_acceptor,
+    local_addr, read_post, serve_grpc, serve_http1, tls_acceptor,
 };
 use crate::span_tree::SpanTree;
 
@@ -535,13 +535,7 @@ async fn handle_http(
     store: SpanStore,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.uri().path() != "/v1/traces" {
-        return Ok(http_error(StatusCode::NOT_FOUND, "only /v1/traces"));
-    }
-    if req.method() != Method::POST {
-        return Ok(http_error(StatusCode::METHOD_NOT_ALLOWED, "POST only"));
-    }
-    let (headers, body) = match read_body(req, MAX_REQUEST_BYTES).await {
+    let (headers, body) = match read_post(req, "/v1/traces", MAX_REQUEST_BYTES).await {
         Ok(read) => read,
         Err(refused) => return Ok(refused),
     };

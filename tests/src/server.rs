@@ -288,6 +288,22 @@ pub(crate) fn http_error(status: StatusCode, message: &str) -> Response<Full<Byt
     http_response(status, "text/plain", message.as_bytes().to_vec())
 }
 
+/// The headers and the body (see [`read_body`]) of a `POST path` request;
+/// or the error answer to give, also to another path or method.
+pub(crate) async fn read_post(
+    req: Request<Incoming>,
+    path: &str,
+    max: usize,
+) -> Result<(HeaderMap, Vec<u8>), Response<Full<Bytes>>> {
+    if req.uri().path() != path {
+        return Err(http_error(StatusCode::NOT_FOUND, &format!("only {path}")));
+    }
+    if req.method() != hyper::Method::POST {
+        return Err(http_error(StatusCode::METHOD_NOT_ALLOWED, "POST only"));
+    }
+    read_body(req, max).await
+}
+
 /// The headers and the body of `req`, at most `max` bytes once a
 /// `Content-Encoding: gzip` is undone; or the error answer to give.
 pub(crate) async fn read_body(
