@@ -250,6 +250,27 @@ impl ChildGuard {
         send_signal(self.pid(), signal, false)
     }
 
+    /// SIGTERM to the child, then waits at most `timeout` for its exit:
+    /// the status (None: still running) and the time from the signal on.
+    pub fn sigterm(&mut self, timeout: Duration) -> (Option<ExitStatus>, Duration) {
+        let signalled = Instant::now();
+        assert!(self.signal("TERM"), "SIGTERM to {}", self.name);
+        let status = self.wait_timeout(timeout);
+        (status, signalled.elapsed())
+    }
+
+    /// [`sigterm`](Self::sigterm), asserting the child exits 0 in time
+    /// (showing its stderr otherwise).
+    pub fn assert_clean_stop(&mut self, timeout: Duration) {
+        let (status, took) = self.sigterm(timeout);
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{} did not exit 0 within {timeout:?} of SIGTERM ({status:?} after {took:?}):\n{}",
+            self.name,
+            self.stderr_text()
+        );
+    }
+
     /// Graceful stop: SIGTERM to the child, wait at most `grace`, then
     /// SIGKILL to the whole process group. Returns the exit status.
     pub fn terminate(&mut self, grace: Duration) -> ExitStatus {

@@ -264,14 +264,7 @@ fn embedded_default_writes_the_span_file_and_prints_the_turn() {
         lines[root_line].contains("ms") || lines[root_line].contains('s'),
         "durations shown:\n{stdout}"
     );
-    collector.guard.signal("TERM");
-    assert!(
-        collector
-            .guard
-            .wait_timeout(WAIT)
-            .is_some_and(|s| s.success()),
-        "collector exits cleanly on SIGTERM"
-    );
+    collector.assert_clean_stop(WAIT);
 }
 
 /// Every span of an OTLP JSON-lines file with its resource.

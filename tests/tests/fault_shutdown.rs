@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hermes_e2e::collector::Collector;
 use hermes_e2e::fault::{loadgen_summary, spawn_loadgen};
@@ -66,10 +66,7 @@ fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
         collector.stderr_text()
     );
 
-    let signalled = Instant::now();
-    assert!(collector.signal("TERM"));
-    let status = collector.wait_timeout(Duration::from_millis(grace_ms + 5000));
-    let took = signalled.elapsed();
+    let (status, took) = collector.sigterm(Duration::from_millis(grace_ms + 5000));
     assert!(
         status.is_some_and(|s| s.success()),
         "collector did not exit cleanly within the grace period: {status:?}\n{}",

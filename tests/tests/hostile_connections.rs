@@ -16,7 +16,7 @@
 use std::io::Read as _;
 use std::net::TcpStream;
 use std::os::unix::process::ExitStatusExt as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hermes_e2e::collector::Collector;
 use hermes_e2e::ingest::{basic_events, batch_of, exchange};
@@ -55,13 +55,8 @@ fn a_silent_connection_neither_delays_the_drain_nor_loses_the_open_turn() {
     let _silent = TcpStream::connect(addr(&collector)).unwrap();
     std::thread::sleep(Duration::from_millis(200));
 
-    let start = Instant::now();
-    assert!(collector.guard.signal("TERM"));
-    let status = collector
-        .guard
-        .wait_timeout(Duration::from_secs(30))
-        .expect("the collector did not stop");
-    let took = start.elapsed();
+    let (status, took) = collector.sigterm(Duration::from_secs(30));
+    let status = status.expect("the collector did not stop");
     let log = collector.guard.stderr_text();
     assert_eq!(status.code(), Some(0), "{log}");
     // The connection lingers half a second at most; the grace is 15 s.
@@ -179,18 +174,10 @@ fn spans_the_drain_cannot_export_are_counted_and_the_exit_code_says_so() {
         Duration::from_millis(50),
         || { otlp.store().rejected() > 0 }
     ));
-    let start = Instant::now();
-    assert!(collector.guard.signal("TERM"));
-    let status = collector
-        .guard
-        .wait_timeout(Duration::from_secs(30))
-        .expect("the collector did not stop");
+    let (status, took) = collector.sigterm(Duration::from_secs(30));
+    let status = status.expect("the collector did not stop");
     let log = collector.guard.stderr_text();
-    assert!(
-        start.elapsed() < Duration::from_secs(6),
-        "took {:?}:\n{log}",
-        start.elapsed()
-    );
+    assert!(took < Duration::from_secs(6), "took {took:?}:\n{log}");
     assert_eq!(
         status.code(),
         Some(75),

@@ -656,9 +656,8 @@ fn probes_follow_start_run_and_drain() {
     std::thread::sleep(Duration::from_millis(300));
 
     let signalled = Instant::now();
-    assert!(collector.signal("TERM"));
-    let status = collector.wait_timeout(Duration::from_millis(grace_ms + 10_000));
-    let exited = Instant::now();
+    let (status, drain) = collector.sigterm(Duration::from_millis(grace_ms + 10_000));
+    let exited = signalled + drain;
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let probes = poller.join().unwrap();
@@ -668,7 +667,6 @@ fn probes_follow_start_run_and_drain() {
         status.is_some_and(|s| s.code() == Some(75)),
         "no exit 75 for the spans lost in the drain: {status:?}\n{log}"
     );
-    let drain = exited - signalled;
     assert!(
         drain >= Duration::from_millis(grace_ms / 2)
             && drain <= Duration::from_millis(grace_ms + 3000),

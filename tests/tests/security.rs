@@ -209,8 +209,7 @@ fn ingest_requires_the_bearer_token() {
     assert!(log.contains("auth_failures=2"), "{log}");
     assert!(!log.contains("auth_failures=3"), "{log}");
     assert!(log.contains("authenticated=true"), "{log}");
-    assert!(collector.signal("TERM"));
-    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
+    collector.assert_clean_stop(WAIT);
     assert!(
         !collector.stderr_text().contains(TOKEN),
         "the token is never logged"
@@ -308,8 +307,7 @@ fn unix_socket_is_private_and_carries_the_shim() {
     assert_eq!(out["flushed"], Json::Bool(true), "{out}");
     assert_basic_turn_arrives(&otlp, &collector);
 
-    assert!(collector.signal("TERM"));
-    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
+    collector.assert_clean_stop(WAIT);
     assert!(!socket.exists(), "the socket is removed at shutdown");
 }
 
@@ -901,8 +899,7 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
         headers.contains(&"x-tenant=tenant-7".to_owned()),
         "{headers:?}"
     );
-    assert!(collector.signal("TERM"));
-    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
+    collector.assert_clean_stop(WAIT);
     let log = collector.stderr_text();
     assert!(
         !log.contains("c2VjcmV0"),
@@ -930,14 +927,7 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
         "{}",
         collector.stderr_text()
     );
-    assert!(collector.signal("TERM"));
-    assert!(
-        collector
-            .wait_timeout(Duration::from_secs(15))
-            .is_some_and(|s| s.success()),
-        "{}",
-        collector.stderr_text()
-    );
+    collector.assert_clean_stop(Duration::from_secs(15));
     let log = collector.stderr_text();
     // (The other CA has the same name: rustls reports a bad signature.)
     assert!(
@@ -982,6 +972,5 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
         "spans did not arrive over TLS with the system's roots:\n{}",
         collector.stderr_text()
     );
-    assert!(collector.signal("TERM"));
-    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
+    collector.assert_clean_stop(WAIT);
 }
