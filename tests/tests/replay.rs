@@ -7,7 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use hermes_collector_shim::attempts::AttemptTracker;
@@ -15,6 +14,7 @@ use hermes_collector_shim::config::CaptureLevel;
 use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlation, Correlator, FinishedSpan, to_resource_spans};
+use hermes_e2e::{AttrsExt, SpanTree};
 use hermes_pipeline::clock::TokioClock;
 use hermes_pipeline::derived::DerivedMetrics;
 use hermes_pipeline::driver::{Driver, Steps};
@@ -22,8 +22,7 @@ use hermes_pipeline::ledger::Ledger;
 use hermes_processor::{ProcessorConfig, SpanProcessor};
 use hermes_proto::v1;
 use hermes_receiver::Ingested;
-use hermes_span::common::v1::any_value::Value;
-use hermes_span::trace::v1::{Span, status::StatusCode};
+use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use prost::Message;
@@ -95,75 +94,44 @@ fn correlate(events: &[v1::Event]) -> Vec<FinishedSpan> {
     out
 }
 
-fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
-    span.attributes
-        .iter()
-        .find(|kv| kv.key == key)
-        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
-}
-
 fn int(span: &Span, key: &str) -> i64 {
-    match attr(span, key) {
-        Some(Value::IntValue(i)) => *i,
-        other => panic!("{key} = {other:?} on {}", span.name),
-    }
+    span.int_attr(key)
+        .unwrap_or_else(|| panic!("no int {key} on {}", span.name))
 }
 
-fn string(span: &Span, key: &str) -> String {
-    match attr(span, key) {
-        Some(Value::StringValue(s)) => s.to_string(),
-        other => panic!("{key} = {other:?} on {}", span.name),
-    }
+fn string<'a>(span: &'a Span, key: &str) -> &'a str {
+    span.str_attr(key)
+        .unwrap_or_else(|| panic!("no string {key} on {}", span.name))
 }
 
-/// Invariants every output must hold: unique span ids, every parent present
-/// in the same trace, children inside their parent's window, session.id
-/// everywhere, nothing incomplete.
-fn check_tree(spans: &[FinishedSpan]) -> HashMap<Vec<u8>, &Span> {
-    let by_id: HashMap<Vec<u8>, &Span> = spans
-        .iter()
-        .map(|s| (s.span.span_id.clone(), &s.span))
-        .collect();
-    assert_eq!(by_id.len(), spans.len(), "span ids are unique");
-    for FinishedSpan { span, .. } in spans {
+/// The fixture's `records` captured at `level`, correlated, as the tree of
+/// OTLP spans the collector exports. Checks what every replay must hold: a
+/// well formed tree (see [`SpanTree::problems`]) of unique spans, each with
+/// a `session.id`, none incomplete.
+fn replay(records: &[Json], level: CaptureLevel) -> SpanTree {
+    tree_of(correlate(&to_events(records, level)))
+}
+
+fn tree_of(spans: Vec<FinishedSpan>) -> SpanTree {
+    let batch = hermes_span::convert::to_otlp(&to_resource_spans(spans));
+    let tree = SpanTree::new(batch.into_iter().flat_map(|rs| {
+        let resource = rs.resource.unwrap_or_default();
+        rs.scope_spans
+            .into_iter()
+            .flat_map(|ss| ss.spans)
+            .map(move |span| (resource.clone(), span))
+    }));
+    tree.assert_well_formed();
+    assert!(tree.duplicates().is_empty(), "span ids are unique");
+    for span in tree.spans() {
         assert!(!string(span, "session.id").is_empty());
         assert!(
-            attr(span, "hermes.incomplete").is_none(),
+            !span.has_attr("hermes.incomplete"),
             "{} is incomplete",
             span.name
         );
-        assert!(
-            span.start_time_unix_nano <= span.end_time_unix_nano,
-            "{}",
-            span.name
-        );
-        if span.parent_span_id.is_empty() {
-            continue;
-        }
-        let parent = by_id
-            .get(&span.parent_span_id)
-            .unwrap_or_else(|| panic!("parent of {} missing", span.name));
-        assert_eq!(parent.trace_id, span.trace_id);
-        assert!(
-            span.start_time_unix_nano >= parent.start_time_unix_nano,
-            "{} starts before its parent",
-            span.name
-        );
-        assert!(
-            span.end_time_unix_nano <= parent.end_time_unix_nano,
-            "{} ends after its parent",
-            span.name
-        );
     }
-    by_id
-}
-
-fn named<'a>(spans: &'a [FinishedSpan], name: &str) -> Vec<&'a Span> {
-    spans
-        .iter()
-        .map(|s| &s.span)
-        .filter(|s| s.name == name)
-        .collect()
+    tree
 }
 
 /// `prompt_tokens`/`output_tokens` of every post_api_request, in order.
@@ -184,10 +152,9 @@ fn usages(records: &[Json]) -> Vec<(i64, i64)> {
 #[test]
 fn basic_fixture_is_one_turn_with_two_chats_and_a_tool() {
     let records = load("basic.jsonl");
-    let spans = correlate(&to_events(&records, CaptureLevel::Metadata));
-    check_tree(&spans);
-    assert_eq!(spans.len(), 4);
-    let roots = named(&spans, "invoke_agent hermes");
+    let tree = replay(&records, CaptureLevel::Metadata);
+    assert_eq!(tree.len(), 4);
+    let roots = tree.find_all("invoke_agent hermes");
     assert_eq!(roots.len(), 1);
     let root = roots[0];
     assert!(root.parent_span_id.is_empty());
@@ -198,7 +165,7 @@ fn basic_fixture_is_one_turn_with_two_chats_and_a_tool() {
             .count(),
         1
     );
-    let chats = named(&spans, "chat fake-model-1");
+    let chats = tree.find_all("chat fake-model-1");
     assert_eq!(chats.len(), 2);
     let got: Vec<(i64, i64)> = chats
         .iter()
@@ -210,7 +177,7 @@ fn basic_fixture_is_one_turn_with_two_chats_and_a_tool() {
         })
         .collect();
     assert_eq!(got, usages(&records));
-    let tools = named(&spans, "execute_tool terminal");
+    let tools = tree.find_all("execute_tool terminal");
     assert_eq!(tools.len(), 1);
     assert_eq!(string(tools[0], "gen_ai.tool.call.id"), "call_542ef10e36a7");
     assert_eq!(int(root, "hermes.turn.tool_calls"), 1);
@@ -221,9 +188,8 @@ fn basic_fixture_is_one_turn_with_two_chats_and_a_tool() {
 #[test]
 fn retry_fixture_has_one_span_per_attempt() {
     let records = load("retry.jsonl");
-    let spans = correlate(&to_events(&records, CaptureLevel::Metadata));
-    check_tree(&spans);
-    let chats = named(&spans, "chat fake-model-1");
+    let tree = replay(&records, CaptureLevel::Metadata);
+    let chats = tree.find_all("chat fake-model-1");
     assert_eq!(
         chats.len(),
         4,
@@ -245,7 +211,7 @@ fn retry_fixture_has_one_span_per_attempt() {
     assert_eq!(codes, vec![500, 429]);
     assert_eq!(string(failed[0], "error.type"), "server_error");
     assert_eq!(string(failed[1], "error.type"), "rate_limit");
-    let attempts: Vec<(String, i64)> = chats
+    let attempts: Vec<(&str, i64)> = chats
         .iter()
         .map(|c| (string(c, "hermes.api_request_id"), int(c, "hermes.attempt")))
         .collect();
@@ -255,15 +221,14 @@ fn retry_fixture_has_one_span_per_attempt() {
     assert!(attempts[3].0.ends_with(":api:2") && attempts[3].1 == 2);
     // The retry starts at its own pre_api_request, after the failure ended.
     assert!(chats[1].start_time_unix_nano >= chats[0].end_time_unix_nano);
-    assert_eq!(named(&spans, "execute_tool terminal").len(), 1);
+    assert_eq!(tree.find_all("execute_tool terminal").len(), 1);
 }
 
 #[test]
 fn lean_level_still_gives_every_attempt() {
     let records = load("retry.jsonl");
-    let spans = correlate(&to_events(&records, CaptureLevel::Lean));
-    check_tree(&spans);
-    assert_eq!(named(&spans, "chat fake-model-1").len(), 4);
+    let tree = replay(&records, CaptureLevel::Lean);
+    assert_eq!(tree.find_all("chat fake-model-1").len(), 4);
 }
 
 #[test]
@@ -276,29 +241,28 @@ fn parallel_fixture_has_two_tools_from_worker_threads() {
             .any(|e| e.thread.starts_with("ThreadPoolExecutor")),
         "posts come from workers"
     );
-    let spans = correlate(&events);
-    check_tree(&spans);
-    let tools = named(&spans, "execute_tool read_file");
+    let tree = tree_of(correlate(&events));
+    let tools = tree.find_all("execute_tool read_file");
     assert_eq!(tools.len(), 2);
     assert_ne!(
         string(tools[0], "gen_ai.tool.call.id"),
         string(tools[1], "gen_ai.tool.call.id")
     );
-    assert_eq!(named(&spans, "chat fake-model-1").len(), 2);
+    assert_eq!(tree.find_all("chat fake-model-1").len(), 2);
 }
 
 #[test]
 fn multiturn_fixture_is_one_trace_per_turn_in_one_session() {
     let records = load("multiturn.jsonl");
-    let spans = correlate(&to_events(&records, CaptureLevel::Metadata));
-    check_tree(&spans);
-    let roots = named(&spans, "invoke_agent hermes");
+    let tree = replay(&records, CaptureLevel::Metadata);
+    let roots = tree.find_all("invoke_agent hermes");
     assert_eq!(roots.len(), 3);
     let traces: std::collections::HashSet<&Vec<u8>> = roots.iter().map(|r| &r.trace_id).collect();
     assert_eq!(traces.len(), 3, "one trace per turn");
-    let sessions: std::collections::HashSet<String> = spans
+    let sessions: std::collections::HashSet<&str> = tree
+        .spans()
         .iter()
-        .map(|s| string(&s.span, "session.id"))
+        .map(|s| string(s, "session.id"))
         .collect();
     assert_eq!(sessions.len(), 1, "all turns share the session");
     let with_start = roots
@@ -463,9 +427,8 @@ proptest! {
 #[test]
 fn content_level_adds_messages_arguments_and_answers() {
     let records = load("basic.jsonl");
-    let spans = correlate(&to_events(&records, CaptureLevel::Content));
-    check_tree(&spans);
-    let chats = named(&spans, "chat fake-model-1");
+    let tree = replay(&records, CaptureLevel::Content);
+    let chats = tree.find_all("chat fake-model-1");
     let input: Json =
         serde_json::from_str(&string(chats[0], "gen_ai.input.messages")).expect("input JSON");
     assert_eq!(input[0]["role"], "user");
@@ -494,7 +457,7 @@ fn content_level_adds_messages_arguments_and_answers() {
         second[2]["parts"][0]["type"], "tool_call_response",
         "{second}"
     );
-    let tool = named(&spans, "execute_tool terminal")[0];
+    let tool = tree.find_all("execute_tool terminal")[0];
     let args: Json =
         serde_json::from_str(&string(tool, "gen_ai.tool.call.arguments")).expect("args JSON");
     assert_eq!(
@@ -502,7 +465,7 @@ fn content_level_adds_messages_arguments_and_answers() {
         serde_json::json!({"command": "echo hermes-hook-test"})
     );
     assert!(string(tool, "gen_ai.tool.call.result").contains("hermes-hook-test"));
-    let root = named(&spans, "invoke_agent hermes")[0];
+    let root = tree.find_all("invoke_agent hermes")[0];
     assert_eq!(
         string(root, "hermes.turn.user_message"),
         "Please run echo hermes-hook-test"
@@ -510,8 +473,8 @@ fn content_level_adds_messages_arguments_and_answers() {
     assert!(string(root, "hermes.turn.final_answer").starts_with("Final answer"));
 
     // The default level carries none of it.
-    let spans = correlate(&to_events(&records, CaptureLevel::Metadata));
-    for FinishedSpan { span, .. } in &spans {
+    let tree = replay(&records, CaptureLevel::Metadata);
+    for span in tree.spans() {
         for key in [
             "gen_ai.input.messages",
             "gen_ai.output.messages",
@@ -522,7 +485,7 @@ fn content_level_adds_messages_arguments_and_answers() {
             "hermes.turn.final_answer",
         ] {
             assert!(
-                attr(span, key).is_none(),
+                !span.has_attr(key),
                 "{key} on {} at level metadata",
                 span.name
             );
