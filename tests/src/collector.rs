@@ -165,6 +165,14 @@ impl Collector {
     }
 }
 
+/// The value of the unlabelled counter `name` on the `/metrics` of a
+/// collector process, if it is there.
+pub fn counter(collector: &ChildGuard, name: &str) -> Option<u64> {
+    admin_get(collector, "/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// Waits at most `timeout` until the collector's `/readyz` answers 200 (the
 /// admin address from its log line `serving /livez ... listen=`); why not,
 /// if it exits or the time runs out first.

@@ -162,6 +162,16 @@ pub fn exchange(
     })
 }
 
+/// Sends the basic fixture's events as instance `instance_id` on a new
+/// stream to `endpoint` and asserts that every one was acknowledged.
+pub fn send_basic_turn(endpoint: &str, instance_id: &str) {
+    let events = basic_events();
+    let last: Vec<u64> = events.last().map(|e| e.seq).into_iter().collect();
+    let acks = exchange(endpoint, None, vec![batch_of(instance_id, events)])
+        .unwrap_or_else(|status| panic!("the basic turn of {instance_id} was refused: {status:?}"));
+    assert_eq!(acks, last, "one ack, of the last event");
+}
+
 /// [`exchange`] over TLS with `tls`; any failure, of the handshake
 /// included, as text.
 pub fn exchange_tls(

@@ -15,7 +15,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use hermes_e2e::collector::Collector;
-use hermes_e2e::ingest::{basic_events, batch_of};
+use hermes_e2e::collector::counter as metric;
+use hermes_e2e::ingest::{basic_events, batch_of, send_basic_turn};
 use hermes_e2e::{AttrsExt as _, ChildGuard, OtlpReceiver, free_port};
 use hermes_proto::v1::{Event, EventBatch, Ids};
 use opentelemetry_proto::tonic::resource::v1::Resource;
@@ -37,13 +38,6 @@ fn start_collector(work: &Path, port: u16, correlator: &str, otlp: &OtlpReceiver
         otlp.endpoint()
     );
     Collector::start_with_config(work, &format!("127.0.0.1:{port}"), &yaml)
-}
-
-/// `name value` of a metric on the collector's `/metrics`.
-fn metric(collector: &ChildGuard, name: &str) -> Option<u64> {
-    let text = hermes_e2e::collector::admin_get(collector, "/metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 fn instance(resource: &Resource) -> &str {
@@ -221,12 +215,7 @@ fn a_flooding_agent_does_not_lock_out_another() {
     assert_eq!(acks.last(), Some(&25_000));
 
     // Another agent: acknowledged, and its turn arrives whole.
-    let events = basic_events();
-    let n = events.len() as u64;
-    assert_eq!(
-        exchange(&endpoint, vec![batch_of("honest", events)]).unwrap(),
-        vec![n]
-    );
+    send_basic_turn(&endpoint, "honest");
     wait_for_spans_of(&otlp, "honest", 4, &collector);
     let honest = spans_of(&otlp, "honest");
     let mut names: Vec<&str> = honest.iter().map(|s| s.name.as_str()).collect();

@@ -19,7 +19,7 @@ use std::os::unix::process::ExitStatusExt as _;
 use std::time::Duration;
 
 use hermes_e2e::collector::Collector;
-use hermes_e2e::ingest::{basic_events, batch_of, exchange};
+use hermes_e2e::ingest::{basic_events, batch_of, exchange, send_basic_turn};
 use hermes_e2e::otlp_receiver::Rejection;
 use hermes_e2e::{OtlpReceiver, free_port, wait_until};
 
@@ -110,12 +110,7 @@ fn silent_connections_are_closed_and_cannot_exhaust_the_collector() {
         "connections still counted open"
     );
     // A real client is served.
-    let events = basic_events();
-    let n = events.len() as u64;
-    assert_eq!(
-        exchange(&collector.endpoint, None, vec![batch_of("a", events)]).unwrap(),
-        [n]
-    );
+    send_basic_turn(&collector.endpoint, "a");
     assert!(otlp.store().wait_for_spans(4, Duration::from_secs(10)));
 }
 
@@ -146,12 +141,7 @@ fn sighup_is_logged_and_ignored() {
         collector.guard.stderr_text()
     );
     assert!(collector.is_running());
-    let events = basic_events();
-    let n = events.len() as u64;
-    assert_eq!(
-        exchange(&collector.endpoint, None, vec![batch_of("a", events)]).unwrap(),
-        [n]
-    );
+    send_basic_turn(&collector.endpoint, "a");
     let status = collector.guard.terminate(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "{}", collector.guard.stderr_text());
 }
@@ -162,12 +152,7 @@ fn spans_the_drain_cannot_export_are_counted_and_the_exit_code_says_so() {
     let otlp = OtlpReceiver::start();
     otlp.store().fail_always(Some(Rejection::Unavailable));
     let mut collector = start(work.path(), &otlp, "", "shutdown:\n  grace_ms: 2000\n");
-    let events = basic_events();
-    let n = events.len() as u64;
-    assert_eq!(
-        exchange(&collector.endpoint, None, vec![batch_of("a", events)]).unwrap(),
-        [n]
-    );
+    send_basic_turn(&collector.endpoint, "a");
     // The backend has refused the turn at least once: it is being retried.
     assert!(wait_until(
         Duration::from_secs(10),

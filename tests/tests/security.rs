@@ -35,7 +35,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use hermes_e2e::collector::Collector;
-use hermes_e2e::ingest::{basic_events, batch_of, exchange};
+use hermes_e2e::collector::counter as metric;
+use hermes_e2e::ingest::{basic_events, batch_of, exchange, send_basic_turn};
 use hermes_e2e::{
     AttrsExt as _, ChildGuard, OtlpReceiver, ServerTls, cargo_bin, ensure_venv, free_port,
     run_with_timeout, venv_bin,
@@ -367,10 +368,7 @@ fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
         closed
     });
 
-    let events = basic_events();
-    let n = events.len() as u64;
-    let acks = exchange(&endpoint, None, vec![batch_of("honest", events)]).unwrap();
-    assert_eq!(acks, [n]);
+    send_basic_turn(&endpoint, "honest");
 
     let codes = oversized.join().unwrap();
     assert!(
@@ -399,13 +397,6 @@ fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
     assert_eq!(root.1.str_attr("hermes.platform"), Some("cli"));
     assert_eq!(root.1.int_attr("hermes.turn.tool_calls"), Some(1));
     assert_eq!(root.1.int_attr("hermes.turn.api_attempts"), Some(2));
-}
-
-/// `name value` of a counter on the collector's `/metrics`.
-fn metric(collector: &ChildGuard, name: &str) -> Option<u64> {
-    let text = hermes_e2e::collector::admin_get(collector, "/metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 #[test]
@@ -439,10 +430,7 @@ fn an_event_above_max_event_bytes_is_refused_and_counted() {
         "{refused:?}"
     );
 
-    let events = basic_events();
-    let n = events.len() as u64;
-    let acks = exchange(&endpoint, None, vec![batch_of("honest", events)]).unwrap();
-    assert_eq!(acks, [n]);
+    send_basic_turn(&endpoint, "honest");
     assert_basic_turn_arrives(&otlp, &collector);
     assert_eq!(
         metric(
@@ -502,10 +490,7 @@ fn a_flooding_connection_is_paced_while_another_ones_turn_arrives() {
     // Meanwhile, an agent on another connection: its turn arrives at once
     // and whole.
     let started = std::time::Instant::now();
-    let events = basic_events();
-    let n = events.len() as u64;
-    let acks = exchange(&endpoint, None, vec![batch_of("honest", events)]).unwrap();
-    assert_eq!(acks, [n]);
+    send_basic_turn(&endpoint, "honest");
     assert_basic_turn_arrives(&otlp, &collector);
     let honest_took = started.elapsed();
     assert!(!flood.is_finished(), "the flood was not paced");
