@@ -20,13 +20,14 @@
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hermes_e2e::collector::Collector;
+use hermes_e2e::ingest::{FIXTURES, fixture};
 use hermes_e2e::{
     AttrsExt, MetricsReceiver, OtlpReceiver, ReceivedHistogram, cargo_bin, free_port, repo_root,
     run_with_timeout, wait_until,
@@ -45,10 +46,6 @@ const SEMCONV_DURATION_BUCKETS: [f64; 14] = [
 ];
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn fixture(name: &str) -> PathBuf {
-    repo_root().join("tests/fixtures/hermes-0.19.0").join(name)
-}
 
 /// What the recorded hook calls of some fixtures add up to, read from the
 /// fixture files themselves (independent of the collector).
@@ -184,12 +181,6 @@ fn write_config(dir: &Path, yaml: &str) -> String {
 
 #[test]
 fn derived_metrics_reach_an_otlp_grpc_receiver_and_match_the_spans() {
-    const FIXTURES: [&str; 4] = [
-        "basic.jsonl",
-        "retry.jsonl",
-        "parallel.jsonl",
-        "multiturn.jsonl",
-    ];
     const INSTANCES: usize = 2;
     let traces = OtlpReceiver::start();
     let metrics = MetricsReceiver::start_grpc();
@@ -437,8 +428,8 @@ fn derived_metrics_over_otlp_http_with_delta_temporality() {
         ),
     );
     let mut collector = Collector::start(work.path(), &["--config", &config]);
-    loadgen(&collector.endpoint, &["basic.jsonl"], 1);
-    let totals = fixture_totals(&["basic.jsonl"]);
+    loadgen(&collector.endpoint, &["basic"], 1);
+    let totals = fixture_totals(&["basic"]);
 
     // Delta temporality: each export carries what is new; together, the totals.
     let store = metrics.store();
@@ -512,7 +503,7 @@ fn derived_metrics_over_tls_with_a_custom_ca_and_a_client_certificate() {
             false,
         ),
     ];
-    let totals = fixture_totals(&["basic.jsonl"]);
+    let totals = fixture_totals(&["basic"]);
     for (receiver, protocol, mutual) in &receivers {
         assert!(receiver.endpoint().starts_with("https://"));
         let work = tempfile::tempdir().unwrap();
@@ -538,7 +529,7 @@ fn derived_metrics_over_tls_with_a_custom_ca_and_a_client_certificate() {
             ),
         );
         let collector = Collector::start(work.path(), &["--config", &config]);
-        loadgen(&collector.endpoint, &["basic.jsonl"], 1);
+        loadgen(&collector.endpoint, &["basic"], 1);
         let store = receiver.store();
         assert!(
             store.wait_for(
@@ -664,7 +655,7 @@ fn probes_follow_start_run_and_drain() {
             "--endpoint",
             &format!("http://127.0.0.1:{ingest}"),
             "--fixture",
-            fixture("basic.jsonl").to_str().unwrap(),
+            fixture("basic").to_str().unwrap(),
             "--instances",
             "1",
             "--turns",

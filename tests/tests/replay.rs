@@ -7,13 +7,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-
-use hermes_collector_shim::attempts::AttemptTracker;
 use hermes_collector_shim::config::CaptureLevel;
-use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlation, Correlator, FinishedSpan, to_resource_spans};
+use hermes_e2e::ingest::{FIXTURES, events_at, events_of, fixture_records};
 use hermes_e2e::{AttrsExt, SpanTree};
 use hermes_pipeline::clock::TokioClock;
 use hermes_pipeline::derived::DerivedMetrics;
@@ -29,24 +26,6 @@ use prost::Message;
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 
-fn fixture_dir() -> PathBuf {
-    if let Ok(dir) = std::env::var("HERMES_FIXTURES") {
-        return PathBuf::from(dir);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hermes-0.19.0")
-}
-
-/// The fixture's records as the shim would have captured them at `level`
-/// (hooks the level does not register are skipped).
-fn load(name: &str) -> Vec<Json> {
-    let path = fixture_dir().join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("fixture line is JSON"))
-        .collect()
-}
-
 fn shim() -> v1::ShimInfo {
     v1::ShimInfo {
         instance_id: "replay".into(),
@@ -56,32 +35,6 @@ fn shim() -> v1::ShimInfo {
         shim_version: "test".into(),
         capture: "metadata".into(),
     }
-}
-
-/// Converts fixture records into wire events exactly as the shim does.
-fn to_events(records: &[Json], level: CaptureLevel) -> Vec<v1::Event> {
-    let mut tracker = AttemptTracker::new(4096);
-    let mut seq = 0;
-    let mut events = Vec::new();
-    for r in records {
-        let hook = r["hook"].as_str().expect("hook");
-        if !level.hooks().contains(&hook) {
-            continue;
-        }
-        seq += 1;
-        let stamp = Stamp {
-            seq,
-            hook,
-            time_unix_nano: (r["t_wall"].as_f64().expect("t_wall") * 1e9) as u64,
-            mono_nano: (r["t_mono"].as_f64().expect("t_mono") * 1e9) as u64,
-            thread: r["thread"].as_str().unwrap_or(""),
-        };
-        let kwargs = r["kwargs"].as_object().expect("kwargs");
-        let mut event = to_event(&stamp, &JsonKwargs(kwargs), level);
-        tracker.stamp(&mut event);
-        events.push(event);
-    }
-    events
 }
 
 fn correlate(events: &[v1::Event]) -> Vec<FinishedSpan> {
@@ -109,7 +62,7 @@ fn string<'a>(span: &'a Span, key: &str) -> &'a str {
 /// well formed tree (see [`SpanTree::problems`]) of unique spans, each with
 /// a `session.id`, none incomplete.
 fn replay(records: &[Json], level: CaptureLevel) -> SpanTree {
-    tree_of(correlate(&to_events(records, level)))
+    tree_of(correlate(&events_at(records, level)))
 }
 
 fn tree_of(spans: Vec<FinishedSpan>) -> SpanTree {
@@ -151,7 +104,7 @@ fn usages(records: &[Json]) -> Vec<(i64, i64)> {
 
 #[test]
 fn basic_fixture_is_one_turn_with_two_chats_and_a_tool() {
-    let records = load("basic.jsonl");
+    let records = fixture_records("basic");
     let tree = replay(&records, CaptureLevel::Metadata);
     assert_eq!(tree.len(), 4);
     let roots = tree.find_all("invoke_agent hermes");
@@ -187,7 +140,7 @@ fn basic_fixture_is_one_turn_with_two_chats_and_a_tool() {
 
 #[test]
 fn retry_fixture_has_one_span_per_attempt() {
-    let records = load("retry.jsonl");
+    let records = fixture_records("retry");
     let tree = replay(&records, CaptureLevel::Metadata);
     let chats = tree.find_all("chat fake-model-1");
     assert_eq!(
@@ -226,15 +179,15 @@ fn retry_fixture_has_one_span_per_attempt() {
 
 #[test]
 fn lean_level_still_gives_every_attempt() {
-    let records = load("retry.jsonl");
+    let records = fixture_records("retry");
     let tree = replay(&records, CaptureLevel::Lean);
     assert_eq!(tree.find_all("chat fake-model-1").len(), 4);
 }
 
 #[test]
 fn parallel_fixture_has_two_tools_from_worker_threads() {
-    let records = load("parallel.jsonl");
-    let events = to_events(&records, CaptureLevel::Metadata);
+    let records = fixture_records("parallel");
+    let events = events_at(&records, CaptureLevel::Metadata);
     assert!(
         events
             .iter()
@@ -253,7 +206,7 @@ fn parallel_fixture_has_two_tools_from_worker_threads() {
 
 #[test]
 fn multiturn_fixture_is_one_trace_per_turn_in_one_session() {
-    let records = load("multiturn.jsonl");
+    let records = fixture_records("multiturn");
     let tree = replay(&records, CaptureLevel::Metadata);
     let roots = tree.find_all("invoke_agent hermes");
     assert_eq!(roots.len(), 3);
@@ -284,15 +237,10 @@ fn multiturn_fixture_is_one_trace_per_turn_in_one_session() {
 
 #[test]
 fn replay_is_deterministic() {
-    for name in [
-        "basic.jsonl",
-        "retry.jsonl",
-        "parallel.jsonl",
-        "multiturn.jsonl",
-    ] {
-        let records = load(name);
-        let a = correlate(&to_events(&records, CaptureLevel::Metadata));
-        let b = correlate(&to_events(&records, CaptureLevel::Metadata));
+    for name in FIXTURES {
+        let records = fixture_records(name);
+        let a = correlate(&events_at(&records, CaptureLevel::Metadata));
+        let b = correlate(&events_at(&records, CaptureLevel::Metadata));
         assert_eq!(a, b, "{name}");
     }
 }
@@ -381,15 +329,10 @@ fn processed(spans: Vec<FinishedSpan>) -> Vec<Vec<u8>> {
 }
 
 fn fixture_events() -> Vec<(&'static str, Vec<v1::Event>)> {
-    [
-        "basic.jsonl",
-        "retry.jsonl",
-        "parallel.jsonl",
-        "multiturn.jsonl",
-    ]
-    .into_iter()
-    .map(|name| (name, to_events(&load(name), CaptureLevel::Metadata)))
-    .collect()
+    FIXTURES
+        .into_iter()
+        .map(|name| (name, events_of(&fixture_records(name))))
+        .collect()
 }
 
 proptest! {
@@ -426,7 +369,7 @@ proptest! {
 
 #[test]
 fn content_level_adds_messages_arguments_and_answers() {
-    let records = load("basic.jsonl");
+    let records = fixture_records("basic");
     let tree = replay(&records, CaptureLevel::Content);
     let chats = tree.find_all("chat fake-model-1");
     let input: Json =

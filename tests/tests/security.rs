@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use hermes_e2e::collector::Collector;
 use hermes_e2e::collector::counter as metric;
-use hermes_e2e::ingest::{basic_events, batch_of, exchange, send_basic_turn};
+use hermes_e2e::ingest::{basic_events, batch_of, exchange, fixture, send_basic_turn};
 use hermes_e2e::{
     AttrsExt as _, ChildGuard, OtlpReceiver, ServerTls, cargo_bin, ensure_venv, free_port,
     run_with_timeout, venv_bin,
@@ -46,10 +46,6 @@ use serde_json::Value as Json;
 
 const WAIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f0-test-token";
-
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hermes-0.19.0/basic.jsonl")
-}
 
 /// The span names the basic fixture (one turn, two chats, one tool call)
 /// gives, sorted.
@@ -132,7 +128,7 @@ for line in open({fixture:?}):
 flushed = hermes_collector.flush({flush_ms})
 print(json.dumps({{"flushed": flushed, "stats": hermes_collector.stats()}}))
 "#,
-        fixture = fixture().display().to_string(),
+        fixture = fixture("basic").display().to_string(),
     );
     let mut cmd = Command::new(venv_bin("python"));
     cmd.arg("-c")
