@@ -15,21 +15,14 @@
 
 use std::collections::BTreeSet;
 use std::process::Output;
-use std::time::Duration;
 
 use hermes_e2e::hermes::PY_AGENT_PRELUDE;
-use hermes_e2e::rig::{AgentRig, session_id};
+use hermes_e2e::rig::{AgentRig, SETTLE, WAIT, session_id};
 use hermes_e2e::{AttrsExt, DEFAULT_HERMES_VERSION, SpanExt, SpanTree};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use serde_json::{Value, json};
-
-/// Bound on the collector's start and on the export of a finished run.
-const WAIT: Duration = Duration::from_secs(30);
-/// After the expected spans arrived: time for any unexpected extra span to
-/// arrive too (the collector's batch timeout is 200 ms).
-const SETTLE: Duration = Duration::from_millis(800);
 
 // ---------------------------------------------------------------------------
 // Harness for one scenario
@@ -107,20 +100,17 @@ impl Scenario for AgentRig {
     }
 
     /// Waits (bounded) until `roots` root spans and at least `spans` spans
-    /// arrived, lets a late extra span arrive, prints and returns the tree.
+    /// arrived, lets a late extra span arrive, checks that exactly those
+    /// arrived, prints and returns the tree.
     ///
     /// If they do not arrive in time, stops the collector (which closes
     /// every open span as incomplete and exports it) and panics showing
     /// the tree it then exported: the trace was not complete when the agent
     /// was done.
     fn collect(&mut self, roots: usize, spans: usize) -> SpanTree {
-        let arrived = self.receiver.wait_for(
-            |received| {
-                received.len() >= spans
-                    && received.iter().filter(|(_, s)| s.is_root()).count() >= roots
-            },
-            WAIT,
-        );
+        let arrived = self.wait_for(|received| {
+            received.len() >= spans && received.iter().filter(|(_, s)| s.is_root()).count() >= roots
+        });
         if !arrived {
             let partial = self.receiver.store().tree();
             self.collector.guard.terminate(WAIT);
@@ -129,17 +119,16 @@ impl Scenario for AgentRig {
             panic!(
                 "expected {roots} root(s) and {spans} spans within {WAIT:?} after the agent finished; \
                  got {} span(s):\n{}\n--- after stopping the collector (open state flushed as incomplete) ---\n{}\
-                 --- collector log ---\n{}\n--- requests ---\n{}",
+                 {}",
                 partial.len(),
                 partial.render(),
                 tree.render(),
-                self.collector.guard.stderr_text(),
-                self.server.describe_requests()
+                self.report()
             );
         }
-        std::thread::sleep(SETTLE);
-        let tree = self.receiver.store().tree();
-        println!("received tree:\n{}", tree.render());
+        let tree = self.settled_tree();
+        assert_eq!(tree.len(), spans, "{}", tree.render());
+        assert_eq!(tree.roots().len(), roots, "{}", tree.render());
         if let Some(dir) = std::env::var_os("HERMES_E2E_TREES_DIR") {
             // For docs/TRACE_MODEL.md: the scenario's tree, compact.
             let name = std::thread::current()
@@ -222,26 +211,16 @@ fn compact(tree: &SpanTree) -> String {
 fn assert_common(tree: &SpanTree, session: &str) {
     tree.assert_well_formed();
     for s in tree.spans() {
-        assert_eq!(
-            s.str_attr("session.id"),
-            Some(session),
-            "{} session.id\n{}",
-            s.name,
-            tree.render()
-        );
-        assert_eq!(
-            s.str_attr("gen_ai.conversation.id"),
-            Some(session),
-            "{} gen_ai.conversation.id\n{}",
-            s.name,
-            tree.render()
+        let ctx = || format!("{}\n{}", s.name, tree.render());
+        s.assert_str_attrs(
+            &[("session.id", session), ("gen_ai.conversation.id", session)],
+            ctx,
         );
         for key in ["hermes.turn_id", "hermes.task_id", "gen_ai.agent.name"] {
             assert!(
                 s.str_attr(key).is_some_and(|v| !v.is_empty()),
-                "{} lacks {key}\n{}",
-                s.name,
-                tree.render()
+                "{key} lacking on {}",
+                ctx()
             );
         }
     }
@@ -275,60 +254,58 @@ impl TurnExpect {
         }
     }
 
+    /// The first turn of a session that failed with `error_type` after
+    /// `api_attempts` attempts without a usage. Hermes fires no
+    /// `on_session_end` on its failure paths, so neither completed nor
+    /// interrupted is known, and whatever closed the turn (the host's
+    /// `on_session_finalize`, the next turn) closed it as incomplete.
+    fn failed(error_type: &'static str, api_attempts: i64) -> TurnExpect {
+        TurnExpect {
+            failed_with: Some(error_type),
+            completed: None,
+            interrupted: None,
+            api_attempts,
+            tool_calls: 0,
+            usage: (0, 0),
+            session_start: true,
+            incomplete: true,
+        }
+    }
+
     fn first_of_session(mut self) -> TurnExpect {
         self.session_start = true;
         self
     }
 }
 
+/// The top-level agent's turn span: `invoke_agent hermes`.
+const TOP_TURN: &str = "invoke_agent hermes";
+
 fn assert_turn(tree: &SpanTree, turn: &Span, name: &str, model: &str, exp: &TurnExpect) {
     let ctx = || format!("{name}\n{}", tree.render());
     assert_eq!(turn.name, name, "{}", ctx());
     assert_eq!(turn.kind(), SpanKind::Internal, "{}", ctx());
-    assert_eq!(
-        turn.str_attr("gen_ai.operation.name"),
-        Some("invoke_agent"),
-        "{}",
-        ctx()
+    turn.assert_str_attrs(
+        &[
+            ("gen_ai.operation.name", "invoke_agent"),
+            ("gen_ai.request.model", model),
+        ],
+        ctx,
     );
-    assert_eq!(
-        turn.str_attr("gen_ai.request.model"),
-        Some(model),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        turn.bool_attr("hermes.turn.completed"),
-        exp.completed,
-        "hermes.turn.completed of {}",
-        ctx()
-    );
-    assert_eq!(
-        turn.bool_attr("hermes.turn.interrupted"),
-        exp.interrupted,
-        "hermes.turn.interrupted of {}",
-        ctx()
-    );
-    assert_eq!(
-        turn.int_attr("hermes.turn.api_attempts"),
-        Some(exp.api_attempts),
-        "hermes.turn.api_attempts of {}",
-        ctx()
-    );
-    assert_eq!(
-        turn.int_attr("hermes.turn.tool_calls"),
-        Some(exp.tool_calls),
-        "hermes.turn.tool_calls of {}",
-        ctx()
-    );
-    assert_eq!(
-        (
-            turn.int_attr("hermes.turn.usage.input_tokens"),
-            turn.int_attr("hermes.turn.usage.output_tokens")
-        ),
-        (Some(exp.usage.0), Some(exp.usage.1)),
-        "usage of {}",
-        ctx()
+    for (key, expected) in [
+        ("hermes.turn.completed", exp.completed),
+        ("hermes.turn.interrupted", exp.interrupted),
+    ] {
+        assert_eq!(turn.bool_attr(key), expected, "{key} of {}", ctx());
+    }
+    turn.assert_int_attrs(
+        &[
+            ("hermes.turn.api_attempts", exp.api_attempts),
+            ("hermes.turn.tool_calls", exp.tool_calls),
+            ("hermes.turn.usage.input_tokens", exp.usage.0),
+            ("hermes.turn.usage.output_tokens", exp.usage.1),
+        ],
+        ctx,
     );
     assert!(
         !turn
@@ -359,16 +336,11 @@ fn assert_turn(tree: &SpanTree, turn: &Span, name: &str, model: &str, exp: &Turn
         ctx()
     );
     if let Some(error_type) = exp.failed_with {
-        assert_eq!(
-            turn.str_attr("error.type"),
-            Some(error_type),
-            "error.type of {}",
-            ctx()
-        );
+        turn.assert_str_attrs(&[("error.type", error_type)], ctx);
     }
 }
 
-/// A successful `chat {model}` attempt.
+/// A `chat {model}` attempt.
 struct ChatExpect<'a> {
     model: &'a str,
     port: u16,
@@ -399,40 +371,30 @@ impl<'a> ChatExpect<'a> {
             finish,
         }
     }
+
+    /// The same API call's attempt `attempt`.
+    fn attempt(self, attempt: i64) -> ChatExpect<'a> {
+        ChatExpect { attempt, ..self }
+    }
 }
 
 fn assert_chat_ok(tree: &SpanTree, chat: &Span, exp: &ChatExpect<'_>) {
-    assert_chat_common(
-        tree,
-        chat,
-        exp.model,
-        exp.port,
-        exp.turn_id,
-        exp.api_call,
-        exp.attempt,
-    );
+    assert_chat_common(tree, chat, exp);
     let ctx = || format!("{} attempt {}\n{}", chat.name, exp.attempt, tree.render());
     assert_ne!(chat.status_code(), StatusCode::Error, "{}", ctx());
-    assert_eq!(
-        chat.str_attr("gen_ai.response.model"),
-        Some(exp.model),
-        "{}",
-        ctx()
-    );
+    chat.assert_str_attrs(&[("gen_ai.response.model", exp.model)], ctx);
     assert_eq!(
         chat.str_array_attr("gen_ai.response.finish_reasons"),
         Some(vec![exp.finish.to_string()]),
         "{}",
         ctx()
     );
-    assert_eq!(
-        (
-            chat.int_attr("gen_ai.usage.input_tokens"),
-            chat.int_attr("gen_ai.usage.output_tokens")
-        ),
-        (Some(exp.usage.0), Some(exp.usage.1)),
-        "{}",
-        ctx()
+    chat.assert_int_attrs(
+        &[
+            ("gen_ai.usage.input_tokens", exp.usage.0),
+            ("gen_ai.usage.output_tokens", exp.usage.1),
+        ],
+        ctx,
     );
     assert!(!chat.has_attr("error.type"), "{}", ctx());
     assert!(chat.events_named("exception").is_empty(), "{}", ctx());
@@ -448,29 +410,37 @@ struct ChatError<'a> {
     message_contains: &'a str,
 }
 
+/// The fake server's scripted 400 (`"message": BAD_REQUEST_MESSAGE`):
+/// not retried.
+const BAD_REQUEST: ChatError<'static> = ChatError {
+    error_type: "format_error",
+    status_code: 400,
+    retryable: false,
+    exception_type: "BadRequestError",
+    message_contains: BAD_REQUEST_MESSAGE,
+};
+const BAD_REQUEST_MESSAGE: &str = "bad request from the e2e test";
+
+/// The fake server's scripted 429: retried.
+const RATE_LIMITED: ChatError<'static> = ChatError {
+    error_type: "rate_limit",
+    status_code: 429,
+    retryable: true,
+    exception_type: "RateLimitError",
+    message_contains: "fake_openai scripted error 429",
+};
+
 fn assert_chat_error(tree: &SpanTree, chat: &Span, base: &ChatExpect<'_>, err: &ChatError<'_>) {
-    assert_chat_common(
-        tree,
-        chat,
-        base.model,
-        base.port,
-        base.turn_id,
-        base.api_call,
-        base.attempt,
-    );
+    assert_chat_common(tree, chat, base);
     let ctx = || format!("{} attempt {}\n{}", chat.name, base.attempt, tree.render());
     assert_eq!(chat.status_code(), StatusCode::Error, "{}", ctx());
-    assert_eq!(
-        chat.str_attr("error.type"),
-        Some(err.error_type),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.int_attr("http.response.status_code"),
-        Some(err.status_code),
-        "{}",
-        ctx()
+    chat.assert_str_attrs(&[("error.type", err.error_type)], ctx);
+    chat.assert_int_attrs(
+        &[
+            ("http.response.status_code", err.status_code),
+            ("hermes.retry_count", base.attempt - 1),
+        ],
+        ctx,
     );
     assert_eq!(
         chat.bool_attr("hermes.retryable"),
@@ -478,20 +448,9 @@ fn assert_chat_error(tree: &SpanTree, chat: &Span, base: &ChatExpect<'_>, err: &
         "{}",
         ctx()
     );
-    assert_eq!(
-        chat.int_attr("hermes.retry_count"),
-        Some(base.attempt - 1),
-        "{}",
-        ctx()
-    );
     let events = chat.events_named("exception");
     assert_eq!(events.len(), 1, "one exception event: {}", ctx());
-    assert_eq!(
-        events[0].str_attr("exception.type"),
-        Some(err.exception_type),
-        "{}",
-        ctx()
-    );
+    events[0].assert_str_attrs(&[("exception.type", err.exception_type)], ctx);
     assert!(
         events[0]
             .str_attr("exception.message")
@@ -506,62 +465,31 @@ fn assert_chat_error(tree: &SpanTree, chat: &Span, base: &ChatExpect<'_>, err: &
     );
 }
 
-fn assert_chat_common(
-    tree: &SpanTree,
-    chat: &Span,
-    model: &str,
-    port: u16,
-    turn_id: &str,
-    api_call: i64,
-    attempt: i64,
-) {
-    let ctx = || format!("{} attempt {attempt}\n{}", chat.name, tree.render());
-    assert_eq!(chat.name, format!("chat {model}"), "{}", ctx());
+/// What every attempt says, failed, successful or cut off.
+fn assert_chat_common(tree: &SpanTree, chat: &Span, exp: &ChatExpect<'_>) {
+    let ctx = || format!("{} attempt {}\n{}", chat.name, exp.attempt, tree.render());
+    assert_eq!(chat.name, format!("chat {}", exp.model), "{}", ctx());
     assert_eq!(chat.kind(), SpanKind::Client, "{}", ctx());
-    assert_eq!(
-        chat.str_attr("gen_ai.operation.name"),
-        Some("chat"),
-        "{}",
-        ctx()
+    let request_id = format!("{}:api:{}", exp.turn_id, exp.api_call);
+    chat.assert_str_attrs(
+        &[
+            ("gen_ai.operation.name", "chat"),
+            ("gen_ai.provider.name", "custom"),
+            ("gen_ai.request.model", exp.model),
+            ("server.address", "127.0.0.1"),
+            ("hermes.turn_id", exp.turn_id),
+            ("hermes.api_request_id", &request_id),
+        ],
+        ctx,
     );
-    assert_eq!(
-        chat.str_attr("gen_ai.provider.name"),
-        Some("custom"),
-        "{}",
-        ctx()
+    chat.assert_int_attrs(
+        &[
+            ("server.port", i64::from(exp.port)),
+            ("hermes.api_call_count", exp.api_call),
+            ("hermes.attempt", exp.attempt),
+        ],
+        ctx,
     );
-    assert_eq!(
-        chat.str_attr("gen_ai.request.model"),
-        Some(model),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.str_attr("server.address"),
-        Some("127.0.0.1"),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.int_attr("server.port"),
-        Some(i64::from(port)),
-        "{}",
-        ctx()
-    );
-    assert_eq!(chat.str_attr("hermes.turn_id"), Some(turn_id), "{}", ctx());
-    assert_eq!(
-        chat.str_attr("hermes.api_request_id"),
-        Some(format!("{turn_id}:api:{api_call}").as_str()),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.int_attr("hermes.api_call_count"),
-        Some(api_call),
-        "{}",
-        ctx()
-    );
-    assert_eq!(chat.int_attr("hermes.attempt"), Some(attempt), "{}", ctx());
 }
 
 /// A successful `execute_tool {name}` span.
@@ -569,35 +497,40 @@ fn assert_tool(tree: &SpanTree, tool: &Span, name: &str, call_id: &str, turn_id:
     let ctx = || format!("{} {call_id}\n{}", tool.name, tree.render());
     assert_eq!(tool.name, format!("execute_tool {name}"), "{}", ctx());
     assert_eq!(tool.kind(), SpanKind::Internal, "{}", ctx());
-    assert_eq!(
-        tool.str_attr("gen_ai.operation.name"),
-        Some("execute_tool"),
-        "{}",
-        ctx()
+    tool.assert_str_attrs(
+        &[
+            ("gen_ai.operation.name", "execute_tool"),
+            ("gen_ai.tool.name", name),
+            ("gen_ai.tool.call.id", call_id),
+            ("gen_ai.tool.type", "function"),
+            ("hermes.tool.status", "ok"),
+            ("hermes.turn_id", turn_id),
+        ],
+        ctx,
     );
-    assert_eq!(tool.str_attr("gen_ai.tool.name"), Some(name), "{}", ctx());
-    assert_eq!(
-        tool.str_attr("gen_ai.tool.call.id"),
-        Some(call_id),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        tool.str_attr("gen_ai.tool.type"),
-        Some("function"),
-        "{}",
-        ctx()
-    );
-    assert_eq!(tool.str_attr("hermes.tool.status"), Some("ok"), "{}", ctx());
     assert!(
         tool.int_attr("hermes.tool.duration_ms")
             .is_some_and(|d| d >= 0),
         "{}",
         ctx()
     );
-    assert_eq!(tool.str_attr("hermes.turn_id"), Some(turn_id), "{}", ctx());
     assert_ne!(tool.status_code(), StatusCode::Error, "{}", ctx());
     assert!(!tool.has_attr("hermes.incomplete"), "{}", ctx());
+}
+
+/// The checks of a one-turn scenario: the attributes on every span, with
+/// `session`; one root, the top-level turn `exp` describes. Returns the
+/// turn and its id.
+fn assert_one_turn<'t>(
+    tree: &'t SpanTree,
+    session: &str,
+    model: &str,
+    exp: &TurnExpect,
+) -> (&'t Span, String) {
+    assert_common(tree, session);
+    let root = only_root(tree);
+    assert_turn(tree, root, TOP_TURN, model, exp);
+    (root, turn_id(root))
 }
 
 /// The only root of the tree (panics otherwise).
@@ -650,29 +583,18 @@ fn retried_request_gives_one_chat_span_per_attempt() {
     assert_eq!(sc.server.main_requests().len(), 3);
 
     let tree = sc.collect(1, 4);
-    assert_common(&tree, &run.session);
-    assert_eq!(tree.len(), 4, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &run.session,
         &model,
         &TurnExpect::completed(3, 0, (321, 12)).first_of_session(),
     );
-    let tid = turn_id(root);
     let chats = tree.children_named(root, &format!("chat {model}"));
     assert_eq!(chats.len(), 3, "{}", tree.render());
     assert_eq!(tree.children(root).len(), 3, "{}", tree.render());
-    let base = |attempt: i64| ChatExpect {
-        model: &model,
-        port: sc.server.port(),
-        turn_id: &tid,
-        api_call: 1,
-        attempt,
-        usage: (321, 12),
-        finish: "stop",
+    let base = |attempt| {
+        ChatExpect::first(&model, sc.server.port(), &tid, 1, (321, 12), "stop").attempt(attempt)
     };
     assert_chat_error(
         &tree,
@@ -686,18 +608,7 @@ fn retried_request_gives_one_chat_span_per_attempt() {
             message_contains: "fake_openai scripted error 500",
         },
     );
-    assert_chat_error(
-        &tree,
-        chats[1],
-        &base(2),
-        &ChatError {
-            error_type: "rate_limit",
-            status_code: 429,
-            retryable: true,
-            exception_type: "RateLimitError",
-            message_contains: "fake_openai scripted error 429",
-        },
-    );
+    assert_chat_error(&tree, chats[1], &base(2), &RATE_LIMITED);
     assert_chat_ok(&tree, chats[2], &base(3));
     // The attempts follow each other; they never overlap.
     for pair in chats.windows(2) {
@@ -748,18 +659,13 @@ fn parallel_tool_calls_become_sibling_tool_spans() {
     assert_eq!(results.len(), 2, "{results:?}");
 
     let tree = sc.collect(1, 5);
-    assert_common(&tree, &run.session);
-    assert_eq!(tree.len(), 5, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &run.session,
         &model,
         &TurnExpect::completed(2, 2, (1200, 49)).first_of_session(),
     );
-    let tid = turn_id(root);
     let chats = tree.children_named(root, &format!("chat {model}"));
     assert_eq!(chats.len(), 2, "{}", tree.render());
     let tools = tree.children_named(root, "execute_tool read_file");
@@ -790,14 +696,8 @@ fn parallel_tool_calls_become_sibling_tool_spans() {
         "the two tool spans overlap:\n{}",
         tree.render()
     );
-    let base = |api_call: i64, usage, finish| ChatExpect {
-        model: &model,
-        port: sc.server.port(),
-        turn_id: &tid,
-        api_call,
-        attempt: 1,
-        usage,
-        finish,
+    let base = |api_call, usage, finish| {
+        ChatExpect::first(&model, sc.server.port(), &tid, api_call, usage, finish)
     };
     assert_chat_ok(&tree, chats[0], &base(1, (500, 40), "tool_calls"));
     assert_chat_ok(&tree, chats[1], &base(2, (700, 9), "stop"));
@@ -855,7 +755,7 @@ fn assert_subagent_tree(tree: &SpanTree, sc: &AgentRig, platform: Option<&str>) 
     assert_turn(
         tree,
         root,
-        "invoke_agent hermes",
+        TOP_TURN,
         &model,
         &TurnExpect::completed(2, 1, (555, 55)).first_of_session(),
     );
@@ -1077,9 +977,7 @@ print("E2E " + json.dumps({"session": agent.session_id, "finals": finals}))
 
     let tree = sc.collect(3, 8);
     assert_common(&tree, &session);
-    assert_eq!(tree.len(), 8, "{}", tree.render());
     let roots = tree.roots();
-    assert_eq!(roots.len(), 3, "{}", tree.render());
     assert_eq!(tree.trace_ids().len(), 3, "one trace per turn");
     let model = sc.model().to_string();
     let chat_name = format!("chat {model}");
@@ -1090,7 +988,7 @@ print("E2E " + json.dumps({"session": agent.session_id, "finals": finals}))
     ];
     let mut turn_ids = BTreeSet::new();
     for (root, exp) in roots.iter().zip(&expect) {
-        assert_turn(&tree, root, "invoke_agent hermes", &model, exp);
+        assert_turn(&tree, root, TOP_TURN, &model, exp);
         let tid = turn_id(root);
         assert!(tid.starts_with(&format!("{session}:")), "{tid}");
         turn_ids.insert(tid.clone());
@@ -1187,18 +1085,13 @@ print("E2E " + json.dumps({"session": agent.session_id, "asked": asked,
     // escalates to the callback (`surface: cli`): two requests, one
     // response, so two approval spans.
     let tree = sc.collect(1, 6);
-    assert_common(&tree, &session);
-    assert_eq!(tree.len(), 6, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &session,
         &model,
         &TurnExpect::completed(2, 1, (400, 40)).first_of_session(),
     );
-    let tid = turn_id(root);
     let chat_name = format!("chat {model}");
     assert_eq!(
         child_names(&tree, root),
@@ -1287,22 +1180,20 @@ fn resumed_session_continues_in_a_second_trace() {
 
     let tree = sc.collect(2, 4);
     assert_common(&tree, &first.session);
-    assert_eq!(tree.len(), 4, "{}", tree.render());
     let roots = tree.roots();
-    assert_eq!(roots.len(), 2, "{}", tree.render());
     assert_eq!(tree.trace_ids().len(), 2);
     let model = sc.model().to_string();
     assert_turn(
         &tree,
         roots[0],
-        "invoke_agent hermes",
+        TOP_TURN,
         &model,
         &TurnExpect::completed(1, 0, (120, 6)).first_of_session(),
     );
     assert_turn(
         &tree,
         roots[1],
-        "invoke_agent hermes",
+        TOP_TURN,
         &model,
         &TurnExpect::completed(1, 0, (220, 7)),
     );
@@ -1315,15 +1206,7 @@ fn resumed_session_continues_in_a_second_trace() {
         assert_chat_ok(
             &tree,
             children[0],
-            &ChatExpect {
-                model: &model,
-                port,
-                turn_id: &tid,
-                api_call: 1,
-                attempt: 1,
-                usage,
-                finish: "stop",
-            },
+            &ChatExpect::first(&model, port, &tid, 1, usage, "stop"),
         );
     }
     // Two agent processes: two shim instances.
@@ -1348,57 +1231,29 @@ fn resumed_session_continues_in_a_second_trace() {
 #[test]
 fn non_retryable_error_fails_the_turn_without_dangling_spans() {
     let mut sc = scenario(json!([
-        {"error": 400, "message": "bad request from the e2e test"}
+        {"error": 400, "message": BAD_REQUEST_MESSAGE}
     ]));
     let run = sc.chat("Say hello", "terminal", &[]);
     assert!(!run.out.status.success(), "{}", run.describe());
     assert_eq!(sc.server.main_requests().len(), 1, "no retry of a 400");
 
     let tree = sc.collect(1, 2);
-    assert_common(&tree, &run.session);
-    assert_eq!(tree.len(), 2, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
     // Neither completed nor interrupted is known (no on_session_end): the
     // turn was closed by on_session_finalize, as incomplete.
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &run.session,
         &model,
-        &TurnExpect {
-            failed_with: Some("format_error"),
-            completed: None,
-            interrupted: None,
-            api_attempts: 1,
-            tool_calls: 0,
-            usage: (0, 0),
-            session_start: true,
-            incomplete: true,
-        },
+        &TurnExpect::failed("format_error", 1),
     );
-    let tid = turn_id(root);
     let chats = tree.children(root);
     assert_eq!(chats.len(), 1, "{}", tree.render());
     assert_chat_error(
         &tree,
         chats[0],
-        &ChatExpect {
-            model: &model,
-            port: sc.server.port(),
-            turn_id: &tid,
-            api_call: 1,
-            attempt: 1,
-            usage: (0, 0),
-            finish: "",
-        },
-        &ChatError {
-            error_type: "format_error",
-            status_code: 400,
-            retryable: false,
-            exception_type: "BadRequestError",
-            message_contains: "bad request from the e2e test",
-        },
+        &ChatExpect::first(&model, sc.server.port(), &tid, 1, (0, 0), ""),
+        &BAD_REQUEST,
     );
 }
 
@@ -1422,49 +1277,21 @@ fn exhausted_retries_fail_the_turn_with_one_span_per_attempt() {
     assert_eq!(sc.server.main_requests().len(), 3);
 
     let tree = sc.collect(1, 4);
-    assert_common(&tree, &run.session);
-    assert_eq!(tree.len(), 4, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &run.session,
         &model,
-        &TurnExpect {
-            failed_with: Some("rate_limit"),
-            completed: None,
-            interrupted: None,
-            api_attempts: 3,
-            tool_calls: 0,
-            usage: (0, 0),
-            session_start: true,
-            incomplete: true,
-        },
+        &TurnExpect::failed("rate_limit", 3),
     );
-    let tid = turn_id(root);
     let chats = tree.children(root);
     assert_eq!(chats.len(), 3, "{}", tree.render());
     for (i, chat) in chats.iter().enumerate() {
         assert_chat_error(
             &tree,
             chat,
-            &ChatExpect {
-                model: &model,
-                port: sc.server.port(),
-                turn_id: &tid,
-                api_call: 1,
-                attempt: i as i64 + 1,
-                usage: (0, 0),
-                finish: "",
-            },
-            &ChatError {
-                error_type: "rate_limit",
-                status_code: 429,
-                retryable: true,
-                exception_type: "RateLimitError",
-                message_contains: "fake_openai scripted error 429",
-            },
+            &ChatExpect::first(&model, sc.server.port(), &tid, 1, (0, 0), "").attempt(i as i64 + 1),
+            &RATE_LIMITED,
         );
     }
 }
@@ -1479,7 +1306,7 @@ fn exhausted_retries_fail_the_turn_with_one_span_per_attempt() {
 #[test]
 fn failed_turn_in_python_api_does_not_dangle() {
     let mut sc = scenario(json!([
-        {"error": 400, "message": "bad request from the e2e test"},
+        {"error": 400, "message": BAD_REQUEST_MESSAGE},
         {"content": "Second turn worked.", "usage": {"prompt_tokens": 130, "completion_tokens": 3}}
     ]));
     let result = sc.python(
@@ -1503,26 +1330,15 @@ print("E2E " + json.dumps({"session": agent.session_id,
 
     let tree = sc.collect(2, 4);
     assert_common(&tree, &session);
-    assert_eq!(tree.len(), 4, "{}", tree.render());
     let roots = tree.roots();
-    assert_eq!(roots.len(), 2, "{}", tree.render());
     let model = sc.model().to_string();
     let port = sc.server.port();
     assert_turn(
         &tree,
         roots[0],
-        "invoke_agent hermes",
+        TOP_TURN,
         &model,
-        &TurnExpect {
-            failed_with: Some("format_error"),
-            completed: None,
-            interrupted: None,
-            api_attempts: 1,
-            tool_calls: 0,
-            usage: (0, 0),
-            session_start: true,
-            incomplete: true,
-        },
+        &TurnExpect::failed("format_error", 1),
     );
     let t1 = turn_id(roots[0]);
     let chats = tree.children(roots[0]);
@@ -1531,18 +1347,12 @@ print("E2E " + json.dumps({"session": agent.session_id,
         &tree,
         chats[0],
         &ChatExpect::first(&model, port, &t1, 1, (0, 0), ""),
-        &ChatError {
-            error_type: "format_error",
-            status_code: 400,
-            retryable: false,
-            exception_type: "BadRequestError",
-            message_contains: "bad request from the e2e test",
-        },
+        &BAD_REQUEST,
     );
     assert_turn(
         &tree,
         roots[1],
-        "invoke_agent hermes",
+        TOP_TURN,
         &model,
         &TurnExpect::completed(1, 0, (130, 3)),
     );
@@ -1597,16 +1407,12 @@ print("E2E " + json.dumps({"session": agent.session_id, "completed": r.get("comp
     let session = result["session"].as_str().expect("session").to_string();
 
     let tree = sc.collect(1, 2);
-    assert_common(&tree, &session);
-    assert_eq!(tree.len(), 2, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
     // Hermes 0.19.0 reports completed=True together with interrupted=True
     // for an interrupted turn; the span carries what the hook said.
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &session,
         &model,
         &TurnExpect {
             failed_with: None,
@@ -1619,11 +1425,14 @@ print("E2E " + json.dumps({"session": agent.session_id, "completed": r.get("comp
             incomplete: false,
         },
     );
-    let tid = turn_id(root);
     let chats = tree.children(root);
     assert_eq!(chats.len(), 1, "{}", tree.render());
     let chat = chats[0];
-    assert_chat_common(&tree, chat, &model, sc.server.port(), &tid, 1, 1);
+    assert_chat_common(
+        &tree,
+        chat,
+        &ChatExpect::first(&model, sc.server.port(), &tid, 1, (0, 0), ""),
+    );
     assert_eq!(
         chat.bool_attr("hermes.incomplete"),
         Some(true),
