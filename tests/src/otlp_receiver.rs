@@ -522,6 +522,12 @@ impl OtlpHttpReceiver {
         })
     }
 
+    /// The receiver as an [`OtlpReceiver`] (everything but
+    /// [`traces_url`](Self::traces_url)), for code that runs either.
+    pub fn into_inner(self) -> OtlpReceiver {
+        self.0
+    }
+
     /// The endpoint with `/v1/traces`.
     pub fn traces_url(&self) -> String {
         format!("{}/v1/traces", self.endpoint())
