@@ -113,6 +113,16 @@ impl Collector {
         Self::start_with_config_env(cwd, listen, yaml, &[])
     }
 
+    /// Starts `hermes-collector --config FILE` in `cwd`, the file receiving
+    /// on a free port of 127.0.0.1, serving admin on an ephemeral one, and
+    /// holding `sections` (the rest of the configuration) after that.
+    pub fn start_with_sections(cwd: &Path, sections: &str) -> Collector {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let yaml =
+            format!("receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\n{sections}");
+        Self::start_with_config(cwd, &listen, &yaml)
+    }
+
     /// As [`Collector::start_with_config`], with `env` added to the
     /// process' environment.
     pub fn start_with_config_env(

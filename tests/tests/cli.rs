@@ -87,12 +87,10 @@ fn environment_references_are_interpolated() {
 fn runtime_worker_threads_sizes_the_runtime() {
     for threads in [1, 3] {
         let dir = tempfile::tempdir().unwrap();
-        let listen = format!("127.0.0.1:{}", free_port());
-        let yaml = format!(
-            "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\nruntime:\n  worker_threads: {threads}\n"
+        let collector = hermes_e2e::collector::Collector::start_with_sections(
+            dir.path(),
+            &format!("runtime:\n  worker_threads: {threads}\n"),
         );
-        let collector =
-            hermes_e2e::collector::Collector::start_with_config(dir.path(), &listen, &yaml);
         let log = collector.guard.stderr_text();
         assert!(
             log.contains(&format!("worker_threads={threads}")),

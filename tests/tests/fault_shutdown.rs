@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hermes_e2e::collector::Collector;
 use hermes_e2e::fault::{loadgen_summary, spawn_loadgen};
-use hermes_e2e::{OtlpReceiver, cargo_bin, free_port};
+use hermes_e2e::{OtlpReceiver, cargo_bin};
 
 /// `key=value` of the collector's final `stopped` log line.
 fn stopped_field(log: &str, key: &str) -> u64 {
@@ -31,16 +31,13 @@ fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
     cargo_bin("hermes-loadgen", "hermes-loadgen");
     let receiver = OtlpReceiver::start();
     let work = tempfile::tempdir().unwrap();
-    let port = free_port();
     // Debug builds on a busy 2-core machine: a generous grace, still far
     // below Kubernetes' 30 s.
     let grace_ms = 15_000;
-    let listen = format!("127.0.0.1:{port}");
-    let mut collector = Collector::start_with_config(
+    let mut collector = Collector::start_with_sections(
         work.path(),
-        &listen,
         &format!(
-            "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\nexporters:\n  otlp:\n    endpoint: {}\nshutdown:\n  grace_ms: {grace_ms}\n",
+            "exporters:\n  otlp:\n    endpoint: {}\nshutdown:\n  grace_ms: {grace_ms}\n",
             receiver.endpoint()
         ),
     );

@@ -284,15 +284,10 @@ fn an_environment_value_never_reaches_the_output() {
 #[test]
 fn an_unwritable_span_file_is_counted_and_never_holds_the_drain() {
     let work = tempfile::tempdir().unwrap();
-    let port = free_port();
     let grace_ms = 15_000;
-    let listen = format!("127.0.0.1:{port}");
-    let mut run = Collector::start_with_config(
+    let mut run = Collector::start_with_sections(
         work.path(),
-        &listen,
-        &format!(
-            "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\nexporters:\n  file:\n    path: /dev/full\nshutdown:\n  grace_ms: {grace_ms}\n"
-        ),
+        &format!("exporters:\n  file:\n    path: /dev/full\nshutdown:\n  grace_ms: {grace_ms}\n"),
     );
     let out = run_loadgen(
         &[
