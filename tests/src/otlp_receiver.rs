@@ -41,10 +41,7 @@ use prost::Message;
 use tokio::sync::Notify;
 use tonic::codec::CompressionEncoding;
 
-use crate::server::{
-    ServerThread, ServerTls, bind, grpc_builder, header_text, http_error, http_response,
-    local_addr, read_post, serve_grpc, serve_http1, tls_acceptor,
-};
+use crate::server::{Listening, ServerTls, header_text, http_error, http_response, read_post};
 use crate::span_tree::SpanTree;
 
 /// Largest request either receiver accepts (decompressed).
@@ -383,10 +380,8 @@ impl TraceService for GrpcTraceService {
 
 /// An OTLP/gRPC trace receiver on 127.0.0.1; stops on drop.
 pub struct OtlpReceiver {
-    addr: SocketAddr,
-    tls: bool,
+    server: Listening,
     store: SpanStore,
-    _server: ServerThread,
 }
 
 impl OtlpReceiver {
@@ -414,36 +409,27 @@ impl OtlpReceiver {
     }
 
     fn start_grpc(port: u16, store: SpanStore, tls: Option<&ServerTls>) -> OtlpReceiver {
-        let listener = bind(port);
-        let addr = local_addr(&listener);
         let service = TraceServiceServer::new(GrpcTraceService {
             store: store.clone(),
         })
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-        let builder = grpc_builder(tls);
-        let server = serve_grpc("otlp-grpc-receiver", listener, move |incoming| {
+        let server = Listening::grpc("otlp-grpc-receiver", port, tls, move |builder, incoming| {
             builder.serve_with_incoming(service, incoming)
         });
-        OtlpReceiver {
-            addr,
-            tls: tls.is_some(),
-            store,
-            _server: server,
-        }
+        OtlpReceiver { server, store }
     }
 
     /// `http://127.0.0.1:PORT` (`https://` over TLS): the OTLP/gRPC
     /// endpoint, or the OTLP/HTTP base URL.
     pub fn endpoint(&self) -> String {
-        let scheme = if self.tls { "https" } else { "http" };
-        format!("{scheme}://{}", self.addr)
+        self.server.endpoint()
     }
 
     /// The listening address.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// The store the receiver records into.
@@ -505,21 +491,11 @@ impl OtlpHttpReceiver {
     }
 
     fn start_http(port: u16, store: SpanStore, tls: Option<&ServerTls>) -> OtlpHttpReceiver {
-        let listener = bind(port);
-        let addr = local_addr(&listener);
         let server_store = store.clone();
-        let server = serve_http1(
-            "otlp-http-receiver",
-            listener,
-            tls.map(tls_acceptor),
-            move |req| handle_http(server_store.clone(), req),
-        );
-        OtlpHttpReceiver(OtlpReceiver {
-            addr,
-            tls: tls.is_some(),
-            store,
-            _server: server,
-        })
+        let server = Listening::http("otlp-http-receiver", port, tls, move |req| {
+            handle_http(server_store.clone(), req)
+        });
+        OtlpHttpReceiver(OtlpReceiver { server, store })
     }
 
     /// The receiver as an [`OtlpReceiver`] (everything but
