@@ -74,6 +74,18 @@ fn start_collector(
     )
 }
 
+/// [`start_collector`] receiving on a free port of 127.0.0.1, `receiver`
+/// holding the other lines of its receiver section.
+fn start_tcp_collector(
+    work: &Path,
+    receiver: &str,
+    otlp: &OtlpReceiver,
+    env: &[(&str, &str)],
+) -> Collector {
+    let listen = format!("  listen: 127.0.0.1:{}\n{receiver}", free_port());
+    start_collector(work, &listen, otlp, env)
+}
+
 /// A collector binary with the configuration `yaml`; started and ready
 /// when this returns.
 fn start_collector_with(work: &Path, yaml: &str, env: &[(&str, &str)]) -> Collector {
@@ -157,17 +169,13 @@ fn ingest_requires_the_bearer_token() {
     let token_file = work.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
-    let mut collector = start_collector(
+    let mut collector = start_tcp_collector(
         work.path(),
-        &format!(
-            "  listen: 127.0.0.1:{port}\n  auth:\n    token_file: {}",
-            token_file.display()
-        ),
+        &format!("  auth:\n    token_file: {}", token_file.display()),
         &otlp,
         &[],
     );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = collector.endpoint.clone();
     let events = basic_events();
 
     let missing = exchange(&endpoint, None, vec![batch_of("i-1", events.clone())]).unwrap_err();
@@ -217,14 +225,13 @@ fn ingest_requires_the_bearer_token() {
 fn shim_with_the_right_token_delivers_and_with_a_wrong_one_does_not() {
     let work = tempfile::tempdir().unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
-    let collector = start_collector(
+    let collector = start_tcp_collector(
         work.path(),
-        &format!("  listen: 127.0.0.1:{port}\n  auth:\n    token_env: SECURITY_TEST_INGEST_TOKEN"),
+        "  auth:\n    token_env: SECURITY_TEST_INGEST_TOKEN",
         &otlp,
         &[("SECURITY_TEST_INGEST_TOKEN", TOKEN)],
     );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = collector.endpoint.clone();
 
     let wrong = shim_replays_basic(
         &[
@@ -312,14 +319,9 @@ fn unix_socket_is_private_and_carries_the_shim() {
 fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
     let work = tempfile::tempdir().unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
-    let collector = start_collector(
-        work.path(),
-        &format!("  listen: 127.0.0.1:{port}\n  max_message_bytes: 65536"),
-        &otlp,
-        &[],
-    );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let collector = start_tcp_collector(work.path(), "  max_message_bytes: 65536", &otlp, &[]);
+    let endpoint = collector.endpoint.clone();
+    let addr = endpoint.trim_start_matches("http://").to_owned();
 
     // Two hostile connections, each a bounded burst, during the honest one.
     let flood_endpoint = endpoint.clone();
@@ -343,7 +345,7 @@ fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
     let garbage = std::thread::spawn(move || {
         let mut closed = 0;
         for i in 0..20u8 {
-            let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let mut stream = std::net::TcpStream::connect(&addr).unwrap();
             stream
                 .set_read_timeout(Some(Duration::from_secs(10)))
                 .unwrap();
@@ -399,14 +401,8 @@ fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
 fn an_event_above_max_event_bytes_is_refused_and_counted() {
     let work = tempfile::tempdir().unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
-    let collector = start_collector(
-        work.path(),
-        &format!("  listen: 127.0.0.1:{port}\n  max_event_bytes: 4096"),
-        &otlp,
-        &[],
-    );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let collector = start_tcp_collector(work.path(), "  max_event_bytes: 4096", &otlp, &[]);
+    let endpoint = collector.endpoint.clone();
 
     // 10 KiB in one event: far below max_message_bytes, above the event limit.
     let big = Event {
@@ -448,17 +444,14 @@ fn an_event_above_max_event_bytes_is_refused_and_counted() {
 fn a_flooding_connection_is_paced_while_another_ones_turn_arrives() {
     let work = tempfile::tempdir().unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
     // 200 events/s after a burst of 200 per stream.
-    let collector = start_collector(
+    let collector = start_tcp_collector(
         work.path(),
-        &format!(
-            "  listen: 127.0.0.1:{port}\n  stream_events_per_sec: 200\n  stream_burst_events: 200"
-        ),
+        "  stream_events_per_sec: 200\n  stream_burst_events: 200",
         &otlp,
         &[],
     );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = collector.endpoint.clone();
 
     // The flood: 1 600 events in batches of 40, from one connection; at the
     // limit that takes about 7 s.
