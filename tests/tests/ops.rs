@@ -393,26 +393,32 @@ fn derived_metrics_reach_an_otlp_grpc_receiver_and_match_the_spans() {
         summary["events_acked"].as_f64().unwrap(),
         "{text}"
     );
-    assert_eq!(
-        prometheus_sum(&text, "hermes_collector_spans_total", ""),
-        received
-    );
-    assert_eq!(
-        prometheus_sum(&text, "gen_ai_client_operation_duration_seconds_count", ""),
-        durations.count() as f64
-    );
-    assert_eq!(
-        prometheus_sum(&text, "gen_ai_client_token_usage_token_count", ""),
-        tokens.count() as f64
-    );
-    assert_eq!(
-        prometheus_sum(&text, "hermes_tool_duration_seconds_count", ""),
-        tool_hist.count() as f64
-    );
-    assert_eq!(
-        prometheus_sum(&text, "hermes_turn_duration_seconds_count", ""),
-        turn_hist.count() as f64
-    );
+    // What /metrics counts agrees with what reached the backends.
+    for (series, backend) in [
+        ("hermes_collector_spans_total", received),
+        (
+            "gen_ai_client_operation_duration_seconds_count",
+            durations.count() as f64,
+        ),
+        (
+            "gen_ai_client_token_usage_token_count",
+            tokens.count() as f64,
+        ),
+        (
+            "hermes_tool_duration_seconds_count",
+            tool_hist.count() as f64,
+        ),
+        (
+            "hermes_turn_duration_seconds_count",
+            turn_hist.count() as f64,
+        ),
+    ] {
+        assert_eq!(
+            prometheus_sum(&text, series, ""),
+            backend,
+            "{series}\n{text}"
+        );
+    }
 }
 
 #[test]
