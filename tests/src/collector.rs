@@ -205,13 +205,14 @@ pub fn wait_ready(collector: &mut ChildGuard, timeout: Duration) -> Result<(), S
     Err(format!("not ready within {timeout:?} ({last})"))
 }
 
-/// The value of `key` (to the end of the line) on the first log line
+/// The value of `key` (up to the next blank) on the first log line
 /// containing `message`.
 fn log_field(log: &str, message: &str, key: &str) -> Option<String> {
     log.lines()
         .find(|l| l.contains(message))
         .and_then(|l| l.split(key).nth(1))
-        .map(|a| a.trim().to_string())
+        .and_then(|a| a.split_whitespace().next())
+        .map(str::to_string)
 }
 
 /// The admin server's address, from the collector's log.
