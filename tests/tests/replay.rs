@@ -373,21 +373,21 @@ fn content_level_adds_messages_arguments_and_answers() {
     let tree = replay(&records, CaptureLevel::Content);
     let chats = tree.find_all("chat fake-model-1");
     let input: Json =
-        serde_json::from_str(&string(chats[0], "gen_ai.input.messages")).expect("input JSON");
+        serde_json::from_str(string(chats[0], "gen_ai.input.messages")).expect("input JSON");
     assert_eq!(input[0]["role"], "user");
     assert_eq!(
         input[0]["parts"][0]["content"],
         "Please run echo hermes-hook-test"
     );
     let system: Json =
-        serde_json::from_str(&string(chats[0], "gen_ai.system_instructions")).expect("system JSON");
+        serde_json::from_str(string(chats[0], "gen_ai.system_instructions")).expect("system JSON");
     assert!(
         system[0]["content"]
             .as_str()
             .is_some_and(|s| s.starts_with("You are Hermes Agent"))
     );
     let output: Json =
-        serde_json::from_str(&string(chats[0], "gen_ai.output.messages")).expect("output JSON");
+        serde_json::from_str(string(chats[0], "gen_ai.output.messages")).expect("output JSON");
     assert_eq!(output[0]["parts"][0]["type"], "tool_call");
     assert_eq!(output[0]["parts"][0]["name"], "terminal");
     assert_eq!(
@@ -395,14 +395,14 @@ fn content_level_adds_messages_arguments_and_answers() {
         "echo hermes-hook-test"
     );
     let second: Json =
-        serde_json::from_str(&string(chats[1], "gen_ai.input.messages")).expect("input JSON");
+        serde_json::from_str(string(chats[1], "gen_ai.input.messages")).expect("input JSON");
     assert_eq!(
         second[2]["parts"][0]["type"], "tool_call_response",
         "{second}"
     );
     let tool = tree.find_all("execute_tool terminal")[0];
     let args: Json =
-        serde_json::from_str(&string(tool, "gen_ai.tool.call.arguments")).expect("args JSON");
+        serde_json::from_str(string(tool, "gen_ai.tool.call.arguments")).expect("args JSON");
     assert_eq!(
         args,
         serde_json::json!({"command": "echo hermes-hook-test"})
