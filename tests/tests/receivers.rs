@@ -235,6 +235,9 @@ fn post(
 
 const PROTOBUF: (&str, &str) = ("Content-Type", "application/x-protobuf");
 
+/// A request and its expected answer: path, headers, body, status.
+type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [u8], u16);
+
 #[test]
 fn http_receiver_accepts_protobuf_gzip_and_json() {
     let receiver = OtlpHttpReceiver::start();
@@ -248,8 +251,8 @@ fn http_receiver_accepts_protobuf_gzip_and_json() {
     let gz = gz.finish().unwrap_or_else(|e| panic!("gzip: {e}"));
     let json = serde_json::to_vec(&sample_request()).unwrap_or_else(|e| panic!("json: {e}"));
 
-    // (path, headers, body, expected status), posted in this order.
-    let cases: [(&str, &[(&str, &str)], &[u8], u16); 5] = [
+    // Posted in this order.
+    let cases: [Case; 5] = [
         ("/v1/traces", &[PROTOBUF], &body, 200),
         (
             "/v1/traces",
