@@ -57,24 +57,8 @@ from typing import Any, Callable, Dict, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "tests", "fixtures", "hermes-0.19.0")
 
-# The hooks the shim registers at capture level `metadata` (agent-shim/README.md).
-METADATA_HOOKS = [
-    "on_session_start",
-    "on_session_end",
-    "on_session_finalize",
-    "on_session_reset",
-    "pre_llm_call",
-    "post_llm_call",
-    "pre_api_request",
-    "post_api_request",
-    "api_request_error",
-    "pre_tool_call",
-    "post_tool_call",
-    "subagent_start",
-    "subagent_stop",
-    "pre_approval_request",
-    "post_approval_response",
-]
+sys.path.insert(0, HERE)
+from shim_hooks import METADATA_HOOKS  # noqa: E402
 
 
 def load_calls(directory: str) -> Dict[str, List[Dict[str, Any]]]:

@@ -741,14 +741,7 @@ def main() -> None:
     if os.path.exists(machine):
         with open(machine, encoding="utf-8") as f:
             out += ["## Machine", "", "```text", f.read().rstrip(), "```", ""]
-    load_path = os.path.join(results, "collector_load.json")
-    load: Dict[str, Any] = {}
-    if os.path.exists(load_path):
-        with open(load_path, encoding="utf-8") as f:
-            try:
-                load = json.load(f)
-            except json.JSONDecodeError:
-                load = {}
+    load = load_json(os.path.join(results, "collector_load.json")) or {}
     t = load.get("medians", {}).get("throughput") or {}
     spans_per_event = (t.get("spans") or 0) / t["events"] if t.get("events") else 0.397
     out += ["## Hook cost in the agent process", ""]

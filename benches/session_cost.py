@@ -127,16 +127,12 @@ VARIANTS: Dict[str, Tuple[Optional[str], Dict[str, str]]] = {
 }
 DEFAULT_VARIANTS = "none,noop,lean,metadata,content,otel,otel_quiet"
 
-# The hooks our plugin registers at `metadata` (agent-shim/README.md); the
-# `noop` variant registers the same set with a no-op Python callback, so that
-# (metadata - noop) is what our callbacks themselves cost and (noop - none)
-# what Hermes does because the hooks are registered.
-METADATA_HOOKS = [
-    "on_session_start", "on_session_end", "on_session_finalize", "on_session_reset",
-    "pre_llm_call", "post_llm_call", "pre_api_request", "post_api_request",
-    "api_request_error", "pre_tool_call", "post_tool_call", "subagent_start",
-    "subagent_stop", "pre_approval_request", "post_approval_response",
-]
+# The `noop` variant registers the hooks our plugin registers at `metadata`
+# (shim_hooks.py) with a no-op Python callback, so that (metadata - noop) is
+# what our callbacks themselves cost and (noop - none) what Hermes does
+# because the hooks are registered.
+sys.path.insert(0, HERE)
+from shim_hooks import METADATA_HOOKS  # noqa: E402
 NOOP_PLUGIN_YAML = "name: bench_noop\nversion: \"0.0.1\"\ndescription: benchmark anchor, no-op callbacks\nprovides_hooks: []\n"
 NOOP_PLUGIN_INIT = (
     "HOOKS = %r\n\n"

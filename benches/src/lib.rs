@@ -271,6 +271,25 @@ mod tests {
         assert_eq!(span_count(&batch), 100);
     }
 
+    /// benches/shim_hooks.py is the Python benchmarks' copy of the shim's
+    /// metadata hooks: the same names, in the same order.
+    #[test]
+    fn python_benches_list_the_shims_metadata_hooks() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/shim_hooks.py");
+        let text = std::fs::read_to_string(path).unwrap();
+        let list = text
+            .split_once("METADATA_HOOKS = [")
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map(|(list, _)| list)
+            .expect("METADATA_HOOKS = [...] in shim_hooks.py");
+        let names: Vec<&str> = list
+            .split(',')
+            .map(|n| n.trim().trim_matches('"'))
+            .filter(|n| !n.is_empty())
+            .collect();
+        assert_eq!(names, hermes_collector_shim::config::METADATA_HOOKS);
+    }
+
     #[test]
     fn restamp_moves_api_times() {
         let template = Template::load("basic.jsonl", CaptureLevel::Metadata).unwrap();

@@ -113,6 +113,16 @@ impl Collector {
         Self::start_with_config_env(cwd, listen, yaml, &[])
     }
 
+    /// Starts `hermes-collector --config FILE` in `cwd`, the file receiving
+    /// on a free port of 127.0.0.1, serving admin on an ephemeral one, and
+    /// holding `sections` (the rest of the configuration) after that.
+    pub fn start_with_sections(cwd: &Path, sections: &str) -> Collector {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let yaml =
+            format!("receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\n{sections}");
+        Self::start_with_config(cwd, &listen, &yaml)
+    }
+
     /// As [`Collector::start_with_config`], with `env` added to the
     /// process' environment.
     pub fn start_with_config_env(
@@ -165,6 +175,14 @@ impl Collector {
     }
 }
 
+/// The value of the unlabelled counter `name` on the `/metrics` of a
+/// collector process, if it is there.
+pub fn counter(collector: &ChildGuard, name: &str) -> Option<u64> {
+    admin_get(collector, "/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// Waits at most `timeout` until the collector's `/readyz` answers 200 (the
 /// admin address from its log line `serving /livez ... listen=`); why not,
 /// if it exits or the time runs out first.
@@ -187,13 +205,14 @@ pub fn wait_ready(collector: &mut ChildGuard, timeout: Duration) -> Result<(), S
     Err(format!("not ready within {timeout:?} ({last})"))
 }
 
-/// The value of `key` (to the end of the line) on the first log line
+/// The value of `key` (up to the next blank) on the first log line
 /// containing `message`.
 fn log_field(log: &str, message: &str, key: &str) -> Option<String> {
     log.lines()
         .find(|l| l.contains(message))
         .and_then(|l| l.split(key).nth(1))
-        .map(|a| a.trim().to_string())
+        .and_then(|a| a.split_whitespace().next())
+        .map(str::to_string)
 }
 
 /// The admin server's address, from the collector's log.

@@ -57,10 +57,7 @@ impl FakeOpenAi {
             .and_then(Value::as_str)
             .unwrap_or(DEFAULT_MODEL)
             .to_string();
-        let dir = tempfile::Builder::new()
-            .prefix("fake-openai-")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("create temp dir: {e}"));
+        let dir = crate::temp_dir("fake-openai-");
         let script_path = dir.path().join("script.json");
         let log_path = dir.path().join("requests.jsonl");
         std::fs::write(&script_path, script.to_string())

@@ -94,10 +94,7 @@ impl HermesHome {
         base_url: &str,
         model: &str,
     ) -> HermesHome {
-        let dir = tempfile::Builder::new()
-            .prefix("hermes-home-")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("create temp dir: {e}"));
+        let dir = crate::temp_dir("hermes-home-");
         let home = HermesHome {
             dir,
             venv,

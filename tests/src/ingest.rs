@@ -21,9 +21,17 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 /// How long an exchange waits for each acknowledgement.
 const WAIT: Duration = Duration::from_secs(30);
 
-/// A recorded fixture of hermes-agent 0.19.0 (`basic`, `retry`, ...).
+/// The recorded fixtures of hermes-agent 0.19.0: one turn with a tool
+/// call, retried requests, parallel tool calls, three turns of a session.
+pub const FIXTURES: [&str; 4] = ["basic", "retry", "parallel", "multiturn"];
+
+/// A recorded fixture of hermes-agent 0.19.0 (one of [`FIXTURES`]), in
+/// `tests/fixtures/hermes-0.19.0` or `$HERMES_FIXTURES_DIR`.
 pub fn fixture(name: &str) -> PathBuf {
-    crate::tests_dir().join(format!("fixtures/hermes-0.19.0/{name}.jsonl"))
+    let dir = std::env::var_os("HERMES_FIXTURES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::tests_dir().join("fixtures/hermes-0.19.0"));
+    dir.join(format!("{name}.jsonl"))
 }
 
 /// The records of a recorded fixture (one JSON object per line).
@@ -40,7 +48,12 @@ pub fn fixture_records(name: &str) -> Vec<Json> {
 /// Recorded hook calls as wire events at capture level `metadata`,
 /// converted exactly as the shim does (numbered from 1, attempts stamped).
 pub fn events_of(records: &[Json]) -> Vec<Event> {
-    let level = CaptureLevel::Metadata;
+    events_at(records, CaptureLevel::Metadata)
+}
+
+/// As [`events_of`] at capture `level` (the hooks it does not register
+/// are skipped, as the shim never sees them).
+pub fn events_at(records: &[Json], level: CaptureLevel) -> Vec<Event> {
     let mut tracker = AttemptTracker::new(64);
     let mut events = Vec::new();
     for r in records {
@@ -160,6 +173,16 @@ pub fn exchange(
             .unwrap_or_else(|e| panic!("{e}"));
         stream_batches(&mut client, authorization, batches).await
     })
+}
+
+/// Sends the basic fixture's events as instance `instance_id` on a new
+/// stream to `endpoint` and asserts that every one was acknowledged.
+pub fn send_basic_turn(endpoint: &str, instance_id: &str) {
+    let events = basic_events();
+    let last: Vec<u64> = events.last().map(|e| e.seq).into_iter().collect();
+    let acks = exchange(endpoint, None, vec![batch_of(instance_id, events)])
+        .unwrap_or_else(|status| panic!("the basic turn of {instance_id} was refused: {status:?}"));
+    assert_eq!(acks, last, "one ack, of the last event");
 }
 
 /// [`exchange`] over TLS with `tls`; any failure, of the handshake

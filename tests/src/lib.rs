@@ -80,6 +80,14 @@ pub fn tests_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// A fresh temporary directory named `PREFIX…`, removed on drop.
+pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .unwrap_or_else(|e| panic!("create temp dir {prefix}…: {e}"))
+}
+
 /// Polls `condition` every `interval` until it returns true or `timeout`
 /// has passed; returns whether it became true. Always checks at least once,
 /// and once more at the deadline.

@@ -13,14 +13,13 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Request, Response, StatusCode};
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
 };
@@ -35,10 +34,7 @@ use prost::Message;
 use tonic::codec::CompressionEncoding;
 
 pub use crate::server::ServerTls;
-use crate::server::{
-    ServerThread, bind, grpc_builder, header_text, http_error, http_response, local_addr,
-    read_body, serve_grpc, serve_http1, tls_acceptor,
-};
+use crate::server::{Listening, header_text, http_error, http_response, read_post};
 
 /// Largest request either receiver accepts (decompressed).
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
@@ -257,11 +253,9 @@ impl MetricsService for GrpcMetricsService {
 
 /// An OTLP metrics receiver on 127.0.0.1; stops on drop.
 pub struct MetricsReceiver {
-    addr: SocketAddr,
+    server: Listening,
     transport: &'static str,
-    tls: bool,
     store: MetricStore,
-    _server: ServerThread,
 }
 
 impl MetricsReceiver {
@@ -286,52 +280,42 @@ impl MetricsReceiver {
     }
 
     fn start_grpc_with(tls: Option<&ServerTls>) -> MetricsReceiver {
-        let listener = bind(0);
-        let addr = local_addr(&listener);
         let store = MetricStore::default();
         let service = MetricsServiceServer::new(GrpcMetricsService {
             store: store.clone(),
         })
         .accept_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-        let builder = grpc_builder(tls);
-        let server = serve_grpc("otlp-metrics-grpc-receiver", listener, move |incoming| {
-            builder.serve_with_incoming(service, incoming)
-        });
+        let server = Listening::grpc(
+            "otlp-metrics-grpc-receiver",
+            0,
+            tls,
+            move |builder, incoming| builder.serve_with_incoming(service, incoming),
+        );
         MetricsReceiver {
-            addr,
+            server,
             transport: "grpc",
-            tls: tls.is_some(),
             store,
-            _server: server,
         }
     }
 
     fn start_http_with(tls: Option<&ServerTls>) -> MetricsReceiver {
-        let listener = bind(0);
-        let addr = local_addr(&listener);
         let store = MetricStore::default();
         let server_store = store.clone();
-        let server = serve_http1(
-            "otlp-metrics-http-receiver",
-            listener,
-            tls.map(tls_acceptor),
-            move |req| handle_http(server_store.clone(), req),
-        );
+        let server = Listening::http("otlp-metrics-http-receiver", 0, tls, move |req| {
+            handle_http(server_store.clone(), req)
+        });
         MetricsReceiver {
-            addr,
+            server,
             transport: "http",
-            tls: tls.is_some(),
             store,
-            _server: server,
         }
     }
 
     /// `http://127.0.0.1:PORT`, `https://` over TLS (for HTTP, the base:
     /// `/v1/metrics` is where requests go).
     pub fn endpoint(&self) -> String {
-        let scheme = if self.tls { "https" } else { "http" };
-        format!("{scheme}://{}", self.addr)
+        self.server.endpoint()
     }
 
     /// `"grpc"` or `"http"`.
@@ -349,13 +333,7 @@ async fn handle_http(
     store: MetricStore,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.uri().path() != "/v1/metrics" {
-        return Ok(http_error(StatusCode::NOT_FOUND, "only /v1/metrics"));
-    }
-    if req.method() != Method::POST {
-        return Ok(http_error(StatusCode::METHOD_NOT_ALLOWED, "POST only"));
-    }
-    let (headers, body) = match read_body(req, MAX_REQUEST_BYTES).await {
+    let (headers, body) = match read_post(req, "/v1/metrics", MAX_REQUEST_BYTES).await {
         Ok(read) => read,
         Err(refused) => return Ok(refused),
     };

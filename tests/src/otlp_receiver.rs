@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::{HeaderMap, Method, Request, Response, StatusCode};
+use hyper::{HeaderMap, Request, Response, StatusCode};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -41,10 +41,7 @@ use prost::Message;
 use tokio::sync::Notify;
 use tonic::codec::CompressionEncoding;
 
-use crate::server::{
-    ServerThread, ServerTls, bind, grpc_builder, header_text, http_error, http_response,
-    local_addr, read_body, serve_grpc, serve_http1, tls_acceptor,
-};
+use crate::server::{Listening, ServerTls, header_text, http_error, http_response, read_post};
 use crate::span_tree::SpanTree;
 
 /// Largest request either receiver accepts (decompressed).
@@ -383,10 +380,8 @@ impl TraceService for GrpcTraceService {
 
 /// An OTLP/gRPC trace receiver on 127.0.0.1; stops on drop.
 pub struct OtlpReceiver {
-    addr: SocketAddr,
-    tls: bool,
+    server: Listening,
     store: SpanStore,
-    _server: ServerThread,
 }
 
 impl OtlpReceiver {
@@ -414,36 +409,27 @@ impl OtlpReceiver {
     }
 
     fn start_grpc(port: u16, store: SpanStore, tls: Option<&ServerTls>) -> OtlpReceiver {
-        let listener = bind(port);
-        let addr = local_addr(&listener);
         let service = TraceServiceServer::new(GrpcTraceService {
             store: store.clone(),
         })
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Zstd)
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-        let builder = grpc_builder(tls);
-        let server = serve_grpc("otlp-grpc-receiver", listener, move |incoming| {
+        let server = Listening::grpc("otlp-grpc-receiver", port, tls, move |builder, incoming| {
             builder.serve_with_incoming(service, incoming)
         });
-        OtlpReceiver {
-            addr,
-            tls: tls.is_some(),
-            store,
-            _server: server,
-        }
+        OtlpReceiver { server, store }
     }
 
     /// `http://127.0.0.1:PORT` (`https://` over TLS): the OTLP/gRPC
     /// endpoint, or the OTLP/HTTP base URL.
     pub fn endpoint(&self) -> String {
-        let scheme = if self.tls { "https" } else { "http" };
-        format!("{scheme}://{}", self.addr)
+        self.server.endpoint()
     }
 
     /// The listening address.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// The store the receiver records into.
@@ -505,21 +491,17 @@ impl OtlpHttpReceiver {
     }
 
     fn start_http(port: u16, store: SpanStore, tls: Option<&ServerTls>) -> OtlpHttpReceiver {
-        let listener = bind(port);
-        let addr = local_addr(&listener);
         let server_store = store.clone();
-        let server = serve_http1(
-            "otlp-http-receiver",
-            listener,
-            tls.map(tls_acceptor),
-            move |req| handle_http(server_store.clone(), req),
-        );
-        OtlpHttpReceiver(OtlpReceiver {
-            addr,
-            tls: tls.is_some(),
-            store,
-            _server: server,
-        })
+        let server = Listening::http("otlp-http-receiver", port, tls, move |req| {
+            handle_http(server_store.clone(), req)
+        });
+        OtlpHttpReceiver(OtlpReceiver { server, store })
+    }
+
+    /// The receiver as an [`OtlpReceiver`] (everything but
+    /// [`traces_url`](Self::traces_url)), for code that runs either.
+    pub fn into_inner(self) -> OtlpReceiver {
+        self.0
     }
 
     /// The endpoint with `/v1/traces`.
@@ -535,13 +517,7 @@ async fn handle_http(
     store: SpanStore,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if req.uri().path() != "/v1/traces" {
-        return Ok(http_error(StatusCode::NOT_FOUND, "only /v1/traces"));
-    }
-    if req.method() != Method::POST {
-        return Ok(http_error(StatusCode::METHOD_NOT_ALLOWED, "POST only"));
-    }
-    let (headers, body) = match read_body(req, MAX_REQUEST_BYTES).await {
+    let (headers, body) = match read_post(req, "/v1/traces", MAX_REQUEST_BYTES).await {
         Ok(read) => read,
         Err(refused) => return Ok(refused),
     };

@@ -95,10 +95,7 @@ impl PhoenixServer {
     /// its log if it does not get ready in time.
     pub fn start() -> PhoenixServer {
         let program = ensure_phoenix();
-        let dir = tempfile::Builder::new()
-            .prefix("phoenix-")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("create temp dir: {e}"));
+        let dir = crate::temp_dir("phoenix-");
         let home = dir.path().join("home");
         let work = dir.path().join("work");
         for d in [&home, &work] {

@@ -75,6 +75,21 @@ impl Captured {
         (captured, handle)
     }
 
+    /// What `source` (a child's pipe, if piped) writes, its reader thread
+    /// added to `readers`; empty if not piped.
+    fn of(
+        source: Option<impl Read + Send + 'static>,
+        name: &str,
+        readers: &mut Vec<JoinHandle<()>>,
+    ) -> Self {
+        let Some(source) = source else {
+            return Captured::default();
+        };
+        let (captured, handle) = Captured::spawn_reader(source, name);
+        readers.extend(handle);
+        captured
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -136,29 +151,8 @@ impl ChildGuard {
         cmd.process_group(0);
         let mut child = cmd.spawn()?;
         let mut readers = Vec::new();
-        let mut capture = |source: Option<Box<dyn Read + Send>>, stream: &str| match source {
-            Some(source) => {
-                let (captured, handle) =
-                    Captured::spawn_reader(source, &format!("{name}-{stream}"));
-                readers.extend(handle);
-                captured
-            }
-            None => Captured::default(),
-        };
-        let stdout = capture(
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-            "stdout",
-        );
-        let stderr = capture(
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-            "stderr",
-        );
+        let stdout = Captured::of(child.stdout.take(), &format!("{name}-stdout"), &mut readers);
+        let stderr = Captured::of(child.stderr.take(), &format!("{name}-stderr"), &mut readers);
         Ok(ChildGuard {
             name: name.to_string(),
             child,
@@ -256,6 +250,27 @@ impl ChildGuard {
         send_signal(self.pid(), signal, false)
     }
 
+    /// SIGTERM to the child, then waits at most `timeout` for its exit:
+    /// the status (None: still running) and the time from the signal on.
+    pub fn sigterm(&mut self, timeout: Duration) -> (Option<ExitStatus>, Duration) {
+        let signalled = Instant::now();
+        assert!(self.signal("TERM"), "SIGTERM to {}", self.name);
+        let status = self.wait_timeout(timeout);
+        (status, signalled.elapsed())
+    }
+
+    /// [`sigterm`](Self::sigterm), asserting the child exits 0 in time
+    /// (showing its stderr otherwise).
+    pub fn assert_clean_stop(&mut self, timeout: Duration) {
+        let (status, took) = self.sigterm(timeout);
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{} did not exit 0 within {timeout:?} of SIGTERM ({status:?} after {took:?}):\n{}",
+            self.name,
+            self.stderr_text()
+        );
+    }
+
     /// Graceful stop: SIGTERM to the child, wait at most `grace`, then
     /// SIGKILL to the whole process group. Returns the exit status.
     pub fn terminate(&mut self, grace: Duration) -> ExitStatus {
@@ -347,6 +362,23 @@ impl RunOutput {
     /// Exited by itself with status 0.
     pub fn success(&self) -> bool {
         !self.timed_out && self.output.status.success()
+    }
+
+    /// Asserts the collector refused its configuration: exit 64 (usage
+    /// error), with `needle` (the offending key) on stderr. `context` (the
+    /// case) starts each failure message.
+    pub fn assert_refused_naming(&self, context: &str, needle: &str) {
+        assert_eq!(
+            self.output.status.code(),
+            Some(64),
+            "{context}:\n{}",
+            self.describe()
+        );
+        assert!(
+            self.stderr().contains(needle),
+            "{context}: stderr does not name {needle}:\n{}",
+            self.describe()
+        );
     }
 
     /// A multi-line description for assertion messages.

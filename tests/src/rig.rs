@@ -1,15 +1,25 @@
 //! The scaffolding of a real-agent test: a scripted OpenAI server, an OTLP
 //! receiver, a collector exporting to it and an isolated Hermes home
-//! configured for the server ([`AgentRig`]), and the session id a Hermes run
-//! printed ([`session_id`]).
+//! configured for the server ([`AgentRig`]), waiting for the spans of a run
+//! ([`AgentRig::collect_when`]), and the session id a Hermes run printed
+//! ([`session_id`]).
 
 use std::process::Output;
+use std::time::Duration;
 
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::collector::Collector;
-use crate::{FakeOpenAi, HermesHome, OtlpReceiver};
+use crate::{FakeOpenAi, HermesHome, OtlpReceiver, SpanTree};
+
+/// Bound on the export of a finished run.
+pub const WAIT: Duration = Duration::from_secs(30);
+/// After the expected spans arrived: time for an unexpected extra one to
+/// arrive too (the collector's batch timeout is 200 ms).
+pub const SETTLE: Duration = Duration::from_millis(800);
 
 /// What a real-agent test runs against; everything stops on drop.
 pub struct AgentRig {
@@ -55,6 +65,50 @@ impl AgentRig {
         )];
         env.extend_from_slice(extra);
         env
+    }
+
+    /// Waits at most [`WAIT`] until `done` holds for the spans received;
+    /// whether it did.
+    pub fn wait_for(&self, done: impl FnMut(&[(Resource, Span)]) -> bool) -> bool {
+        self.receiver.wait_for(done, WAIT)
+    }
+
+    /// Waits [`SETTLE`] for a late extra span, then prints and returns the
+    /// tree of what arrived.
+    pub fn settled_tree(&self) -> SpanTree {
+        std::thread::sleep(SETTLE);
+        let tree = self.receiver.store().tree();
+        println!("received tree:\n{}", tree.render());
+        tree
+    }
+
+    /// For a failed wait: the collector's log, the requests the fake server
+    /// got and the agent's log.
+    pub fn report(&self) -> String {
+        format!(
+            "--- collector log ---\n{}\n--- requests ---\n{}\n--- agent.log ---\n{}",
+            self.collector.guard.stderr_text(),
+            self.server.describe_requests(),
+            self.home.agent_log()
+        )
+    }
+
+    /// Waits (bounded) until `done` holds for the spans received, then
+    /// returns the [settled](Self::settled_tree) tree; panics showing what
+    /// arrived and the [report](Self::report) if it does not, `expected`
+    /// saying what was awaited.
+    pub fn collect_when(
+        &self,
+        expected: &str,
+        done: impl FnMut(&[(Resource, Span)]) -> bool,
+    ) -> SpanTree {
+        assert!(
+            self.wait_for(done),
+            "expected {expected} within {WAIT:?}; got:\n{}\n{}",
+            self.receiver.store().tree().render(),
+            self.report()
+        );
+        self.settled_tree()
     }
 }
 

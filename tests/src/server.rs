@@ -43,7 +43,7 @@ impl ServerTls {
 }
 
 /// A tonic server builder, over TLS with `tls` if given.
-pub(crate) fn grpc_builder(tls: Option<&ServerTls>) -> tonic::transport::Server {
+fn grpc_builder(tls: Option<&ServerTls>) -> tonic::transport::Server {
     use tonic::transport::{Certificate, Identity, ServerTlsConfig};
     let builder = tonic::transport::Server::builder();
     let Some(tls) = tls else {
@@ -61,13 +61,13 @@ pub(crate) fn grpc_builder(tls: Option<&ServerTls>) -> tonic::transport::Server 
 
 /// The server thread of a receiver: stops (abruptly, dropping open
 /// connections) and is joined on drop.
-pub(crate) struct ServerThread {
+struct ServerThread {
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl ServerThread {
-    pub(crate) fn spawn<F, Fut>(name: &str, listener: StdTcpListener, serve: F) -> ServerThread
+    fn spawn<F, Fut>(name: &str, listener: StdTcpListener, serve: F) -> ServerThread
     where
         F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()>,
@@ -123,12 +123,81 @@ impl Drop for ServerThread {
     }
 }
 
+/// A server on 127.0.0.1 in a thread of its own ([`ServerThread`]): where
+/// it listens and whether over TLS; stops on drop.
+pub(crate) struct Listening {
+    addr: SocketAddr,
+    tls: bool,
+    _thread: ServerThread,
+}
+
+impl Listening {
+    /// Serves gRPC on 127.0.0.1:`port` (0: OS-chosen), over TLS with `tls`
+    /// if given: `serve` runs a tonic server made from the builder it gets
+    /// on the incoming connections.
+    pub(crate) fn grpc<F, Fut>(
+        name: &'static str,
+        port: u16,
+        tls: Option<&ServerTls>,
+        serve: F,
+    ) -> Listening
+    where
+        F: FnOnce(tonic::transport::Server, TcpIncoming) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<(), tonic::transport::Error>>,
+    {
+        let listener = bind(port);
+        let addr = local_addr(&listener);
+        let builder = grpc_builder(tls);
+        let thread = serve_grpc(name, listener, move |incoming| serve(builder, incoming));
+        Listening {
+            addr,
+            tls: tls.is_some(),
+            _thread: thread,
+        }
+    }
+
+    /// Serves HTTP/1.1 on 127.0.0.1:`port` (0: OS-chosen), over TLS with
+    /// `tls` if given, answering each request with `handle`.
+    pub(crate) fn http<H, Fut>(
+        name: &'static str,
+        port: u16,
+        tls: Option<&ServerTls>,
+        handle: H,
+    ) -> Listening
+    where
+        H: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Response<Full<Bytes>>, Infallible>>
+            + Send
+            + 'static,
+    {
+        let listener = bind(port);
+        let addr = local_addr(&listener);
+        let thread = serve_http1(name, listener, tls.map(tls_acceptor), handle);
+        Listening {
+            addr,
+            tls: tls.is_some(),
+            _thread: thread,
+        }
+    }
+
+    /// The listening address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`, `https://` over TLS.
+    pub(crate) fn endpoint(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+}
+
 /// Binds 127.0.0.1:`port` (0: OS-chosen). A chosen port that was just
 /// released is retried for up to 2 s: a child process that a parallel test
 /// forked while the old listener was open holds a copy of it until its exec
 /// closes it (the socket is close-on-exec), and binding in that window fails
 /// with "address in use".
-pub(crate) fn bind(port: u16) -> StdTcpListener {
+fn bind(port: u16) -> StdTcpListener {
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
     let listener = loop {
         match StdTcpListener::bind(("127.0.0.1", port)) {
@@ -149,7 +218,7 @@ pub(crate) fn bind(port: u16) -> StdTcpListener {
     listener
 }
 
-pub(crate) fn local_addr(listener: &StdTcpListener) -> SocketAddr {
+fn local_addr(listener: &StdTcpListener) -> SocketAddr {
     listener
         .local_addr()
         .unwrap_or_else(|e| panic!("local_addr: {e}"))
@@ -157,11 +226,7 @@ pub(crate) fn local_addr(listener: &StdTcpListener) -> SocketAddr {
 
 /// Serves gRPC on `listener` from a thread of its own: `serve` runs the
 /// tonic server on the incoming connections.
-pub(crate) fn serve_grpc<F, Fut>(
-    name: &'static str,
-    listener: StdTcpListener,
-    serve: F,
-) -> ServerThread
+fn serve_grpc<F, Fut>(name: &'static str, listener: StdTcpListener, serve: F) -> ServerThread
 where
     F: FnOnce(TcpIncoming) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<(), tonic::transport::Error>>,
@@ -175,7 +240,7 @@ where
 
 /// Serves HTTP/1.1 on `listener` from a thread of its own, answering each
 /// request with `handle`; over TLS when `tls` is given.
-pub(crate) fn serve_http1<H, Fut>(
+fn serve_http1<H, Fut>(
     name: &'static str,
     listener: StdTcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
@@ -231,7 +296,7 @@ where
 
 /// A TLS acceptor for HTTP/1.1 with `tls`' certificate, requiring a client
 /// certificate from its client CA if given.
-pub(crate) fn tls_acceptor(tls: &ServerTls) -> tokio_rustls::TlsAcceptor {
+fn tls_acceptor(tls: &ServerTls) -> tokio_rustls::TlsAcceptor {
     let (cert_pem, key_pem, client_ca_pem) =
         (&tls.cert_pem, &tls.key_pem, tls.client_ca_pem.as_deref());
     use rustls::pki_types::pem::PemObject;
@@ -286,6 +351,22 @@ pub(crate) fn http_response(
 /// A `text/plain` error answer.
 pub(crate) fn http_error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
     http_response(status, "text/plain", message.as_bytes().to_vec())
+}
+
+/// The headers and the body (see [`read_body`]) of a `POST path` request;
+/// or the error answer to give, also to another path or method.
+pub(crate) async fn read_post(
+    req: Request<Incoming>,
+    path: &str,
+    max: usize,
+) -> Result<(HeaderMap, Vec<u8>), Response<Full<Bytes>>> {
+    if req.uri().path() != path {
+        return Err(http_error(StatusCode::NOT_FOUND, &format!("only {path}")));
+    }
+    if req.method() != hyper::Method::POST {
+        return Err(http_error(StatusCode::METHOD_NOT_ALLOWED, "POST only"));
+    }
+    read_body(req, max).await
 }
 
 /// The headers and the body of `req`, at most `max` bytes once a

@@ -110,6 +110,21 @@ pub trait AttrsExt {
             .collect()
     }
 
+    /// Asserts every `(key, value)` of `expected` is a string attribute
+    /// with that value; `context` describes the subject for the message.
+    fn assert_str_attrs(&self, expected: &[(&str, &str)], context: impl Fn() -> String) {
+        for (key, value) in expected {
+            assert_eq!(self.str_attr(key), Some(*value), "{key} of {}", context());
+        }
+    }
+
+    /// As [`assert_str_attrs`](Self::assert_str_attrs) for int attributes.
+    fn assert_int_attrs(&self, expected: &[(&str, i64)], context: impl Fn() -> String) {
+        for (key, value) in expected {
+            assert_eq!(self.int_attr(key), Some(*value), "{key} of {}", context());
+        }
+    }
+
     /// All attributes as `key -> display string`, sorted, for messages.
     fn attr_map(&self) -> BTreeMap<String, String> {
         self.attr_list()

@@ -13,620 +13,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
-use std::process::Output;
-use std::time::Duration;
+mod scenario;
 
-use hermes_e2e::hermes::PY_AGENT_PRELUDE;
-use hermes_e2e::rig::{AgentRig, session_id};
-use hermes_e2e::{AttrsExt, DEFAULT_HERMES_VERSION, SpanExt, SpanTree};
+use std::collections::BTreeSet;
+
+use hermes_e2e::rig::AgentRig;
+use hermes_e2e::{AttrsExt, SpanExt, SpanTree};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use scenario::*;
 use serde_json::{Value, json};
-
-/// Bound on the collector's start and on the export of a finished run.
-const WAIT: Duration = Duration::from_secs(30);
-/// After the expected spans arrived: time for any unexpected extra span to
-/// arrive too (the collector's batch timeout is 200 ms).
-const SETTLE: Duration = Duration::from_millis(800);
-
-// ---------------------------------------------------------------------------
-// Harness for one scenario
-// ---------------------------------------------------------------------------
-
-/// Scripted server, OTLP receiver, collector and a Hermes home with our
-/// plugin enabled and pointed at the collector.
-/// One `hermes chat -q` run: its output and the session id it printed.
-struct ChatRun {
-    out: Output,
-    session: String,
-}
-
-impl ChatRun {
-    fn stdout(&self) -> String {
-        String::from_utf8_lossy(&self.out.stdout).into_owned()
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "status {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.out.status,
-            self.stdout(),
-            String::from_utf8_lossy(&self.out.stderr)
-        )
-    }
-}
-
-/// The rig of a scenario: the default Hermes with the shim enabled.
-fn scenario(script: Value) -> AgentRig {
-    AgentRig::start_enabled(script, DEFAULT_HERMES_VERSION)
-}
-
-/// What the scenarios do with their [`AgentRig`].
-trait Scenario {
-    fn model(&self) -> &str;
-    fn chat(&self, query: &str, toolsets: &str, args: &[&str]) -> ChatRun;
-    fn python(&self, body: &str, extra_env: &[(&str, &str)]) -> Value;
-    fn collect(&mut self, roots: usize, spans: usize) -> SpanTree;
-}
-
-impl Scenario for AgentRig {
-    fn model(&self) -> &str {
-        self.server.model()
-    }
-
-    /// `hermes chat -q QUERY -Q -t TOOLSETS ARGS…`; returns the output and
-    /// the printed session id, whatever the exit status.
-    fn chat(&self, query: &str, toolsets: &str, args: &[&str]) -> ChatRun {
-        let out = self
-            .home
-            .run_chat_with(query, toolsets, args, &self.env(&[]));
-        let session = session_id(&out);
-        ChatRun { out, session }
-    }
-
-    /// Runs `PY_AGENT_PRELUDE` + `body` with the venv's Python (must exit 0)
-    /// and returns the JSON object the snippet printed on its `E2E ` line.
-    fn python(&self, body: &str, extra_env: &[(&str, &str)]) -> Value {
-        let code = format!("{PY_AGENT_PRELUDE}\nimport json\n{body}");
-        let out = self.home.run_python(&code, &self.env(extra_env));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "python snippet failed: {}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}\n--- requests ---\n{}",
-            out.status,
-            self.server.describe_requests()
-        );
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("E2E "))
-            .map(|l| serde_json::from_str(l).expect("E2E line is JSON"))
-            .unwrap_or_else(|| panic!("no E2E line:\n{stdout}\n{stderr}"))
-    }
-
-    /// Waits (bounded) until `roots` root spans and at least `spans` spans
-    /// arrived, lets a late extra span arrive, prints and returns the tree.
-    ///
-    /// If they do not arrive in time, stops the collector (which closes
-    /// every open span as incomplete and exports it) and panics showing
-    /// the tree it then exported: the trace was not complete when the agent
-    /// was done.
-    fn collect(&mut self, roots: usize, spans: usize) -> SpanTree {
-        let arrived = self.receiver.wait_for(
-            |received| {
-                received.len() >= spans
-                    && received.iter().filter(|(_, s)| s.is_root()).count() >= roots
-            },
-            WAIT,
-        );
-        if !arrived {
-            let partial = self.receiver.store().tree();
-            self.collector.guard.terminate(WAIT);
-            std::thread::sleep(SETTLE);
-            let tree = self.receiver.store().tree();
-            panic!(
-                "expected {roots} root(s) and {spans} spans within {WAIT:?} after the agent finished; \
-                 got {} span(s):\n{}\n--- after stopping the collector (open state flushed as incomplete) ---\n{}\
-                 --- collector log ---\n{}\n--- requests ---\n{}",
-                partial.len(),
-                partial.render(),
-                tree.render(),
-                self.collector.guard.stderr_text(),
-                self.server.describe_requests()
-            );
-        }
-        std::thread::sleep(SETTLE);
-        let tree = self.receiver.store().tree();
-        println!("received tree:\n{}", tree.render());
-        if let Some(dir) = std::env::var_os("HERMES_E2E_TREES_DIR") {
-            // For docs/TRACE_MODEL.md: the scenario's tree, compact.
-            let name = std::thread::current()
-                .name()
-                .unwrap_or("scenario")
-                .replace("::", "_");
-            let path = std::path::Path::new(&dir).join(format!("{name}.txt"));
-            let _ = std::fs::write(path, compact(&tree));
-        }
-        tree
-    }
-}
-
-/// A compact rendering of a tree: names, kinds, statuses and the telling
-/// attributes, children in start order; no ids or times.
-fn compact(tree: &SpanTree) -> String {
-    fn walk(tree: &SpanTree, span: &Span, depth: usize, out: &mut String) {
-        const KEYS: [&str; 12] = [
-            "hermes.attempt",
-            "error.type",
-            "http.response.status_code",
-            "gen_ai.usage.input_tokens",
-            "gen_ai.usage.output_tokens",
-            "gen_ai.tool.call.id",
-            "hermes.tool.status",
-            "hermes.approval.choice",
-            "hermes.subagent.status",
-            "hermes.turn.api_attempts",
-            "hermes.turn.tool_calls",
-            "hermes.incomplete",
-        ];
-        let attrs = span.attr_map();
-        let notes: Vec<String> = KEYS
-            .iter()
-            .filter_map(|k| {
-                attrs
-                    .get(*k)
-                    .map(|v| format!("{}={v}", k.rsplit('.').next().unwrap_or(k)))
-            })
-            .collect();
-        let status = if span.status_code() == StatusCode::Error {
-            " ERROR"
-        } else {
-            ""
-        };
-        let events: Vec<&str> = span.events.iter().map(|e| e.name.as_str()).collect();
-        let events = if events.is_empty() {
-            String::new()
-        } else {
-            format!(" events=[{}]", events.join(","))
-        };
-        out.push_str(&format!(
-            "{}{}{status}  {}{events}\n",
-            "  ".repeat(depth),
-            span.name,
-            notes.join(" ")
-        ));
-        let mut children = tree.children(span);
-        children.sort_by_key(|c| c.start_time_unix_nano);
-        for child in children {
-            walk(tree, child, depth + 1, out);
-        }
-    }
-    let mut out = String::new();
-    let mut roots = tree.roots();
-    roots.sort_by_key(|r| r.start_time_unix_nano);
-    for root in roots {
-        walk(tree, root, 0, &mut out);
-    }
-    out
-}
-
-// ---------------------------------------------------------------------------
-// Assertions shared by the scenarios
-// ---------------------------------------------------------------------------
-
-/// Well formed (no orphan, children inside their parent, valid ids), and
-/// every span carries the attributes TRACE_MODEL.md puts on every span,
-/// with `session.id` = `gen_ai.conversation.id` = the top-level session.
-fn assert_common(tree: &SpanTree, session: &str) {
-    tree.assert_well_formed();
-    for s in tree.spans() {
-        assert_eq!(
-            s.str_attr("session.id"),
-            Some(session),
-            "{} session.id\n{}",
-            s.name,
-            tree.render()
-        );
-        assert_eq!(
-            s.str_attr("gen_ai.conversation.id"),
-            Some(session),
-            "{} gen_ai.conversation.id\n{}",
-            s.name,
-            tree.render()
-        );
-        for key in ["hermes.turn_id", "hermes.task_id", "gen_ai.agent.name"] {
-            assert!(
-                s.str_attr(key).is_some_and(|v| !v.is_empty()),
-                "{} lacks {key}\n{}",
-                s.name,
-                tree.render()
-            );
-        }
-    }
-}
-
-/// What a turn span (`invoke_agent …`) must say.
-struct TurnExpect {
-    /// `error.type` of a turn that failed (status ERROR).
-    failed_with: Option<&'static str>,
-    completed: Option<bool>,
-    interrupted: Option<bool>,
-    api_attempts: i64,
-    tool_calls: i64,
-    usage: (i64, i64),
-    session_start: bool,
-    incomplete: bool,
-}
-
-impl TurnExpect {
-    /// A turn that completed normally.
-    fn completed(api_attempts: i64, tool_calls: i64, usage: (i64, i64)) -> TurnExpect {
-        TurnExpect {
-            failed_with: None,
-            completed: Some(true),
-            interrupted: Some(false),
-            api_attempts,
-            tool_calls,
-            usage,
-            session_start: false,
-            incomplete: false,
-        }
-    }
-
-    fn first_of_session(mut self) -> TurnExpect {
-        self.session_start = true;
-        self
-    }
-}
-
-fn assert_turn(tree: &SpanTree, turn: &Span, name: &str, model: &str, exp: &TurnExpect) {
-    let ctx = || format!("{name}\n{}", tree.render());
-    assert_eq!(turn.name, name, "{}", ctx());
-    assert_eq!(turn.kind(), SpanKind::Internal, "{}", ctx());
-    assert_eq!(
-        turn.str_attr("gen_ai.operation.name"),
-        Some("invoke_agent"),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        turn.str_attr("gen_ai.request.model"),
-        Some(model),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        turn.bool_attr("hermes.turn.completed"),
-        exp.completed,
-        "hermes.turn.completed of {}",
-        ctx()
-    );
-    assert_eq!(
-        turn.bool_attr("hermes.turn.interrupted"),
-        exp.interrupted,
-        "hermes.turn.interrupted of {}",
-        ctx()
-    );
-    assert_eq!(
-        turn.int_attr("hermes.turn.api_attempts"),
-        Some(exp.api_attempts),
-        "hermes.turn.api_attempts of {}",
-        ctx()
-    );
-    assert_eq!(
-        turn.int_attr("hermes.turn.tool_calls"),
-        Some(exp.tool_calls),
-        "hermes.turn.tool_calls of {}",
-        ctx()
-    );
-    assert_eq!(
-        (
-            turn.int_attr("hermes.turn.usage.input_tokens"),
-            turn.int_attr("hermes.turn.usage.output_tokens")
-        ),
-        (Some(exp.usage.0), Some(exp.usage.1)),
-        "usage of {}",
-        ctx()
-    );
-    assert!(
-        !turn
-            .attributes
-            .iter()
-            .any(|kv| kv.key.starts_with("gen_ai.usage.")),
-        "no gen_ai.usage.* on a turn: {}",
-        ctx()
-    );
-    assert_eq!(
-        turn.bool_attr("hermes.incomplete").unwrap_or(false),
-        exp.incomplete,
-        "hermes.incomplete of {}",
-        ctx()
-    );
-    assert_eq!(
-        turn.events_named("hermes.session.start").len(),
-        usize::from(exp.session_start),
-        "hermes.session.start event on {}",
-        ctx()
-    );
-    let should_fail = exp.failed_with.is_some()
-        || (exp.completed == Some(false) && exp.interrupted != Some(true));
-    assert_eq!(
-        turn.status_code() == StatusCode::Error,
-        should_fail,
-        "status of {}",
-        ctx()
-    );
-    if let Some(error_type) = exp.failed_with {
-        assert_eq!(
-            turn.str_attr("error.type"),
-            Some(error_type),
-            "error.type of {}",
-            ctx()
-        );
-    }
-}
-
-/// A successful `chat {model}` attempt.
-struct ChatExpect<'a> {
-    model: &'a str,
-    port: u16,
-    turn_id: &'a str,
-    api_call: i64,
-    attempt: i64,
-    usage: (i64, i64),
-    finish: &'a str,
-}
-
-impl<'a> ChatExpect<'a> {
-    /// First (only) attempt of API call `api_call`.
-    fn first(
-        model: &'a str,
-        port: u16,
-        turn_id: &'a str,
-        api_call: i64,
-        usage: (i64, i64),
-        finish: &'a str,
-    ) -> ChatExpect<'a> {
-        ChatExpect {
-            model,
-            port,
-            turn_id,
-            api_call,
-            attempt: 1,
-            usage,
-            finish,
-        }
-    }
-}
-
-fn assert_chat_ok(tree: &SpanTree, chat: &Span, exp: &ChatExpect<'_>) {
-    assert_chat_common(
-        tree,
-        chat,
-        exp.model,
-        exp.port,
-        exp.turn_id,
-        exp.api_call,
-        exp.attempt,
-    );
-    let ctx = || format!("{} attempt {}\n{}", chat.name, exp.attempt, tree.render());
-    assert_ne!(chat.status_code(), StatusCode::Error, "{}", ctx());
-    assert_eq!(
-        chat.str_attr("gen_ai.response.model"),
-        Some(exp.model),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.str_array_attr("gen_ai.response.finish_reasons"),
-        Some(vec![exp.finish.to_string()]),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        (
-            chat.int_attr("gen_ai.usage.input_tokens"),
-            chat.int_attr("gen_ai.usage.output_tokens")
-        ),
-        (Some(exp.usage.0), Some(exp.usage.1)),
-        "{}",
-        ctx()
-    );
-    assert!(!chat.has_attr("error.type"), "{}", ctx());
-    assert!(chat.events_named("exception").is_empty(), "{}", ctx());
-    assert!(!chat.has_attr("hermes.incomplete"), "{}", ctx());
-}
-
-/// What a failed attempt must say.
-struct ChatError<'a> {
-    error_type: &'a str,
-    status_code: i64,
-    retryable: bool,
-    exception_type: &'a str,
-    message_contains: &'a str,
-}
-
-fn assert_chat_error(tree: &SpanTree, chat: &Span, base: &ChatExpect<'_>, err: &ChatError<'_>) {
-    assert_chat_common(
-        tree,
-        chat,
-        base.model,
-        base.port,
-        base.turn_id,
-        base.api_call,
-        base.attempt,
-    );
-    let ctx = || format!("{} attempt {}\n{}", chat.name, base.attempt, tree.render());
-    assert_eq!(chat.status_code(), StatusCode::Error, "{}", ctx());
-    assert_eq!(
-        chat.str_attr("error.type"),
-        Some(err.error_type),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.int_attr("http.response.status_code"),
-        Some(err.status_code),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.bool_attr("hermes.retryable"),
-        Some(err.retryable),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.int_attr("hermes.retry_count"),
-        Some(base.attempt - 1),
-        "{}",
-        ctx()
-    );
-    let events = chat.events_named("exception");
-    assert_eq!(events.len(), 1, "one exception event: {}", ctx());
-    assert_eq!(
-        events[0].str_attr("exception.type"),
-        Some(err.exception_type),
-        "{}",
-        ctx()
-    );
-    assert!(
-        events[0]
-            .str_attr("exception.message")
-            .is_some_and(|m| m.contains(err.message_contains)),
-        "{}",
-        ctx()
-    );
-    assert!(
-        !chat.has_attr("gen_ai.usage.input_tokens"),
-        "no usage on a failed attempt: {}",
-        ctx()
-    );
-}
-
-fn assert_chat_common(
-    tree: &SpanTree,
-    chat: &Span,
-    model: &str,
-    port: u16,
-    turn_id: &str,
-    api_call: i64,
-    attempt: i64,
-) {
-    let ctx = || format!("{} attempt {attempt}\n{}", chat.name, tree.render());
-    assert_eq!(chat.name, format!("chat {model}"), "{}", ctx());
-    assert_eq!(chat.kind(), SpanKind::Client, "{}", ctx());
-    assert_eq!(
-        chat.str_attr("gen_ai.operation.name"),
-        Some("chat"),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.str_attr("gen_ai.provider.name"),
-        Some("custom"),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.str_attr("gen_ai.request.model"),
-        Some(model),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.str_attr("server.address"),
-        Some("127.0.0.1"),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.int_attr("server.port"),
-        Some(i64::from(port)),
-        "{}",
-        ctx()
-    );
-    assert_eq!(chat.str_attr("hermes.turn_id"), Some(turn_id), "{}", ctx());
-    assert_eq!(
-        chat.str_attr("hermes.api_request_id"),
-        Some(format!("{turn_id}:api:{api_call}").as_str()),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        chat.int_attr("hermes.api_call_count"),
-        Some(api_call),
-        "{}",
-        ctx()
-    );
-    assert_eq!(chat.int_attr("hermes.attempt"), Some(attempt), "{}", ctx());
-}
-
-/// A successful `execute_tool {name}` span.
-fn assert_tool(tree: &SpanTree, tool: &Span, name: &str, call_id: &str, turn_id: &str) {
-    let ctx = || format!("{} {call_id}\n{}", tool.name, tree.render());
-    assert_eq!(tool.name, format!("execute_tool {name}"), "{}", ctx());
-    assert_eq!(tool.kind(), SpanKind::Internal, "{}", ctx());
-    assert_eq!(
-        tool.str_attr("gen_ai.operation.name"),
-        Some("execute_tool"),
-        "{}",
-        ctx()
-    );
-    assert_eq!(tool.str_attr("gen_ai.tool.name"), Some(name), "{}", ctx());
-    assert_eq!(
-        tool.str_attr("gen_ai.tool.call.id"),
-        Some(call_id),
-        "{}",
-        ctx()
-    );
-    assert_eq!(
-        tool.str_attr("gen_ai.tool.type"),
-        Some("function"),
-        "{}",
-        ctx()
-    );
-    assert_eq!(tool.str_attr("hermes.tool.status"), Some("ok"), "{}", ctx());
-    assert!(
-        tool.int_attr("hermes.tool.duration_ms")
-            .is_some_and(|d| d >= 0),
-        "{}",
-        ctx()
-    );
-    assert_eq!(tool.str_attr("hermes.turn_id"), Some(turn_id), "{}", ctx());
-    assert_ne!(tool.status_code(), StatusCode::Error, "{}", ctx());
-    assert!(!tool.has_attr("hermes.incomplete"), "{}", ctx());
-}
-
-/// The only root of the tree (panics otherwise).
-fn only_root(tree: &SpanTree) -> &Span {
-    let roots = tree.roots();
-    assert_eq!(roots.len(), 1, "exactly one root:\n{}", tree.render());
-    assert_eq!(tree.trace_ids().len(), 1, "one trace:\n{}", tree.render());
-    roots[0]
-}
-
-/// The children of `span`, by start time, as their names.
-fn child_names(tree: &SpanTree, span: &Span) -> Vec<String> {
-    tree.children(span).iter().map(|s| s.name.clone()).collect()
-}
-
-fn turn_id(span: &Span) -> String {
-    span.str_attr("hermes.turn_id")
-        .expect("hermes.turn_id")
-        .to_string()
-}
-
-/// Hermes' session id format: `YYYYMMDD_HHMMSS_6hex`.
-fn looks_like_session_id(s: &str) -> bool {
-    let parts: Vec<&str> = s.split('_').collect();
-    matches!(parts.as_slice(), [d, t, h]
-        if d.len() == 8 && t.len() == 6 && h.len() == 6
-            && d.chars().chain(t.chars()).all(|c| c.is_ascii_digit())
-            && h.chars().all(|c| c.is_ascii_hexdigit()))
-}
 
 // ---------------------------------------------------------------------------
 // 1. Retries
@@ -650,29 +47,18 @@ fn retried_request_gives_one_chat_span_per_attempt() {
     assert_eq!(sc.server.main_requests().len(), 3);
 
     let tree = sc.collect(1, 4);
-    assert_common(&tree, &run.session);
-    assert_eq!(tree.len(), 4, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &run.session,
         &model,
         &TurnExpect::completed(3, 0, (321, 12)).first_of_session(),
     );
-    let tid = turn_id(root);
     let chats = tree.children_named(root, &format!("chat {model}"));
     assert_eq!(chats.len(), 3, "{}", tree.render());
     assert_eq!(tree.children(root).len(), 3, "{}", tree.render());
-    let base = |attempt: i64| ChatExpect {
-        model: &model,
-        port: sc.server.port(),
-        turn_id: &tid,
-        api_call: 1,
-        attempt,
-        usage: (321, 12),
-        finish: "stop",
+    let base = |attempt| {
+        ChatExpect::first(&model, sc.server.port(), &tid, 1, (321, 12), "stop").attempt(attempt)
     };
     assert_chat_error(
         &tree,
@@ -686,18 +72,7 @@ fn retried_request_gives_one_chat_span_per_attempt() {
             message_contains: "fake_openai scripted error 500",
         },
     );
-    assert_chat_error(
-        &tree,
-        chats[1],
-        &base(2),
-        &ChatError {
-            error_type: "rate_limit",
-            status_code: 429,
-            retryable: true,
-            exception_type: "RateLimitError",
-            message_contains: "fake_openai scripted error 429",
-        },
-    );
+    assert_chat_error(&tree, chats[1], &base(2), &RATE_LIMITED);
     assert_chat_ok(&tree, chats[2], &base(3));
     // The attempts follow each other; they never overlap.
     for pair in chats.windows(2) {
@@ -748,18 +123,13 @@ fn parallel_tool_calls_become_sibling_tool_spans() {
     assert_eq!(results.len(), 2, "{results:?}");
 
     let tree = sc.collect(1, 5);
-    assert_common(&tree, &run.session);
-    assert_eq!(tree.len(), 5, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &run.session,
         &model,
         &TurnExpect::completed(2, 2, (1200, 49)).first_of_session(),
     );
-    let tid = turn_id(root);
     let chats = tree.children_named(root, &format!("chat {model}"));
     assert_eq!(chats.len(), 2, "{}", tree.render());
     let tools = tree.children_named(root, "execute_tool read_file");
@@ -790,14 +160,8 @@ fn parallel_tool_calls_become_sibling_tool_spans() {
         "the two tool spans overlap:\n{}",
         tree.render()
     );
-    let base = |api_call: i64, usage, finish| ChatExpect {
-        model: &model,
-        port: sc.server.port(),
-        turn_id: &tid,
-        api_call,
-        attempt: 1,
-        usage,
-        finish,
+    let base = |api_call, usage, finish| {
+        ChatExpect::first(&model, sc.server.port(), &tid, api_call, usage, finish)
     };
     assert_chat_ok(&tree, chats[0], &base(1, (500, 40), "tool_calls"));
     assert_chat_ok(&tree, chats[1], &base(2, (700, 9), "stop"));
@@ -855,7 +219,7 @@ fn assert_subagent_tree(tree: &SpanTree, sc: &AgentRig, platform: Option<&str>) 
     assert_turn(
         tree,
         root,
-        "invoke_agent hermes",
+        TOP_TURN,
         &model,
         &TurnExpect::completed(2, 1, (555, 55)).first_of_session(),
     );
@@ -1077,9 +441,7 @@ print("E2E " + json.dumps({"session": agent.session_id, "finals": finals}))
 
     let tree = sc.collect(3, 8);
     assert_common(&tree, &session);
-    assert_eq!(tree.len(), 8, "{}", tree.render());
     let roots = tree.roots();
-    assert_eq!(roots.len(), 3, "{}", tree.render());
     assert_eq!(tree.trace_ids().len(), 3, "one trace per turn");
     let model = sc.model().to_string();
     let chat_name = format!("chat {model}");
@@ -1090,7 +452,7 @@ print("E2E " + json.dumps({"session": agent.session_id, "finals": finals}))
     ];
     let mut turn_ids = BTreeSet::new();
     for (root, exp) in roots.iter().zip(&expect) {
-        assert_turn(&tree, root, "invoke_agent hermes", &model, exp);
+        assert_turn(&tree, root, TOP_TURN, &model, exp);
         let tid = turn_id(root);
         assert!(tid.starts_with(&format!("{session}:")), "{tid}");
         turn_ids.insert(tid.clone());
@@ -1187,18 +549,13 @@ print("E2E " + json.dumps({"session": agent.session_id, "asked": asked,
     // escalates to the callback (`surface: cli`): two requests, one
     // response, so two approval spans.
     let tree = sc.collect(1, 6);
-    assert_common(&tree, &session);
-    assert_eq!(tree.len(), 6, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &session,
         &model,
         &TurnExpect::completed(2, 1, (400, 40)).first_of_session(),
     );
-    let tid = turn_id(root);
     let chat_name = format!("chat {model}");
     assert_eq!(
         child_names(&tree, root),
@@ -1287,22 +644,20 @@ fn resumed_session_continues_in_a_second_trace() {
 
     let tree = sc.collect(2, 4);
     assert_common(&tree, &first.session);
-    assert_eq!(tree.len(), 4, "{}", tree.render());
     let roots = tree.roots();
-    assert_eq!(roots.len(), 2, "{}", tree.render());
     assert_eq!(tree.trace_ids().len(), 2);
     let model = sc.model().to_string();
     assert_turn(
         &tree,
         roots[0],
-        "invoke_agent hermes",
+        TOP_TURN,
         &model,
         &TurnExpect::completed(1, 0, (120, 6)).first_of_session(),
     );
     assert_turn(
         &tree,
         roots[1],
-        "invoke_agent hermes",
+        TOP_TURN,
         &model,
         &TurnExpect::completed(1, 0, (220, 7)),
     );
@@ -1315,15 +670,7 @@ fn resumed_session_continues_in_a_second_trace() {
         assert_chat_ok(
             &tree,
             children[0],
-            &ChatExpect {
-                model: &model,
-                port,
-                turn_id: &tid,
-                api_call: 1,
-                attempt: 1,
-                usage,
-                finish: "stop",
-            },
+            &ChatExpect::first(&model, port, &tid, 1, usage, "stop"),
         );
     }
     // Two agent processes: two shim instances.
@@ -1348,57 +695,29 @@ fn resumed_session_continues_in_a_second_trace() {
 #[test]
 fn non_retryable_error_fails_the_turn_without_dangling_spans() {
     let mut sc = scenario(json!([
-        {"error": 400, "message": "bad request from the e2e test"}
+        {"error": 400, "message": BAD_REQUEST_MESSAGE}
     ]));
     let run = sc.chat("Say hello", "terminal", &[]);
     assert!(!run.out.status.success(), "{}", run.describe());
     assert_eq!(sc.server.main_requests().len(), 1, "no retry of a 400");
 
     let tree = sc.collect(1, 2);
-    assert_common(&tree, &run.session);
-    assert_eq!(tree.len(), 2, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
     // Neither completed nor interrupted is known (no on_session_end): the
     // turn was closed by on_session_finalize, as incomplete.
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &run.session,
         &model,
-        &TurnExpect {
-            failed_with: Some("format_error"),
-            completed: None,
-            interrupted: None,
-            api_attempts: 1,
-            tool_calls: 0,
-            usage: (0, 0),
-            session_start: true,
-            incomplete: true,
-        },
+        &TurnExpect::failed("format_error", 1),
     );
-    let tid = turn_id(root);
     let chats = tree.children(root);
     assert_eq!(chats.len(), 1, "{}", tree.render());
     assert_chat_error(
         &tree,
         chats[0],
-        &ChatExpect {
-            model: &model,
-            port: sc.server.port(),
-            turn_id: &tid,
-            api_call: 1,
-            attempt: 1,
-            usage: (0, 0),
-            finish: "",
-        },
-        &ChatError {
-            error_type: "format_error",
-            status_code: 400,
-            retryable: false,
-            exception_type: "BadRequestError",
-            message_contains: "bad request from the e2e test",
-        },
+        &ChatExpect::first(&model, sc.server.port(), &tid, 1, (0, 0), ""),
+        &BAD_REQUEST,
     );
 }
 
@@ -1422,49 +741,21 @@ fn exhausted_retries_fail_the_turn_with_one_span_per_attempt() {
     assert_eq!(sc.server.main_requests().len(), 3);
 
     let tree = sc.collect(1, 4);
-    assert_common(&tree, &run.session);
-    assert_eq!(tree.len(), 4, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &run.session,
         &model,
-        &TurnExpect {
-            failed_with: Some("rate_limit"),
-            completed: None,
-            interrupted: None,
-            api_attempts: 3,
-            tool_calls: 0,
-            usage: (0, 0),
-            session_start: true,
-            incomplete: true,
-        },
+        &TurnExpect::failed("rate_limit", 3),
     );
-    let tid = turn_id(root);
     let chats = tree.children(root);
     assert_eq!(chats.len(), 3, "{}", tree.render());
     for (i, chat) in chats.iter().enumerate() {
         assert_chat_error(
             &tree,
             chat,
-            &ChatExpect {
-                model: &model,
-                port: sc.server.port(),
-                turn_id: &tid,
-                api_call: 1,
-                attempt: i as i64 + 1,
-                usage: (0, 0),
-                finish: "",
-            },
-            &ChatError {
-                error_type: "rate_limit",
-                status_code: 429,
-                retryable: true,
-                exception_type: "RateLimitError",
-                message_contains: "fake_openai scripted error 429",
-            },
+            &ChatExpect::first(&model, sc.server.port(), &tid, 1, (0, 0), "").attempt(i as i64 + 1),
+            &RATE_LIMITED,
         );
     }
 }
@@ -1479,7 +770,7 @@ fn exhausted_retries_fail_the_turn_with_one_span_per_attempt() {
 #[test]
 fn failed_turn_in_python_api_does_not_dangle() {
     let mut sc = scenario(json!([
-        {"error": 400, "message": "bad request from the e2e test"},
+        {"error": 400, "message": BAD_REQUEST_MESSAGE},
         {"content": "Second turn worked.", "usage": {"prompt_tokens": 130, "completion_tokens": 3}}
     ]));
     let result = sc.python(
@@ -1503,26 +794,15 @@ print("E2E " + json.dumps({"session": agent.session_id,
 
     let tree = sc.collect(2, 4);
     assert_common(&tree, &session);
-    assert_eq!(tree.len(), 4, "{}", tree.render());
     let roots = tree.roots();
-    assert_eq!(roots.len(), 2, "{}", tree.render());
     let model = sc.model().to_string();
     let port = sc.server.port();
     assert_turn(
         &tree,
         roots[0],
-        "invoke_agent hermes",
+        TOP_TURN,
         &model,
-        &TurnExpect {
-            failed_with: Some("format_error"),
-            completed: None,
-            interrupted: None,
-            api_attempts: 1,
-            tool_calls: 0,
-            usage: (0, 0),
-            session_start: true,
-            incomplete: true,
-        },
+        &TurnExpect::failed("format_error", 1),
     );
     let t1 = turn_id(roots[0]);
     let chats = tree.children(roots[0]);
@@ -1531,18 +811,12 @@ print("E2E " + json.dumps({"session": agent.session_id,
         &tree,
         chats[0],
         &ChatExpect::first(&model, port, &t1, 1, (0, 0), ""),
-        &ChatError {
-            error_type: "format_error",
-            status_code: 400,
-            retryable: false,
-            exception_type: "BadRequestError",
-            message_contains: "bad request from the e2e test",
-        },
+        &BAD_REQUEST,
     );
     assert_turn(
         &tree,
         roots[1],
-        "invoke_agent hermes",
+        TOP_TURN,
         &model,
         &TurnExpect::completed(1, 0, (130, 3)),
     );
@@ -1597,16 +871,12 @@ print("E2E " + json.dumps({"session": agent.session_id, "completed": r.get("comp
     let session = result["session"].as_str().expect("session").to_string();
 
     let tree = sc.collect(1, 2);
-    assert_common(&tree, &session);
-    assert_eq!(tree.len(), 2, "{}", tree.render());
-    let root = only_root(&tree);
     let model = sc.model().to_string();
     // Hermes 0.19.0 reports completed=True together with interrupted=True
     // for an interrupted turn; the span carries what the hook said.
-    assert_turn(
+    let (root, tid) = assert_one_turn(
         &tree,
-        root,
-        "invoke_agent hermes",
+        &session,
         &model,
         &TurnExpect {
             failed_with: None,
@@ -1619,11 +889,14 @@ print("E2E " + json.dumps({"session": agent.session_id, "completed": r.get("comp
             incomplete: false,
         },
     );
-    let tid = turn_id(root);
     let chats = tree.children(root);
     assert_eq!(chats.len(), 1, "{}", tree.render());
     let chat = chats[0];
-    assert_chat_common(&tree, chat, &model, sc.server.port(), &tid, 1, 1);
+    assert_chat_common(
+        &tree,
+        chat,
+        &ChatExpect::first(&model, sc.server.port(), &tid, 1, (0, 0), ""),
+    );
     assert_eq!(
         chat.bool_attr("hermes.incomplete"),
         Some(true),

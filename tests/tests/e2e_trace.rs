@@ -55,12 +55,12 @@ fn wait_for_turn(store_wait: impl Fn(Duration) -> bool, collector: &Collector) {
     );
 }
 
-#[test]
-fn turn_becomes_a_nested_trace_over_otlp_grpc() {
+/// Runs the basic turn through a collector started in `work` with `args`,
+/// exporting to `receiver`; checks the tree that arrives there and returns
+/// the collector.
+fn basic_turn_through(receiver: &OtlpReceiver, work: &Path, args: &[&str]) -> Collector {
     let server = FakeOpenAi::start(basic_turn::script());
-    let receiver = OtlpReceiver::start();
-    let work = tempfile::tempdir().expect("tempdir");
-    let collector = Collector::start(work.path(), &["--otlp-endpoint", &receiver.endpoint()]);
+    let collector = Collector::start(work, args);
     let home = hermes_with_plugin(&server);
     let (_, session) = run_turn(&home, &collector);
     wait_for_turn(
@@ -73,6 +73,18 @@ fn turn_becomes_a_nested_trace_over_otlp_grpc() {
         &collector,
     );
     basic_turn::assert_tree(&receiver.store().tree(), &session, server.model());
+    collector
+}
+
+#[test]
+fn turn_becomes_a_nested_trace_over_otlp_grpc() {
+    let receiver = OtlpReceiver::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    let collector = basic_turn_through(
+        &receiver,
+        work.path(),
+        &["--otlp-endpoint", &receiver.endpoint()],
+    );
     assert!(
         !work.path().join("hermes-spans.jsonl").exists(),
         "no embedded default when OTLP is configured"
@@ -164,10 +176,10 @@ fn turn_becomes_a_nested_trace_over_otlp_grpc() {
 
 #[test]
 fn turn_becomes_a_nested_trace_over_otlp_http() {
-    let server = FakeOpenAi::start(basic_turn::script());
     let receiver = OtlpHttpReceiver::start();
     let work = tempfile::tempdir().expect("tempdir");
-    let collector = Collector::start(
+    basic_turn_through(
+        &receiver,
         work.path(),
         &[
             "--otlp-endpoint",
@@ -176,18 +188,6 @@ fn turn_becomes_a_nested_trace_over_otlp_http() {
             "http/protobuf",
         ],
     );
-    let home = hermes_with_plugin(&server);
-    let (_, session) = run_turn(&home, &collector);
-    wait_for_turn(
-        |t| {
-            receiver.wait_for(
-                |spans| spans.len() >= 4 && spans.iter().any(|(_, s)| s.is_root()),
-                t,
-            )
-        },
-        &collector,
-    );
-    basic_turn::assert_tree(&receiver.store().tree(), &session, server.model());
     let exports = receiver.store().exports();
     assert!(
         exports.iter().all(|e| e
@@ -264,14 +264,7 @@ fn embedded_default_writes_the_span_file_and_prints_the_turn() {
         lines[root_line].contains("ms") || lines[root_line].contains('s'),
         "durations shown:\n{stdout}"
     );
-    collector.guard.signal("TERM");
-    assert!(
-        collector
-            .guard
-            .wait_timeout(WAIT)
-            .is_some_and(|s| s.success()),
-        "collector exits cleanly on SIGTERM"
-    );
+    collector.assert_clean_stop(WAIT);
 }
 
 /// Every span of an OTLP JSON-lines file with its resource.

@@ -21,17 +21,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hermes_e2e::rig::AgentRig;
+use hermes_e2e::rig::{AgentRig, WAIT};
 use hermes_e2e::{AttrsExt, SpanExt, SpanTree};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use serde_json::{Value, json};
 
 const HERMES: &str = "0.18.2";
-/// Bound on the collector's start, the export of a finished run, a replay.
-const WAIT: Duration = Duration::from_secs(30);
-/// After the expected spans arrived: time for an unexpected extra one.
-const SETTLE: Duration = Duration::from_millis(800);
 const PARENT: &str = "PARENT-TURN";
 const CHILD: &str = "CHILD-TASK";
 /// Far beyond every exit in these tests.
@@ -86,28 +82,15 @@ impl Setup for AgentRig {
     /// Waits for `spans` spans of which one is the cut-off child turn, then
     /// for stragglers; panics with what arrived otherwise.
     fn collect(&self, spans: usize) -> SpanTree {
-        let arrived = self.receiver.wait_for(
+        self.collect_when(
+            &format!("{spans} spans with the cut-off child turn"),
             |received| {
                 received.len() >= spans
                     && received
                         .iter()
                         .any(|(_, s)| s.str_attr("hermes.turn.end_reason") == Some("process_exit"))
             },
-            WAIT,
-        );
-        let tree = self.receiver.store().tree();
-        assert!(
-            arrived,
-            "expected {spans} spans with the cut-off child turn within {WAIT:?}; got:\n{}\n\
-             --- collector log ---\n{}\n--- requests ---\n{}",
-            tree.render(),
-            self.collector.guard.stderr_text(),
-            self.server.describe_requests()
-        );
-        std::thread::sleep(SETTLE);
-        let tree = self.receiver.store().tree();
-        println!("received tree:\n{}", tree.render());
-        tree
+        )
     }
 }
 

@@ -389,12 +389,11 @@ fn collector_for(
     max_elapsed_secs: u64,
     max_spans: usize,
 ) -> Collector {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let yaml = format!(
-        "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\nbatch:\n  max_spans: {max_spans}\n{}shutdown:\n  grace_ms: 5000\n",
+    let sections = format!(
+        "batch:\n  max_spans: {max_spans}\n{}shutdown:\n  grace_ms: 5000\n",
         receiver.exporter_yaml(max_elapsed_secs)
     );
-    Collector::start_with_config(dir, &listen, &yaml)
+    Collector::start_with_sections(dir, &sections)
 }
 
 /// Runs `hermes-loadgen --expect-spans` (the shim's sender core, never

@@ -126,11 +126,5 @@ fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
         before_kill
     );
 
-    assert!(collector.guard.signal("TERM"));
-    let status = collector.guard.wait_timeout(Duration::from_secs(30));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "{status:?}\n{}",
-        collector.guard.stderr_text()
-    );
+    collector.assert_clean_stop(Duration::from_secs(30));
 }

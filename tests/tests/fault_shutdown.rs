@@ -5,12 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hermes_e2e::collector::Collector;
-use hermes_e2e::fault::spawn_loadgen;
-use hermes_e2e::{OtlpReceiver, cargo_bin, free_port};
+use hermes_e2e::fault::{loadgen_summary, spawn_loadgen};
+use hermes_e2e::{OtlpReceiver, cargo_bin};
 
 /// `key=value` of the collector's final `stopped` log line.
 fn stopped_field(log: &str, key: &str) -> u64 {
@@ -28,31 +27,23 @@ fn stopped_field(log: &str, key: &str) -> u64 {
 #[test]
 fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
     // Build both binaries first: the load must start right after the collector.
-    let collector_bin = cargo_bin("hermes-collector", "hermes-collector");
+    cargo_bin("hermes-collector", "hermes-collector");
     cargo_bin("hermes-loadgen", "hermes-loadgen");
     let receiver = OtlpReceiver::start();
     let work = tempfile::tempdir().unwrap();
-    let port = free_port();
     // Debug builds on a busy 2-core machine: a generous grace, still far
     // below Kubernetes' 30 s.
     let grace_ms = 15_000;
-    let config = work.path().join("collector.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "receiver:\n  listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:0\nexporters:\n  otlp:\n    endpoint: {}\nshutdown:\n  grace_ms: {grace_ms}\n",
+    let mut collector = Collector::start_with_sections(
+        work.path(),
+        &format!(
+            "exporters:\n  otlp:\n    endpoint: {}\nshutdown:\n  grace_ms: {grace_ms}\n",
             receiver.endpoint()
         ),
-    )
-    .unwrap();
-    let mut cmd = Command::new(&collector_bin);
-    cmd.arg("--config").arg(&config);
-    let mut collector = Collector::launch(cmd);
-
-    let endpoint = format!("http://127.0.0.1:{port}");
+    );
     let loadgen = spawn_loadgen(&[
         "--endpoint",
-        &endpoint,
+        &collector.endpoint,
         "--instances",
         "4",
         "--turns",
@@ -72,10 +63,7 @@ fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
         collector.stderr_text()
     );
 
-    let signalled = Instant::now();
-    assert!(collector.signal("TERM"));
-    let status = collector.wait_timeout(Duration::from_millis(grace_ms + 5000));
-    let took = signalled.elapsed();
+    let (status, took) = collector.sigterm(Duration::from_millis(grace_ms + 5000));
     assert!(
         status.is_some_and(|s| s.success()),
         "collector did not exit cleanly within the grace period: {status:?}\n{}",
@@ -87,12 +75,7 @@ fn sigterm_during_load_exits_within_grace_and_loses_nothing_acknowledged() {
     );
 
     let out = loadgen.into_output(Duration::from_secs(30));
-    let summary: serde_json::Value = out
-        .stdout()
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no loadgen summary:\n{}", out.describe()));
+    let summary = loadgen_summary(&out);
     let acked = summary["events_acked"].as_u64().unwrap();
     assert!(acked > 0, "{summary}");
 

@@ -6,6 +6,7 @@
 //! These need the venv (`tests/setup_venv.sh`, run once per process by
 //! `ensure_venv`). While the shim does not build yet: `SKIP_SHIM=1`.
 
+use std::process::Output;
 use std::time::Duration;
 
 use hermes_e2e::fake_openai::{messages, tool_messages, tool_names};
@@ -23,6 +24,18 @@ fn echo_hi_script() -> Value {
         {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo hi"}}], "usage": usage(120, 10)},
         {"content": "The command printed hi.", "usage": {"prompt_tokens": 150, "completion_tokens": 8, "cached_tokens": 100}}
     ])
+}
+
+/// A Hermes run's status and output, and the requests `server` got, for
+/// assertion messages.
+fn describe(out: &Output, server: &FakeOpenAi) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}\nrequests:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        server.describe_requests()
+    )
 }
 
 #[test]
@@ -47,9 +60,8 @@ fn hermes_chat_runs_the_tool_and_prints_the_answer() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let context = || {
         format!(
-            "status {}\nstdout:\n{stdout}\nstderr:\n{stderr}\nrequests:\n{}\nagent.log:\n{}",
-            out.status,
-            server.describe_requests(),
+            "{}\nagent.log:\n{}",
+            describe(&out, &server),
             home.agent_log()
         )
     };
@@ -119,14 +131,7 @@ print(json.dumps({{"r1": r1.get("final_response"), "r2": r2.get("final_response"
     );
     let out = home.run_python(&code, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let context = || {
-        format!(
-            "status {}\nstdout:\n{stdout}\nstderr:\n{}\nrequests:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            server.describe_requests()
-        )
-    };
+    let context = || describe(&out, &server);
     assert!(out.status.success(), "{}", context());
     let last = stdout.lines().last().unwrap_or_default();
     let result: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}\n{}", context()));
@@ -178,14 +183,7 @@ fn hermes_retries_scripted_errors_then_answers() {
     let home = HermesHome::new(&server.base_url(), server.model());
     let out = home.run_chat("Say something", &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let context = || {
-        format!(
-            "status {}\nstdout:\n{stdout}\nstderr:\n{}\nrequests:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            server.describe_requests()
-        )
-    };
+    let context = || describe(&out, &server);
     assert!(out.status.success(), "{}", context());
     assert!(stdout.contains("recovered"), "{}", context());
     let statuses: Vec<Value> = server

@@ -11,15 +11,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 use hermes_e2e::basic_turn;
 use hermes_e2e::rig::AgentRig;
 use hermes_e2e::{AttrsExt, SpanExt, SpanTree};
-
-const WAIT: Duration = Duration::from_secs(30);
-/// After the expected spans: time for an unexpected extra one to arrive.
-const SETTLE: Duration = Duration::from_millis(800);
 
 /// What these tests do with an [`AgentRig`].
 trait Setup {
@@ -35,21 +29,9 @@ impl Setup for AgentRig {
 
     /// Waits for a root and `spans` spans, lets a late one arrive.
     fn collect(&self, spans: usize) -> SpanTree {
-        let arrived = self.receiver.wait_for(
-            |received| received.len() >= spans && received.iter().any(|(_, s)| s.is_root()),
-            WAIT,
-        );
-        assert!(
-            arrived,
-            "{spans} spans expected within {WAIT:?}; got:\n{}\n--- collector log ---\n{}\n--- agent.log ---\n{}",
-            self.receiver.store().tree().render(),
-            self.collector.guard.stderr_text(),
-            self.home.agent_log()
-        );
-        std::thread::sleep(SETTLE);
-        let tree = self.receiver.store().tree();
-        println!("received tree:\n{}", tree.render());
-        tree
+        self.collect_when(&format!("{spans} spans"), |received| {
+            received.len() >= spans && received.iter().any(|(_, s)| s.is_root())
+        })
     }
 }
 

@@ -15,8 +15,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use hermes_e2e::collector::Collector;
-use hermes_e2e::ingest::{basic_events, batch_of};
-use hermes_e2e::{AttrsExt as _, ChildGuard, OtlpReceiver, free_port};
+use hermes_e2e::collector::counter as metric;
+use hermes_e2e::ingest::{basic_events, batch_of, send_basic_turn};
+use hermes_e2e::{AttrsExt as _, ChildGuard, OtlpReceiver};
 use hermes_proto::v1::{Event, EventBatch, Ids};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -29,21 +30,14 @@ fn exchange(endpoint: &str, batches: Vec<EventBatch>) -> Result<Vec<u64>, tonic:
     hermes_e2e::ingest::exchange(endpoint, None, batches)
 }
 
-/// A collector binary listening on `port`, with `correlator` as its
-/// correlator section, exporting to `otlp`; ready when this returns.
-fn start_collector(work: &Path, port: u16, correlator: &str, otlp: &OtlpReceiver) -> Collector {
-    let yaml = format!(
-        "receiver:\n  listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:0\ncorrelator:\n{correlator}\nexporters:\n  otlp:\n    endpoint: {}\nbatch:\n  timeout_ms: 50\n",
+/// A collector binary on a free port, with `correlator` as its correlator
+/// section, exporting to `otlp`; ready when this returns.
+fn start_collector(work: &Path, correlator: &str, otlp: &OtlpReceiver) -> Collector {
+    let sections = format!(
+        "correlator:\n{correlator}\nexporters:\n  otlp:\n    endpoint: {}\nbatch:\n  timeout_ms: 50\n",
         otlp.endpoint()
     );
-    Collector::start_with_config(work, &format!("127.0.0.1:{port}"), &yaml)
-}
-
-/// `name value` of a metric on the collector's `/metrics`.
-fn metric(collector: &ChildGuard, name: &str) -> Option<u64> {
-    let text = hermes_e2e::collector::admin_get(collector, "/metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    Collector::start_with_sections(work, &sections)
 }
 
 fn instance(resource: &Resource) -> &str {
@@ -85,9 +79,8 @@ fn an_intruder_with_the_victims_ids_does_not_alter_its_trace() {
     let alone = {
         let work = tempfile::tempdir().unwrap();
         let otlp = OtlpReceiver::start();
-        let port = free_port();
-        let collector = start_collector(work.path(), port, "  tick_ms: 50", &otlp);
-        let endpoint = format!("http://127.0.0.1:{port}");
+        let collector = start_collector(work.path(), "  tick_ms: 50", &otlp);
+        let endpoint = collector.endpoint.clone();
         assert_eq!(
             exchange(&endpoint, vec![batch_of("victim", events.clone())]).unwrap(),
             vec![n as u64]
@@ -102,9 +95,8 @@ fn an_intruder_with_the_victims_ids_does_not_alter_its_trace() {
     // instance, ending and finalizing the session; then the victim's rest.
     let work = tempfile::tempdir().unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
-    let collector = start_collector(work.path(), port, "  tick_ms: 50", &otlp);
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let collector = start_collector(work.path(), "  tick_ms: 50", &otlp);
+    let endpoint = collector.endpoint.clone();
     let half = n / 2;
     assert_eq!(
         exchange(&endpoint, vec![batch_of("victim", events[..half].to_vec())]).unwrap(),
@@ -154,14 +146,12 @@ fn an_intruder_with_the_victims_ids_does_not_alter_its_trace() {
 fn a_flooding_agent_does_not_lock_out_another() {
     let work = tempfile::tempdir().unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
     let collector = start_collector(
         work.path(),
-        port,
         "  max_open_turns_per_agent: 500\n  max_sessions_per_agent: 200\n  tick_ms: 50",
         &otlp,
     );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = collector.endpoint.clone();
 
     // Ids of 100 KB: refused, naming the field and the limit.
     let long = Event {
@@ -221,12 +211,7 @@ fn a_flooding_agent_does_not_lock_out_another() {
     assert_eq!(acks.last(), Some(&25_000));
 
     // Another agent: acknowledged, and its turn arrives whole.
-    let events = basic_events();
-    let n = events.len() as u64;
-    assert_eq!(
-        exchange(&endpoint, vec![batch_of("honest", events)]).unwrap(),
-        vec![n]
-    );
+    send_basic_turn(&endpoint, "honest");
     wait_for_spans_of(&otlp, "honest", 4, &collector);
     let honest = spans_of(&otlp, "honest");
     let mut names: Vec<&str> = honest.iter().map(|s| s.name.as_str()).collect();

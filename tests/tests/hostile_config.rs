@@ -37,17 +37,7 @@ fn refused(cwd: &Path, config: &Path, key: &str) {
     ] {
         let out = collector(cwd, &args, &[]);
         assert!(!out.timed_out, "{args:?} hung:\n{}", out.describe());
-        assert_eq!(
-            out.output.status.code(),
-            Some(64),
-            "{args:?}:\n{}",
-            out.describe()
-        );
-        assert!(
-            out.stderr().contains(&format!("`{key}`")),
-            "{args:?} does not name {key}:\n{}",
-            out.describe()
-        );
+        out.assert_refused_naming(&format!("{args:?}"), &format!("`{key}`"));
         assert!(
             out.elapsed < Duration::from_secs(5),
             "{args:?} took {:?}",
@@ -152,8 +142,7 @@ fn files_that_are_not_regular_or_too_large_are_refused_at_once() {
         }
         // The configuration file itself.
         let out = collector(&sub, &["validate", "--config", &bad.to_string()], &[]);
-        assert_eq!(out.output.status.code(), Some(64), "{}", out.describe());
-        assert!(out.stderr().contains("`--config`"), "{}", out.describe());
+        out.assert_refused_naming("validate", "`--config`");
         let out = collector(&sub, &["--config", &bad.to_string()], &[]);
         assert_eq!(out.output.status.code(), Some(64), "{}", out.describe());
     }
@@ -270,8 +259,7 @@ fn an_environment_value_never_reaches_the_output() {
         &["validate", "--config", config.to_str().unwrap()],
         &[("SPAN_DIR", &missing)],
     );
-    assert_eq!(out.output.status.code(), Some(64), "{}", out.describe());
-    assert!(out.stderr().contains("${SPAN_DIR}"), "{}", out.describe());
+    out.assert_refused_naming("span directory gone", "${SPAN_DIR}");
     assert!(!out.stderr().contains(secret), "{}", out.describe());
 
     // Running: the start-up lines show the reference, never the value.
@@ -296,24 +284,15 @@ fn an_environment_value_never_reaches_the_output() {
 #[test]
 fn an_unwritable_span_file_is_counted_and_never_holds_the_drain() {
     let work = tempfile::tempdir().unwrap();
-    let port = free_port();
     let grace_ms = 15_000;
-    let config = work.path().join("collector.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "receiver:\n  listen: 127.0.0.1:{port}\nadmin:\n  listen: 127.0.0.1:0\nexporters:\n  file:\n    path: /dev/full\nshutdown:\n  grace_ms: {grace_ms}\n"
-        ),
-    )
-    .unwrap();
-    let mut cmd = Collector::command();
-    cmd.current_dir(work.path()).arg("--config").arg(&config);
-    let mut run = Collector::launch(cmd);
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let mut run = Collector::start_with_sections(
+        work.path(),
+        &format!("exporters:\n  file:\n    path: /dev/full\nshutdown:\n  grace_ms: {grace_ms}\n"),
+    );
     let out = run_loadgen(
         &[
             "--endpoint",
-            &endpoint,
+            &run.endpoint,
             "--instances",
             "1",
             "--turns",
@@ -345,10 +324,7 @@ fn an_unwritable_span_file_is_counted_and_never_holds_the_drain() {
     );
 
     // The drain does not wait for the disk: far within the grace.
-    let signalled = Instant::now();
-    assert!(run.signal("TERM"));
-    let status = run.wait_timeout(Duration::from_millis(grace_ms + 5000));
-    let took = signalled.elapsed();
+    let (status, took) = run.sigterm(Duration::from_millis(grace_ms + 5000));
     let log = run.stderr_text();
     assert!(status.is_some(), "did not stop:\n{log}");
     assert!(

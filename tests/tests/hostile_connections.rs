@@ -16,10 +16,10 @@
 use std::io::Read as _;
 use std::net::TcpStream;
 use std::os::unix::process::ExitStatusExt as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hermes_e2e::collector::Collector;
-use hermes_e2e::ingest::{basic_events, batch_of, exchange};
+use hermes_e2e::ingest::{basic_events, batch_of, exchange, send_basic_turn};
 use hermes_e2e::otlp_receiver::Rejection;
 use hermes_e2e::{OtlpReceiver, free_port, wait_until};
 
@@ -55,13 +55,8 @@ fn a_silent_connection_neither_delays_the_drain_nor_loses_the_open_turn() {
     let _silent = TcpStream::connect(addr(&collector)).unwrap();
     std::thread::sleep(Duration::from_millis(200));
 
-    let start = Instant::now();
-    assert!(collector.guard.signal("TERM"));
-    let status = collector
-        .guard
-        .wait_timeout(Duration::from_secs(30))
-        .expect("the collector did not stop");
-    let took = start.elapsed();
+    let (status, took) = collector.sigterm(Duration::from_secs(30));
+    let status = status.expect("the collector did not stop");
     let log = collector.guard.stderr_text();
     assert_eq!(status.code(), Some(0), "{log}");
     // The connection lingers half a second at most; the grace is 15 s.
@@ -115,12 +110,7 @@ fn silent_connections_are_closed_and_cannot_exhaust_the_collector() {
         "connections still counted open"
     );
     // A real client is served.
-    let events = basic_events();
-    let n = events.len() as u64;
-    assert_eq!(
-        exchange(&collector.endpoint, None, vec![batch_of("a", events)]).unwrap(),
-        [n]
-    );
+    send_basic_turn(&collector.endpoint, "a");
     assert!(otlp.store().wait_for_spans(4, Duration::from_secs(10)));
 }
 
@@ -151,12 +141,7 @@ fn sighup_is_logged_and_ignored() {
         collector.guard.stderr_text()
     );
     assert!(collector.is_running());
-    let events = basic_events();
-    let n = events.len() as u64;
-    assert_eq!(
-        exchange(&collector.endpoint, None, vec![batch_of("a", events)]).unwrap(),
-        [n]
-    );
+    send_basic_turn(&collector.endpoint, "a");
     let status = collector.guard.terminate(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "{}", collector.guard.stderr_text());
 }
@@ -167,30 +152,17 @@ fn spans_the_drain_cannot_export_are_counted_and_the_exit_code_says_so() {
     let otlp = OtlpReceiver::start();
     otlp.store().fail_always(Some(Rejection::Unavailable));
     let mut collector = start(work.path(), &otlp, "", "shutdown:\n  grace_ms: 2000\n");
-    let events = basic_events();
-    let n = events.len() as u64;
-    assert_eq!(
-        exchange(&collector.endpoint, None, vec![batch_of("a", events)]).unwrap(),
-        [n]
-    );
+    send_basic_turn(&collector.endpoint, "a");
     // The backend has refused the turn at least once: it is being retried.
     assert!(wait_until(
         Duration::from_secs(10),
         Duration::from_millis(50),
         || { otlp.store().rejected() > 0 }
     ));
-    let start = Instant::now();
-    assert!(collector.guard.signal("TERM"));
-    let status = collector
-        .guard
-        .wait_timeout(Duration::from_secs(30))
-        .expect("the collector did not stop");
+    let (status, took) = collector.sigterm(Duration::from_secs(30));
+    let status = status.expect("the collector did not stop");
     let log = collector.guard.stderr_text();
-    assert!(
-        start.elapsed() < Duration::from_secs(6),
-        "took {:?}:\n{log}",
-        start.elapsed()
-    );
+    assert!(took < Duration::from_secs(6), "took {took:?}:\n{log}");
     assert_eq!(
         status.code(),
         Some(75),

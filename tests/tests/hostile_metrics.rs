@@ -19,7 +19,7 @@ use std::time::Duration;
 use hermes_e2e::collector::{Collector, admin_request};
 use hermes_e2e::fault::metric_sum;
 use hermes_e2e::ingest::{batch_of, events_of, exchange, fixture_records};
-use hermes_e2e::{free_port, wait_until};
+use hermes_e2e::wait_until;
 use hermes_proto::v1::Event;
 use prost::Message as _;
 use serde_json::Value as Json;
@@ -96,12 +96,11 @@ fn send(endpoint: &str, instance_id: &str, events: Vec<Event>) {
 /// The collector with a span file as its only exporter and the admin
 /// server on an ephemeral port; `extra` is appended to its configuration.
 fn start(work: &Path, extra: &str) -> Collector {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let yaml = format!(
-        "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\n{extra}exporters:\n  file:\n    path: {}\nbatch:\n  timeout_ms: 50\n",
+    let sections = format!(
+        "{extra}exporters:\n  file:\n    path: {}\nbatch:\n  timeout_ms: 50\n",
         work.join("spans.jsonl").display()
     );
-    Collector::start_with_config(work, &listen, &yaml)
+    Collector::start_with_sections(work, &sections)
 }
 
 /// The resident set of `pid` in KiB (`VmRSS` of `/proc/<pid>/status`).

@@ -233,6 +233,11 @@ fn post(
     (status, response[split + 4..].to_vec())
 }
 
+const PROTOBUF: (&str, &str) = ("Content-Type", "application/x-protobuf");
+
+/// A request and its expected answer: path, headers, body, status.
+type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [u8], u16);
+
 #[test]
 fn http_receiver_accepts_protobuf_gzip_and_json() {
     let receiver = OtlpHttpReceiver::start();
@@ -241,60 +246,41 @@ fn http_receiver_accepts_protobuf_gzip_and_json() {
         format!("{}/v1/traces", receiver.endpoint())
     );
     let body = sample_request().encode_to_vec();
-
-    let (status, _) = post(
-        receiver.addr(),
-        "/v1/traces",
-        &[("Content-Type", "application/x-protobuf")],
-        &body,
-    );
-    assert_eq!(status, 200);
-
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&body).unwrap_or_else(|e| panic!("gzip: {e}"));
     let gz = gz.finish().unwrap_or_else(|e| panic!("gzip: {e}"));
-    let (status, _) = post(
-        receiver.addr(),
-        "/v1/traces",
-        &[
-            ("Content-Type", "application/x-protobuf"),
-            ("Content-Encoding", "gzip"),
-        ],
-        &gz,
-    );
-    assert_eq!(status, 200);
-
     let json = serde_json::to_vec(&sample_request()).unwrap_or_else(|e| panic!("json: {e}"));
-    let (status, resp) = post(
-        receiver.addr(),
-        "/v1/traces",
-        &[("Content-Type", "application/json")],
-        &json,
-    );
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&resp));
 
-    let (status, _) = post(
-        receiver.addr(),
-        "/v1/logs",
-        &[("Content-Type", "application/x-protobuf")],
-        &body,
-    );
-    assert_eq!(status, 404);
-    let (status, _) = post(
-        receiver.addr(),
-        "/v1/traces",
-        &[("Content-Type", "application/x-protobuf")],
-        b"\xff\xff",
-    );
-    assert_eq!(status, 400);
+    // Posted in this order.
+    let cases: [Case; 5] = [
+        ("/v1/traces", &[PROTOBUF], &body, 200),
+        (
+            "/v1/traces",
+            &[PROTOBUF, ("Content-Encoding", "gzip")],
+            &gz,
+            200,
+        ),
+        (
+            "/v1/traces",
+            &[("Content-Type", "application/json")],
+            &json,
+            200,
+        ),
+        ("/v1/logs", &[PROTOBUF], &body, 404),
+        ("/v1/traces", &[PROTOBUF], b"\xff\xff", 400),
+    ];
+    for (path, headers, body, expected) in cases {
+        let (status, resp) = post(receiver.addr(), path, headers, body);
+        assert_eq!(
+            status,
+            expected,
+            "{path} {headers:?}: {}",
+            String::from_utf8_lossy(&resp)
+        );
+    }
 
     receiver.store().fail_next(1);
-    let (status, _) = post(
-        receiver.addr(),
-        "/v1/traces",
-        &[("Content-Type", "application/x-protobuf")],
-        &body,
-    );
+    let (status, _) = post(receiver.addr(), "/v1/traces", &[PROTOBUF], &body);
     assert_eq!(status, 503);
 
     assert!(receiver.wait_for(|spans| spans.len() >= 6, WAIT));
@@ -317,12 +303,7 @@ fn receiver_restarts_on_same_port_with_same_store() {
     first.stop();
     let second = OtlpHttpReceiver::start_with_store(port, store.clone());
     let body = sample_request().encode_to_vec();
-    let (status, _) = post(
-        second.addr(),
-        "/v1/traces",
-        &[("Content-Type", "application/x-protobuf")],
-        &body,
-    );
+    let (status, _) = post(second.addr(), "/v1/traces", &[PROTOBUF], &body);
     assert_eq!(status, 200);
     assert_eq!(store.span_count(), 2);
 }

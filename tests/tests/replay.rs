@@ -7,15 +7,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-
-use hermes_collector_shim::attempts::AttemptTracker;
 use hermes_collector_shim::config::CaptureLevel;
-use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlation, Correlator, FinishedSpan, to_resource_spans};
-use hermes_e2e::span_attrs::{self, attr};
+use hermes_e2e::ingest::{FIXTURES, events_at, events_of, fixture_records};
+use hermes_e2e::{AttrsExt, SpanTree};
 use hermes_pipeline::clock::TokioClock;
 use hermes_pipeline::derived::DerivedMetrics;
 use hermes_pipeline::driver::{Driver, Steps};
@@ -23,30 +19,12 @@ use hermes_pipeline::ledger::Ledger;
 use hermes_processor::{ProcessorConfig, SpanProcessor};
 use hermes_proto::v1;
 use hermes_receiver::Ingested;
-use hermes_span::trace::v1::{Span, status::StatusCode};
+use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use prost::Message;
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
-
-fn fixture_dir() -> PathBuf {
-    if let Ok(dir) = std::env::var("HERMES_FIXTURES") {
-        return PathBuf::from(dir);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hermes-0.19.0")
-}
-
-/// The fixture's records as the shim would have captured them at `level`
-/// (hooks the level does not register are skipped).
-fn load(name: &str) -> Vec<Json> {
-    let path = fixture_dir().join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("fixture line is JSON"))
-        .collect()
-}
 
 fn shim() -> v1::ShimInfo {
     v1::ShimInfo {
@@ -59,32 +37,6 @@ fn shim() -> v1::ShimInfo {
     }
 }
 
-/// Converts fixture records into wire events exactly as the shim does.
-fn to_events(records: &[Json], level: CaptureLevel) -> Vec<v1::Event> {
-    let mut tracker = AttemptTracker::new(4096);
-    let mut seq = 0;
-    let mut events = Vec::new();
-    for r in records {
-        let hook = r["hook"].as_str().expect("hook");
-        if !level.hooks().contains(&hook) {
-            continue;
-        }
-        seq += 1;
-        let stamp = Stamp {
-            seq,
-            hook,
-            time_unix_nano: (r["t_wall"].as_f64().expect("t_wall") * 1e9) as u64,
-            mono_nano: (r["t_mono"].as_f64().expect("t_mono") * 1e9) as u64,
-            thread: r["thread"].as_str().unwrap_or(""),
-        };
-        let kwargs = r["kwargs"].as_object().expect("kwargs");
-        let mut event = to_event(&stamp, &JsonKwargs(kwargs), level);
-        tracker.stamp(&mut event);
-        events.push(event);
-    }
-    events
-}
-
 fn correlate(events: &[v1::Event]) -> Vec<FinishedSpan> {
     let mut c = Correlator::new(Config::default());
     let mut out = Vec::new();
@@ -95,66 +47,44 @@ fn correlate(events: &[v1::Event]) -> Vec<FinishedSpan> {
     out
 }
 
-/// The integer attribute `key`; panics when it is absent.
 fn int(span: &Span, key: &str) -> i64 {
-    span_attrs::int(span, key).unwrap_or_else(|| panic!("no {key} on {}", span.name))
+    span.int_attr(key)
+        .unwrap_or_else(|| panic!("no int {key} on {}", span.name))
 }
 
-/// The string attribute `key`; panics when it is absent.
-fn string(span: &Span, key: &str) -> String {
-    span_attrs::string(span, key)
-        .unwrap_or_else(|| panic!("no {key} on {}", span.name))
-        .to_string()
+fn string<'a>(span: &'a Span, key: &str) -> &'a str {
+    span.str_attr(key)
+        .unwrap_or_else(|| panic!("no string {key} on {}", span.name))
 }
 
-/// Invariants every output must hold: unique span ids, every parent present
-/// in the same trace, children inside their parent's window, session.id
-/// everywhere, nothing incomplete.
-fn check_tree(spans: &[FinishedSpan]) -> HashMap<Vec<u8>, &Span> {
-    let by_id: HashMap<Vec<u8>, &Span> = spans
-        .iter()
-        .map(|s| (s.span.span_id.clone(), &s.span))
-        .collect();
-    assert_eq!(by_id.len(), spans.len(), "span ids are unique");
-    for FinishedSpan { span, .. } in spans {
+/// The fixture's `records` captured at `level`, correlated, as the tree of
+/// OTLP spans the collector exports. Checks what every replay must hold: a
+/// well formed tree (see [`SpanTree::problems`]) of unique spans, each with
+/// a `session.id`, none incomplete.
+fn replay(records: &[Json], level: CaptureLevel) -> SpanTree {
+    tree_of(correlate(&events_at(records, level)))
+}
+
+fn tree_of(spans: Vec<FinishedSpan>) -> SpanTree {
+    let batch = hermes_span::convert::to_otlp(&to_resource_spans(spans));
+    let tree = SpanTree::new(batch.into_iter().flat_map(|rs| {
+        let resource = rs.resource.unwrap_or_default();
+        rs.scope_spans
+            .into_iter()
+            .flat_map(|ss| ss.spans)
+            .map(move |span| (resource.clone(), span))
+    }));
+    tree.assert_well_formed();
+    assert!(tree.duplicates().is_empty(), "span ids are unique");
+    for span in tree.spans() {
         assert!(!string(span, "session.id").is_empty());
         assert!(
-            attr(span, "hermes.incomplete").is_none(),
+            !span.has_attr("hermes.incomplete"),
             "{} is incomplete",
             span.name
         );
-        assert!(
-            span.start_time_unix_nano <= span.end_time_unix_nano,
-            "{}",
-            span.name
-        );
-        if span.parent_span_id.is_empty() {
-            continue;
-        }
-        let parent = by_id
-            .get(&span.parent_span_id)
-            .unwrap_or_else(|| panic!("parent of {} missing", span.name));
-        assert_eq!(parent.trace_id, span.trace_id);
-        assert!(
-            span.start_time_unix_nano >= parent.start_time_unix_nano,
-            "{} starts before its parent",
-            span.name
-        );
-        assert!(
-            span.end_time_unix_nano <= parent.end_time_unix_nano,
-            "{} ends after its parent",
-            span.name
-        );
     }
-    by_id
-}
-
-fn named<'a>(spans: &'a [FinishedSpan], name: &str) -> Vec<&'a Span> {
-    spans
-        .iter()
-        .map(|s| &s.span)
-        .filter(|s| s.name == name)
-        .collect()
+    tree
 }
 
 /// `prompt_tokens`/`output_tokens` of every post_api_request, in order.
@@ -174,11 +104,10 @@ fn usages(records: &[Json]) -> Vec<(i64, i64)> {
 
 #[test]
 fn basic_fixture_is_one_turn_with_two_chats_and_a_tool() {
-    let records = load("basic.jsonl");
-    let spans = correlate(&to_events(&records, CaptureLevel::Metadata));
-    check_tree(&spans);
-    assert_eq!(spans.len(), 4);
-    let roots = named(&spans, "invoke_agent hermes");
+    let records = fixture_records("basic");
+    let tree = replay(&records, CaptureLevel::Metadata);
+    assert_eq!(tree.len(), 4);
+    let roots = tree.find_all("invoke_agent hermes");
     assert_eq!(roots.len(), 1);
     let root = roots[0];
     assert!(root.parent_span_id.is_empty());
@@ -189,7 +118,7 @@ fn basic_fixture_is_one_turn_with_two_chats_and_a_tool() {
             .count(),
         1
     );
-    let chats = named(&spans, "chat fake-model-1");
+    let chats = tree.find_all("chat fake-model-1");
     assert_eq!(chats.len(), 2);
     let got: Vec<(i64, i64)> = chats
         .iter()
@@ -201,7 +130,7 @@ fn basic_fixture_is_one_turn_with_two_chats_and_a_tool() {
         })
         .collect();
     assert_eq!(got, usages(&records));
-    let tools = named(&spans, "execute_tool terminal");
+    let tools = tree.find_all("execute_tool terminal");
     assert_eq!(tools.len(), 1);
     assert_eq!(string(tools[0], "gen_ai.tool.call.id"), "call_542ef10e36a7");
     assert_eq!(int(root, "hermes.turn.tool_calls"), 1);
@@ -211,10 +140,9 @@ fn basic_fixture_is_one_turn_with_two_chats_and_a_tool() {
 
 #[test]
 fn retry_fixture_has_one_span_per_attempt() {
-    let records = load("retry.jsonl");
-    let spans = correlate(&to_events(&records, CaptureLevel::Metadata));
-    check_tree(&spans);
-    let chats = named(&spans, "chat fake-model-1");
+    let records = fixture_records("retry");
+    let tree = replay(&records, CaptureLevel::Metadata);
+    let chats = tree.find_all("chat fake-model-1");
     assert_eq!(
         chats.len(),
         4,
@@ -236,7 +164,7 @@ fn retry_fixture_has_one_span_per_attempt() {
     assert_eq!(codes, vec![500, 429]);
     assert_eq!(string(failed[0], "error.type"), "server_error");
     assert_eq!(string(failed[1], "error.type"), "rate_limit");
-    let attempts: Vec<(String, i64)> = chats
+    let attempts: Vec<(&str, i64)> = chats
         .iter()
         .map(|c| (string(c, "hermes.api_request_id"), int(c, "hermes.attempt")))
         .collect();
@@ -246,50 +174,48 @@ fn retry_fixture_has_one_span_per_attempt() {
     assert!(attempts[3].0.ends_with(":api:2") && attempts[3].1 == 2);
     // The retry starts at its own pre_api_request, after the failure ended.
     assert!(chats[1].start_time_unix_nano >= chats[0].end_time_unix_nano);
-    assert_eq!(named(&spans, "execute_tool terminal").len(), 1);
+    assert_eq!(tree.find_all("execute_tool terminal").len(), 1);
 }
 
 #[test]
 fn lean_level_still_gives_every_attempt() {
-    let records = load("retry.jsonl");
-    let spans = correlate(&to_events(&records, CaptureLevel::Lean));
-    check_tree(&spans);
-    assert_eq!(named(&spans, "chat fake-model-1").len(), 4);
+    let records = fixture_records("retry");
+    let tree = replay(&records, CaptureLevel::Lean);
+    assert_eq!(tree.find_all("chat fake-model-1").len(), 4);
 }
 
 #[test]
 fn parallel_fixture_has_two_tools_from_worker_threads() {
-    let records = load("parallel.jsonl");
-    let events = to_events(&records, CaptureLevel::Metadata);
+    let records = fixture_records("parallel");
+    let events = events_at(&records, CaptureLevel::Metadata);
     assert!(
         events
             .iter()
             .any(|e| e.thread.starts_with("ThreadPoolExecutor")),
         "posts come from workers"
     );
-    let spans = correlate(&events);
-    check_tree(&spans);
-    let tools = named(&spans, "execute_tool read_file");
+    let tree = tree_of(correlate(&events));
+    let tools = tree.find_all("execute_tool read_file");
     assert_eq!(tools.len(), 2);
     assert_ne!(
         string(tools[0], "gen_ai.tool.call.id"),
         string(tools[1], "gen_ai.tool.call.id")
     );
-    assert_eq!(named(&spans, "chat fake-model-1").len(), 2);
+    assert_eq!(tree.find_all("chat fake-model-1").len(), 2);
 }
 
 #[test]
 fn multiturn_fixture_is_one_trace_per_turn_in_one_session() {
-    let records = load("multiturn.jsonl");
-    let spans = correlate(&to_events(&records, CaptureLevel::Metadata));
-    check_tree(&spans);
-    let roots = named(&spans, "invoke_agent hermes");
+    let records = fixture_records("multiturn");
+    let tree = replay(&records, CaptureLevel::Metadata);
+    let roots = tree.find_all("invoke_agent hermes");
     assert_eq!(roots.len(), 3);
     let traces: std::collections::HashSet<&Vec<u8>> = roots.iter().map(|r| &r.trace_id).collect();
     assert_eq!(traces.len(), 3, "one trace per turn");
-    let sessions: std::collections::HashSet<String> = spans
+    let sessions: std::collections::HashSet<&str> = tree
+        .spans()
         .iter()
-        .map(|s| string(&s.span, "session.id"))
+        .map(|s| string(s, "session.id"))
         .collect();
     assert_eq!(sessions.len(), 1, "all turns share the session");
     let with_start = roots
@@ -311,15 +237,10 @@ fn multiturn_fixture_is_one_trace_per_turn_in_one_session() {
 
 #[test]
 fn replay_is_deterministic() {
-    for name in [
-        "basic.jsonl",
-        "retry.jsonl",
-        "parallel.jsonl",
-        "multiturn.jsonl",
-    ] {
-        let records = load(name);
-        let a = correlate(&to_events(&records, CaptureLevel::Metadata));
-        let b = correlate(&to_events(&records, CaptureLevel::Metadata));
+    for name in FIXTURES {
+        let records = fixture_records(name);
+        let a = correlate(&events_at(&records, CaptureLevel::Metadata));
+        let b = correlate(&events_at(&records, CaptureLevel::Metadata));
         assert_eq!(a, b, "{name}");
     }
 }
@@ -408,15 +329,10 @@ fn processed(spans: Vec<FinishedSpan>) -> Vec<Vec<u8>> {
 }
 
 fn fixture_events() -> Vec<(&'static str, Vec<v1::Event>)> {
-    [
-        "basic.jsonl",
-        "retry.jsonl",
-        "parallel.jsonl",
-        "multiturn.jsonl",
-    ]
-    .into_iter()
-    .map(|name| (name, to_events(&load(name), CaptureLevel::Metadata)))
-    .collect()
+    FIXTURES
+        .into_iter()
+        .map(|name| (name, events_of(&fixture_records(name))))
+        .collect()
 }
 
 proptest! {
@@ -453,26 +369,25 @@ proptest! {
 
 #[test]
 fn content_level_adds_messages_arguments_and_answers() {
-    let records = load("basic.jsonl");
-    let spans = correlate(&to_events(&records, CaptureLevel::Content));
-    check_tree(&spans);
-    let chats = named(&spans, "chat fake-model-1");
+    let records = fixture_records("basic");
+    let tree = replay(&records, CaptureLevel::Content);
+    let chats = tree.find_all("chat fake-model-1");
     let input: Json =
-        serde_json::from_str(&string(chats[0], "gen_ai.input.messages")).expect("input JSON");
+        serde_json::from_str(string(chats[0], "gen_ai.input.messages")).expect("input JSON");
     assert_eq!(input[0]["role"], "user");
     assert_eq!(
         input[0]["parts"][0]["content"],
         "Please run echo hermes-hook-test"
     );
     let system: Json =
-        serde_json::from_str(&string(chats[0], "gen_ai.system_instructions")).expect("system JSON");
+        serde_json::from_str(string(chats[0], "gen_ai.system_instructions")).expect("system JSON");
     assert!(
         system[0]["content"]
             .as_str()
             .is_some_and(|s| s.starts_with("You are Hermes Agent"))
     );
     let output: Json =
-        serde_json::from_str(&string(chats[0], "gen_ai.output.messages")).expect("output JSON");
+        serde_json::from_str(string(chats[0], "gen_ai.output.messages")).expect("output JSON");
     assert_eq!(output[0]["parts"][0]["type"], "tool_call");
     assert_eq!(output[0]["parts"][0]["name"], "terminal");
     assert_eq!(
@@ -480,20 +395,20 @@ fn content_level_adds_messages_arguments_and_answers() {
         "echo hermes-hook-test"
     );
     let second: Json =
-        serde_json::from_str(&string(chats[1], "gen_ai.input.messages")).expect("input JSON");
+        serde_json::from_str(string(chats[1], "gen_ai.input.messages")).expect("input JSON");
     assert_eq!(
         second[2]["parts"][0]["type"], "tool_call_response",
         "{second}"
     );
-    let tool = named(&spans, "execute_tool terminal")[0];
+    let tool = tree.find_all("execute_tool terminal")[0];
     let args: Json =
-        serde_json::from_str(&string(tool, "gen_ai.tool.call.arguments")).expect("args JSON");
+        serde_json::from_str(string(tool, "gen_ai.tool.call.arguments")).expect("args JSON");
     assert_eq!(
         args,
         serde_json::json!({"command": "echo hermes-hook-test"})
     );
     assert!(string(tool, "gen_ai.tool.call.result").contains("hermes-hook-test"));
-    let root = named(&spans, "invoke_agent hermes")[0];
+    let root = tree.find_all("invoke_agent hermes")[0];
     assert_eq!(
         string(root, "hermes.turn.user_message"),
         "Please run echo hermes-hook-test"
@@ -501,8 +416,8 @@ fn content_level_adds_messages_arguments_and_answers() {
     assert!(string(root, "hermes.turn.final_answer").starts_with("Final answer"));
 
     // The default level carries none of it.
-    let spans = correlate(&to_events(&records, CaptureLevel::Metadata));
-    for FinishedSpan { span, .. } in &spans {
+    let tree = replay(&records, CaptureLevel::Metadata);
+    for span in tree.spans() {
         for key in [
             "gen_ai.input.messages",
             "gen_ai.output.messages",
@@ -513,7 +428,7 @@ fn content_level_adds_messages_arguments_and_answers() {
             "hermes.turn.final_answer",
         ] {
             assert!(
-                attr(span, key).is_none(),
+                !span.has_attr(key),
                 "{key} on {} at level metadata",
                 span.name
             );

@@ -35,7 +35,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use hermes_e2e::collector::Collector;
-use hermes_e2e::ingest::{basic_events, batch_of, exchange};
+use hermes_e2e::collector::counter as metric;
+use hermes_e2e::ingest::{basic_events, batch_of, exchange, fixture, send_basic_turn};
 use hermes_e2e::{
     AttrsExt as _, ChildGuard, OtlpReceiver, ServerTls, cargo_bin, ensure_venv, free_port,
     run_with_timeout, venv_bin,
@@ -45,10 +46,6 @@ use serde_json::Value as Json;
 
 const WAIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f0-test-token";
-
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hermes-0.19.0/basic.jsonl")
-}
 
 /// The span names the basic fixture (one turn, two chats, one tool call)
 /// gives, sorted.
@@ -75,6 +72,18 @@ fn start_collector(
         ),
         env,
     )
+}
+
+/// [`start_collector`] receiving on a free port of 127.0.0.1, `receiver`
+/// holding the other lines of its receiver section.
+fn start_tcp_collector(
+    work: &Path,
+    receiver: &str,
+    otlp: &OtlpReceiver,
+    env: &[(&str, &str)],
+) -> Collector {
+    let listen = format!("  listen: 127.0.0.1:{}\n{receiver}", free_port());
+    start_collector(work, &listen, otlp, env)
 }
 
 /// A collector binary with the configuration `yaml`; started and ready
@@ -131,7 +140,7 @@ for line in open({fixture:?}):
 flushed = hermes_collector.flush({flush_ms})
 print(json.dumps({{"flushed": flushed, "stats": hermes_collector.stats()}}))
 "#,
-        fixture = fixture().display().to_string(),
+        fixture = fixture("basic").display().to_string(),
     );
     let mut cmd = Command::new(venv_bin("python"));
     cmd.arg("-c")
@@ -160,17 +169,13 @@ fn ingest_requires_the_bearer_token() {
     let token_file = work.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
-    let mut collector = start_collector(
+    let mut collector = start_tcp_collector(
         work.path(),
-        &format!(
-            "  listen: 127.0.0.1:{port}\n  auth:\n    token_file: {}",
-            token_file.display()
-        ),
+        &format!("  auth:\n    token_file: {}", token_file.display()),
         &otlp,
         &[],
     );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = collector.endpoint.clone();
     let events = basic_events();
 
     let missing = exchange(&endpoint, None, vec![batch_of("i-1", events.clone())]).unwrap_err();
@@ -209,8 +214,7 @@ fn ingest_requires_the_bearer_token() {
     assert!(log.contains("auth_failures=2"), "{log}");
     assert!(!log.contains("auth_failures=3"), "{log}");
     assert!(log.contains("authenticated=true"), "{log}");
-    assert!(collector.signal("TERM"));
-    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
+    collector.assert_clean_stop(WAIT);
     assert!(
         !collector.stderr_text().contains(TOKEN),
         "the token is never logged"
@@ -221,14 +225,13 @@ fn ingest_requires_the_bearer_token() {
 fn shim_with_the_right_token_delivers_and_with_a_wrong_one_does_not() {
     let work = tempfile::tempdir().unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
-    let collector = start_collector(
+    let collector = start_tcp_collector(
         work.path(),
-        &format!("  listen: 127.0.0.1:{port}\n  auth:\n    token_env: SECURITY_TEST_INGEST_TOKEN"),
+        "  auth:\n    token_env: SECURITY_TEST_INGEST_TOKEN",
         &otlp,
         &[("SECURITY_TEST_INGEST_TOKEN", TOKEN)],
     );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = collector.endpoint.clone();
 
     let wrong = shim_replays_basic(
         &[
@@ -308,8 +311,7 @@ fn unix_socket_is_private_and_carries_the_shim() {
     assert_eq!(out["flushed"], Json::Bool(true), "{out}");
     assert_basic_turn_arrives(&otlp, &collector);
 
-    assert!(collector.signal("TERM"));
-    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
+    collector.assert_clean_stop(WAIT);
     assert!(!socket.exists(), "the socket is removed at shutdown");
 }
 
@@ -317,14 +319,9 @@ fn unix_socket_is_private_and_carries_the_shim() {
 fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
     let work = tempfile::tempdir().unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
-    let collector = start_collector(
-        work.path(),
-        &format!("  listen: 127.0.0.1:{port}\n  max_message_bytes: 65536"),
-        &otlp,
-        &[],
-    );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let collector = start_tcp_collector(work.path(), "  max_message_bytes: 65536", &otlp, &[]);
+    let endpoint = collector.endpoint.clone();
+    let addr = endpoint.trim_start_matches("http://").to_owned();
 
     // Two hostile connections, each a bounded burst, during the honest one.
     let flood_endpoint = endpoint.clone();
@@ -348,7 +345,7 @@ fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
     let garbage = std::thread::spawn(move || {
         let mut closed = 0;
         for i in 0..20u8 {
-            let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let mut stream = std::net::TcpStream::connect(&addr).unwrap();
             stream
                 .set_read_timeout(Some(Duration::from_secs(10)))
                 .unwrap();
@@ -369,10 +366,7 @@ fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
         closed
     });
 
-    let events = basic_events();
-    let n = events.len() as u64;
-    let acks = exchange(&endpoint, None, vec![batch_of("honest", events)]).unwrap();
-    assert_eq!(acks, [n]);
+    send_basic_turn(&endpoint, "honest");
 
     let codes = oversized.join().unwrap();
     assert!(
@@ -403,25 +397,12 @@ fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
     assert_eq!(root.1.int_attr("hermes.turn.api_attempts"), Some(2));
 }
 
-/// `name value` of a counter on the collector's `/metrics`.
-fn metric(collector: &ChildGuard, name: &str) -> Option<u64> {
-    let text = hermes_e2e::collector::admin_get(collector, "/metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
 #[test]
 fn an_event_above_max_event_bytes_is_refused_and_counted() {
     let work = tempfile::tempdir().unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
-    let collector = start_collector(
-        work.path(),
-        &format!("  listen: 127.0.0.1:{port}\n  max_event_bytes: 4096"),
-        &otlp,
-        &[],
-    );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let collector = start_tcp_collector(work.path(), "  max_event_bytes: 4096", &otlp, &[]);
+    let endpoint = collector.endpoint.clone();
 
     // 10 KiB in one event: far below max_message_bytes, above the event limit.
     let big = Event {
@@ -441,10 +422,7 @@ fn an_event_above_max_event_bytes_is_refused_and_counted() {
         "{refused:?}"
     );
 
-    let events = basic_events();
-    let n = events.len() as u64;
-    let acks = exchange(&endpoint, None, vec![batch_of("honest", events)]).unwrap();
-    assert_eq!(acks, [n]);
+    send_basic_turn(&endpoint, "honest");
     assert_basic_turn_arrives(&otlp, &collector);
     assert_eq!(
         metric(
@@ -466,17 +444,14 @@ fn an_event_above_max_event_bytes_is_refused_and_counted() {
 fn a_flooding_connection_is_paced_while_another_ones_turn_arrives() {
     let work = tempfile::tempdir().unwrap();
     let otlp = OtlpReceiver::start();
-    let port = free_port();
     // 200 events/s after a burst of 200 per stream.
-    let collector = start_collector(
+    let collector = start_tcp_collector(
         work.path(),
-        &format!(
-            "  listen: 127.0.0.1:{port}\n  stream_events_per_sec: 200\n  stream_burst_events: 200"
-        ),
+        "  stream_events_per_sec: 200\n  stream_burst_events: 200",
         &otlp,
         &[],
     );
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = collector.endpoint.clone();
 
     // The flood: 1 600 events in batches of 40, from one connection; at the
     // limit that takes about 7 s.
@@ -504,10 +479,7 @@ fn a_flooding_connection_is_paced_while_another_ones_turn_arrives() {
     // Meanwhile, an agent on another connection: its turn arrives at once
     // and whole.
     let started = std::time::Instant::now();
-    let events = basic_events();
-    let n = events.len() as u64;
-    let acks = exchange(&endpoint, None, vec![batch_of("honest", events)]).unwrap();
-    assert_eq!(acks, [n]);
+    send_basic_turn(&endpoint, "honest");
     assert_basic_turn_arrives(&otlp, &collector);
     let honest_took = started.elapsed();
     assert!(!flood.is_finished(), "the flood was not paced");
@@ -637,27 +609,20 @@ fn mutual_tls_on_ingest() {
 
     // No client certificate, one from another CA, an expired one, or no TLS
     // at all: refused.
-    let none = exchange_tls(
-        &endpoint,
-        &pki.ca,
-        None,
-        vec![batch_of("i", events.clone())],
-    );
-    assert!(none.is_err(), "{none:?}");
-    let stranger = exchange_tls(
-        &endpoint,
-        &pki.ca,
-        Some((&pki.stranger_cert, &pki.stranger_key)),
-        vec![batch_of("i", events.clone())],
-    );
-    assert!(stranger.is_err(), "{stranger:?}");
-    let expired = exchange_tls(
-        &endpoint,
-        &pki.ca,
-        Some((&pki.expired_cert, &pki.expired_key)),
-        vec![batch_of("i", events.clone())],
-    );
-    assert!(expired.is_err(), "{expired:?}");
+    // No client certificate, one of another CA, an expired one: refused.
+    for (client, identity) in [
+        ("none", None),
+        ("stranger", Some((&pki.stranger_cert, &pki.stranger_key))),
+        ("expired", Some((&pki.expired_cert, &pki.expired_key))),
+    ] {
+        let refused = exchange_tls(
+            &endpoint,
+            &pki.ca,
+            identity.map(|(cert, key)| (cert.as_path(), key.as_path())),
+            vec![batch_of("i", events.clone())],
+        );
+        assert!(refused.is_err(), "{client}: {refused:?}");
+    }
     let plaintext = std::panic::catch_unwind(|| {
         exchange(
             &format!("http://127.0.0.1:{port}"),
@@ -827,17 +792,7 @@ fn bad_access_control_settings_exit_64_naming_the_key() {
                 .env_remove("SECURITY_TEST_UNSET_VARIABLE"),
             WAIT,
         );
-        assert_eq!(
-            out.output.status.code(),
-            Some(64),
-            "{yaml}{}",
-            out.describe()
-        );
-        assert!(
-            out.stderr().contains(&format!("`{key}`")),
-            "{yaml}{}",
-            out.describe()
-        );
+        out.assert_refused_naming(yaml, &format!("`{key}`"));
     }
 }
 
@@ -911,8 +866,7 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
         headers.contains(&"x-tenant=tenant-7".to_owned()),
         "{headers:?}"
     );
-    assert!(collector.signal("TERM"));
-    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
+    collector.assert_clean_stop(WAIT);
     let log = collector.stderr_text();
     assert!(
         !log.contains("c2VjcmV0"),
@@ -940,14 +894,7 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
         "{}",
         collector.stderr_text()
     );
-    assert!(collector.signal("TERM"));
-    assert!(
-        collector
-            .wait_timeout(Duration::from_secs(15))
-            .is_some_and(|s| s.success()),
-        "{}",
-        collector.stderr_text()
-    );
+    collector.assert_clean_stop(Duration::from_secs(15));
     let log = collector.stderr_text();
     // (The other CA has the same name: rustls reports a bad signature.)
     assert!(
@@ -992,6 +939,5 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
         "spans did not arrive over TLS with the system's roots:\n{}",
         collector.stderr_text()
     );
-    assert!(collector.signal("TERM"));
-    assert!(collector.wait_timeout(WAIT).is_some_and(|s| s.success()));
+    collector.assert_clean_stop(WAIT);
 }

@@ -7,10 +7,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
+use hermes_e2e::ingest::fixture;
 use hermes_proto::received::ReceivedBatch;
 use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
 use hermes_proto::v1::{Ack, Event, EventBatch, ShimInfo, event::Body};
@@ -85,15 +85,6 @@ fn start_collector() -> (
     (format!("http://{addr}"), collector, stop, thread)
 }
 
-fn fixture(name: &str) -> PathBuf {
-    match std::env::var_os("HERMES_FIXTURES_DIR") {
-        Some(dir) => PathBuf::from(dir).join(name),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures/hermes-0.19.0")
-            .join(name),
-    }
-}
-
 /// Events per instance id, deduplicated by seq; and the ShimInfo seen.
 fn by_instance(batches: &[EventBatch]) -> HashMap<String, (ShimInfo, BTreeMap<u64, Event>)> {
     let mut out: HashMap<String, (ShimInfo, BTreeMap<u64, Event>)> = HashMap::new();
@@ -117,7 +108,7 @@ fn installed_wheel_end_to_end() {
     let script = hermes_e2e::tests_dir().join("check_shim.py");
     let output = std::process::Command::new(python)
         .arg(&script)
-        .arg(fixture("retry.jsonl"))
+        .arg(fixture("retry"))
         .env("HERMES_COLLECTOR_ENDPOINT", &endpoint)
         .env("HERMES_COLLECTOR_CAPTURE", "content")
         .env_remove("HERMES_COLLECTOR_DISABLED")

@@ -135,7 +135,7 @@ fn http(endpoint: &str, tls: TlsSettings) -> Result<HttpExporter, ExportError> {
     )
 }
 
-async fn export(exporter: &mut dyn SpanExporter) -> Result<(), ExportError> {
+async fn export<E: SpanExporter + ?Sized>(exporter: &mut E) -> Result<(), ExportError> {
     tokio::time::timeout(WAIT, exporter.export(request(3)))
         .await
         .expect("export answers within its timeout")
@@ -157,103 +157,111 @@ fn assert_handshake_failure(result: Result<(), ExportError>, expected: &str) {
 
 // -------------------------------------------------------------------- tests
 
-#[tokio::test]
-async fn grpc_over_tls_with_a_custom_ca() {
-    let pki = pki();
-    let receiver = OtlpReceiver::start_tls(&pki.receiver_tls(false));
-    let endpoint = receiver.endpoint();
+/// An exporter under test: what the stage runs, and its `Debug` form.
+trait Exporter: SpanExporter + std::fmt::Debug {}
+impl<T: SpanExporter + std::fmt::Debug> Exporter for T {}
 
-    let mut exporter = grpc(&endpoint, tls(&pki.ca.pem, None)).unwrap();
-    export(&mut exporter).await.unwrap();
-    assert_eq!(calls(receiver.store()), [(3, Some(API_KEY.to_owned()))]);
-    assert!(!format!("{exporter:?}").contains(API_KEY));
+/// The two OTLP transports, each tested the same way.
+#[derive(Clone, Copy, Debug)]
+enum Transport {
+    Grpc,
+    Http,
+}
 
-    // Another CA: the receiver's certificate is not trusted.
-    let mut wrong = grpc(&endpoint, tls(&pki.other_ca.pem, None)).unwrap();
-    assert_handshake_failure(export(&mut wrong).await, "UnknownIssuer");
-    // The name the certificate must carry is checked too.
-    let mut other_name = grpc(
-        &endpoint,
-        TlsSettings {
-            server_name: Some("collector.example".into()),
-            ..tls(&pki.ca.pem, None)
-        },
-    )
-    .unwrap();
-    assert_handshake_failure(export(&mut other_name).await, "not valid for name");
-    assert_eq!(calls(receiver.store()).len(), 1);
+impl Transport {
+    const BOTH: [Transport; 2] = [Transport::Grpc, Transport::Http];
+
+    /// A receiver of this transport over `tls`.
+    fn receiver(self, tls: &ServerTls) -> OtlpReceiver {
+        match self {
+            Transport::Grpc => OtlpReceiver::start_tls(tls),
+            Transport::Http => OtlpHttpReceiver::start_tls(tls).into_inner(),
+        }
+    }
+
+    /// This transport's exporter to `endpoint` with `tls`.
+    fn exporter(self, endpoint: &str, tls: TlsSettings) -> Result<Box<dyn Exporter>, ExportError> {
+        Ok(match self {
+            Transport::Grpc => Box::new(grpc(endpoint, tls)?),
+            Transport::Http => Box::new(http(endpoint, tls)?),
+        })
+    }
 }
 
 #[tokio::test]
-async fn grpc_mutual_tls() {
+async fn over_tls_with_a_custom_ca() {
     let pki = pki();
-    let receiver = OtlpReceiver::start_tls(&pki.receiver_tls(true));
-    let endpoint = receiver.endpoint();
+    for t in Transport::BOTH {
+        let receiver = t.receiver(&pki.receiver_tls(false));
+        let endpoint = receiver.endpoint();
 
-    let mut without = grpc(&endpoint, tls(&pki.ca.pem, None)).unwrap();
-    let error = export(&mut without).await.unwrap_err();
-    assert!(
-        calls(receiver.store()).is_empty(),
-        "served without a certificate"
-    );
-    // TLS 1.3: the refusal arrives as an alert after our side of the
-    // handshake; either way it is a handshake failure naming the alert.
-    assert!(
-        matches!(error, ExportError::TlsHandshake(_)),
-        "a TLS handshake error, not {error:?}"
-    );
+        let mut exporter = t.exporter(&endpoint, tls(&pki.ca.pem, None)).unwrap();
+        export(&mut *exporter).await.unwrap();
+        let api_key = Some(API_KEY.to_owned());
+        assert_eq!(calls(receiver.store()), [(3, api_key)], "{t:?}");
+        assert!(!format!("{exporter:?}").contains(API_KEY), "{t:?}");
 
-    let mut with = grpc(&endpoint, tls(&pki.ca.pem, Some(&pki.client))).unwrap();
-    export(&mut with).await.unwrap();
-    assert_eq!(calls(receiver.store()), [(3, Some(API_KEY.to_owned()))]);
+        // Another CA: the receiver's certificate is not trusted.
+        let mut wrong = t.exporter(&endpoint, tls(&pki.other_ca.pem, None)).unwrap();
+        assert_handshake_failure(export(&mut *wrong).await, "UnknownIssuer");
+        // The name the certificate must carry is checked too.
+        let mut other_name = t
+            .exporter(
+                &endpoint,
+                TlsSettings {
+                    server_name: Some("collector.example".into()),
+                    ..tls(&pki.ca.pem, None)
+                },
+            )
+            .unwrap();
+        assert_handshake_failure(export(&mut *other_name).await, "not valid for name");
+        assert_eq!(calls(receiver.store()).len(), 1, "{t:?}");
+    }
 }
 
-#[tokio::test]
-async fn http_over_tls_with_a_custom_ca() {
-    let pki = pki();
-    let receiver = OtlpHttpReceiver::start_tls(&pki.receiver_tls(false));
-    let endpoint = receiver.endpoint();
-
-    let mut exporter = http(&endpoint, tls(&pki.ca.pem, None)).unwrap();
+#[test]
+fn http_keeps_https_and_appends_the_path() {
+    let exporter = http("https://127.0.0.1:4318", tls(&pki().ca.pem, None)).unwrap();
     assert_eq!(
         exporter.uri().to_string(),
-        format!("{endpoint}/v1/traces"),
-        "https kept, path appended"
+        "https://127.0.0.1:4318/v1/traces"
     );
-    export(&mut exporter).await.unwrap();
-    assert_eq!(calls(receiver.store()), [(3, Some(API_KEY.to_owned()))]);
-    assert!(!format!("{exporter:?}").contains(API_KEY));
-
-    let mut wrong = http(&endpoint, tls(&pki.other_ca.pem, None)).unwrap();
-    assert_handshake_failure(export(&mut wrong).await, "UnknownIssuer");
-    assert_eq!(calls(receiver.store()).len(), 1);
 }
 
 #[tokio::test]
-async fn http_mutual_tls() {
+async fn mutual_tls() {
     let pki = pki();
-    let receiver = OtlpHttpReceiver::start_tls(&pki.receiver_tls(true));
-    let endpoint = receiver.endpoint();
+    for t in Transport::BOTH {
+        let receiver = t.receiver(&pki.receiver_tls(true));
+        let endpoint = receiver.endpoint();
 
-    let mut without = http(&endpoint, tls(&pki.ca.pem, None)).unwrap();
-    let error = export(&mut without).await.unwrap_err();
-    assert!(
-        calls(receiver.store()).is_empty(),
-        "served without a certificate"
-    );
-    assert!(
-        matches!(error, ExportError::TlsHandshake(_)),
-        "a TLS handshake error, not {error:?}"
-    );
-    // A certificate from a CA the receiver does not trust: refused too.
-    let stranger = pki.other_ca.client("stranger");
-    let mut untrusted = http(&endpoint, tls(&pki.ca.pem, Some(&stranger))).unwrap();
-    assert!(export(&mut untrusted).await.is_err());
-    assert!(calls(receiver.store()).is_empty());
+        let mut without = t.exporter(&endpoint, tls(&pki.ca.pem, None)).unwrap();
+        let error = export(&mut *without).await.unwrap_err();
+        assert!(
+            calls(receiver.store()).is_empty(),
+            "{t:?} served without a certificate"
+        );
+        // TLS 1.3: the refusal arrives as an alert after our side of the
+        // handshake; either way it is a handshake failure naming the alert.
+        assert!(
+            matches!(error, ExportError::TlsHandshake(_)),
+            "{t:?}: a TLS handshake error, not {error:?}"
+        );
+        // A certificate from a CA the receiver does not trust: refused too.
+        let stranger = pki.other_ca.client("stranger");
+        let mut untrusted = t
+            .exporter(&endpoint, tls(&pki.ca.pem, Some(&stranger)))
+            .unwrap();
+        assert!(export(&mut *untrusted).await.is_err(), "{t:?}");
+        assert!(calls(receiver.store()).is_empty(), "{t:?}");
 
-    let mut with = http(&endpoint, tls(&pki.ca.pem, Some(&pki.client))).unwrap();
-    export(&mut with).await.unwrap();
-    assert_eq!(calls(receiver.store()), [(3, Some(API_KEY.to_owned()))]);
+        let mut with = t
+            .exporter(&endpoint, tls(&pki.ca.pem, Some(&pki.client)))
+            .unwrap();
+        export(&mut *with).await.unwrap();
+        let api_key = Some(API_KEY.to_owned());
+        assert_eq!(calls(receiver.store()), [(3, api_key)], "{t:?}");
+    }
 }
 
 /// Through the stage: a wrong CA drops the batch at once (no retry for the
@@ -326,29 +334,28 @@ fn bad_tls_settings_are_refused_when_building() {
             },
         ];
         for (i, case) in cases.into_iter().enumerate() {
-            let g = grpc(endpoint, case.clone()).unwrap_err();
-            assert!(matches!(g, ExportError::TlsConfig(_)), "{i}: {g:?}");
-            let h = http(endpoint, case.clone()).unwrap_err();
-            assert!(matches!(h, ExportError::TlsConfig(_)), "{i}: {h:?}");
-            assert_eq!(g.retry_class(), RetryClass::NonRetryable);
             let key = String::from_utf8_lossy(case.client_key_pem.as_deref().unwrap_or(b"-"))
                 .lines()
                 .nth(1)
                 .unwrap_or("-")
                 .to_owned();
-            assert!(!g.to_string().contains(&key), "{g}");
             assert!(!format!("{case:?}").contains(&key));
+            for t in Transport::BOTH {
+                let e = t.exporter(endpoint, case.clone()).unwrap_err();
+                assert!(matches!(e, ExportError::TlsConfig(_)), "{t:?} {i}: {e:?}");
+                assert_eq!(e.retry_class(), RetryClass::NonRetryable, "{t:?} {i}");
+                assert!(!e.to_string().contains(&key), "{t:?} {i}: {e}");
+            }
         }
     }
     // TLS settings with a plaintext endpoint: never silently plaintext.
-    let plain = grpc("http://127.0.0.1:1", tls(&pki.ca.pem, None)).unwrap_err();
-    assert!(
-        matches!(plain, ExportError::InvalidEndpoint { .. }),
-        "{plain:?}"
-    );
-    let plain = http("http://127.0.0.1:1", tls(&pki.ca.pem, None)).unwrap_err();
-    assert!(
-        matches!(plain, ExportError::InvalidEndpoint { .. }),
-        "{plain:?}"
-    );
+    for t in Transport::BOTH {
+        let plain = t
+            .exporter("http://127.0.0.1:1", tls(&pki.ca.pem, None))
+            .unwrap_err();
+        assert!(
+            matches!(plain, ExportError::InvalidEndpoint { .. }),
+            "{t:?}: {plain:?}"
+        );
+    }
 }

@@ -71,6 +71,26 @@ pub fn span(
     }
 }
 
+/// The sample turn's root, `invoke_agent hermes` (span 1 of [`TRACE`],
+/// 0 to 1500 ms), with `attributes`.
+pub fn turn_root(attributes: Vec<KeyValue>) -> Span {
+    span(
+        TRACE,
+        1,
+        None,
+        "invoke_agent hermes",
+        0.0,
+        1500.0,
+        attributes,
+    )
+}
+
+/// The sample turn's model call, `chat gpt-4o` (span 2, under the root,
+/// 10 to 822.3 ms), with `attributes`.
+pub fn turn_chat(attributes: Vec<KeyValue>) -> Span {
+    span(TRACE, 2, Some(1), "chat gpt-4o", 10.0, 822.3, attributes)
+}
+
 /// Milliseconds (µs precision) to nanoseconds, without float truncation.
 fn ms_to_ns(ms: f64) -> u64 {
     (ms * 1000.0).round() as u64 * 1000

@@ -8,28 +8,12 @@ use crate::common::*;
 /// A 4-span turn: root, a chat call, a failed tool call with an approval
 /// under it.
 fn turn() -> [Span; 4] {
-    let root = span(
-        TRACE,
-        1,
-        None,
-        "invoke_agent hermes",
-        0.0,
-        1500.0,
-        vec![kv_str("session.id", "sess-42")],
-    );
-    let chat = span(
-        TRACE,
-        2,
-        Some(1),
-        "chat gpt-4o",
-        10.0,
-        822.3,
-        vec![
-            kv_str("session.id", "sess-42"),
-            kv_int("gen_ai.usage.input_tokens", 1200),
-            kv_int("gen_ai.usage.output_tokens", 85),
-        ],
-    );
+    let root = turn_root(vec![kv_str("session.id", "sess-42")]);
+    let chat = turn_chat(vec![
+        kv_str("session.id", "sess-42"),
+        kv_int("gen_ai.usage.input_tokens", 1200),
+        kv_int("gen_ai.usage.output_tokens", 85),
+    ]);
     let mut tool = span(
         TRACE,
         3,

@@ -14,21 +14,13 @@ async fn appends_one_otlp_json_line_per_export() {
     let path = dir.path().join("spans.jsonl");
     let mut exporter = FileExporter::new(FileExporterConfig { path: path.clone() }).unwrap();
 
-    let mut chat = span(
-        TRACE,
-        2,
-        Some(1),
-        "chat gpt-4o",
-        10.0,
-        822.3,
-        vec![
-            kv_int("gen_ai.usage.input_tokens", 1200),
-            kv_str("gen_ai.request.model", "gpt-4o"),
-        ],
-    );
+    let mut chat = turn_chat(vec![
+        kv_int("gen_ai.usage.input_tokens", 1200),
+        kv_str("gen_ai.request.model", "gpt-4o"),
+    ]);
     chat.kind = 3; // CLIENT
     chat.status = error_status("boom");
-    let root = span(TRACE, 1, None, "invoke_agent hermes", 0.0, 1500.0, vec![]);
+    let root = turn_root(vec![]);
     let first = request(vec![chat]);
     let second = request(vec![root]);
     exporter.export(Arc::clone(&first)).await.unwrap();
