@@ -18,6 +18,9 @@
 //! - [`pki`]: a CA and the certificates it signs, made at test time.
 //! - [`ingest`]: agents' events over the wire protocol without the real
 //!   agent (fixture turns converted as the shim does, one stream exchange).
+//! - [`events`]: hand-built wire events (ids, bodies, API calls) for the
+//!   correlator's and the processor's tests; [`span_attrs`]: the attributes
+//!   of `hermes_span` spans, read by type.
 //! - [`fault`]: the collector on a chosen port or config file, its admin
 //!   metrics, the load generator and its `--expect-spans` sets, for the
 //!   fault tests.
