@@ -309,23 +309,15 @@ fn stages_per_event(c: &mut Criterion) {
 /// encodes what it exports; the encoded bytes.
 async fn through_the_driver(batches: &[Vec<u8>]) -> usize {
     use hermes_pipeline::clock::WallClock;
-    use hermes_pipeline::derived::DerivedMetrics;
-    use hermes_pipeline::driver::{Driver, Steps};
-    use hermes_pipeline::ledger::Ledger;
-    let driver = Driver {
-        steps: Steps {
-            correlation: Correlation::new(
-                Sequencer::new(SequencerConfig::default()),
-                Correlator::new(Config::default()),
-            ),
-            derived: DerivedMetrics::default(),
-            processor: SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
-        },
-        tick: std::time::Duration::from_millis(100),
-        stats: Default::default(),
-        ledger: Ledger::Memory,
-        clock: WallClock,
-    };
+    use hermes_pipeline::driver::Driver;
+    let driver = Driver::in_memory(
+        Correlation::new(
+            Sequencer::new(SequencerConfig::default()),
+            Correlator::new(Config::default()),
+        ),
+        SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
+        WallClock,
+    );
     let (ingest, ingest_rx) = tokio::sync::mpsc::channel(64);
     let (export, mut exported) = tokio::sync::mpsc::channel(64);
     let stage = tokio::spawn(driver.run(ingest_rx, export, Default::default()));

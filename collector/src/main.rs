@@ -238,7 +238,7 @@ fn run(args: &RunArgs, small_pages: Option<String>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(validated)) {
+    match runtime.block_on(serve(validated, args.config.clone())) {
         Ok(outcome) => ExitCode::from(outcome.exit_code()),
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "collector stopped");
@@ -300,22 +300,63 @@ fn init_logging(log: &config::LogConfig) {
     };
 }
 
-async fn serve(validated: Validated) -> anyhow::Result<Outcome> {
+async fn serve(validated: Validated, path: Option<PathBuf>) -> anyhow::Result<Outcome> {
     // First: from here on SIGHUP is answered, never the default exit.
     let mut signals = Signals::install();
-    let topology = Topology::build(validated).await?;
+    let sampling = validated.config.sampling.is_some();
+    let mut topology = Topology::build(validated).await?;
+    if let (Some(path), true) = (path, sampling) {
+        signals.reload = topology
+            .take_policy_updates()
+            .map(|policies| Reload { path, policies });
+    }
     Ok(topology.run(signals.stop()).await)
 }
 
 /// The signals the collector answers: SIGTERM and SIGINT start the drain;
-/// SIGHUP is logged and ignored (a reload is not supported: restart to
-/// apply a changed configuration), so a terminal closing or a stray
-/// `kill -HUP` never ends the process without its drain.
+/// SIGHUP re-reads the sampling policies when the collector samples (see
+/// [`Reload`]), else it is logged and ignored (restart to apply a changed
+/// configuration), so a terminal closing or a stray `kill -HUP` never ends
+/// the process without its drain.
 struct Signals {
     #[cfg(unix)]
     term: Option<tokio::signal::unix::Signal>,
     #[cfg(unix)]
     hup: Option<tokio::signal::unix::Signal>,
+    reload: Option<Reload>,
+}
+
+/// A live change of the sampling policies: the `sampling` section re-read
+/// from the configuration file. A file that does not parse or whose
+/// section is invalid changes nothing (the error, naming the key, is
+/// logged); a file without the section keeps every turn. Other sections
+/// apply at the next start.
+struct Reload {
+    path: PathBuf,
+    policies: tokio::sync::watch::Sender<Vec<hermes_sampling::Policy>>,
+}
+
+impl Reload {
+    fn apply(&self) {
+        let read = Config::parse_file(&self.path).and_then(|c| match &c.sampling {
+            Some(sampling) => sampling.validate().map(|()| sampling.policies()),
+            None => Ok(Vec::new()),
+        });
+        match read {
+            Ok(policies) => {
+                let names: Vec<String> = policies.iter().map(|p| p.name.clone()).collect();
+                self.policies.send_replace(policies);
+                tracing::info!(
+                    policies = ?names,
+                    "SIGHUP: sampling policies re-read from the configuration file (other sections apply at the next start)"
+                );
+            }
+            Err(e) => tracing::error!(
+                error = %e,
+                "SIGHUP: the configuration file cannot be used; the sampling policies stay as they were"
+            ),
+        }
+    }
 }
 
 impl Signals {
@@ -328,10 +369,11 @@ impl Signals {
             Self {
                 term: signal(SignalKind::terminate()).ok(),
                 hup: signal(SignalKind::hangup()).ok(),
+                reload: None,
             }
         }
         #[cfg(not(unix))]
-        Self {}
+        Self { reload: None }
     }
 
     /// Returns at SIGTERM or SIGINT.
@@ -355,8 +397,9 @@ impl Signals {
             tokio::select! {
                 () = term => return,
                 _ = tokio::signal::ctrl_c() => return,
-                Some(()) = hup => {
-                    tracing::warn!("SIGHUP ignored: the configuration is read at start only; restart the collector to apply changes");
+                Some(()) = hup => match &self.reload {
+                    Some(reload) => reload.apply(),
+                    None => tracing::warn!("SIGHUP ignored: the configuration is read at start only (SIGHUP re-reads sampling policies when the collector samples); restart the collector to apply changes"),
                 }
             }
         }

@@ -10,9 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hermes_pipeline::clock::{Clock as _, TokioClock};
-use hermes_pipeline::derived::DerivedMetrics;
-use hermes_pipeline::driver::{Driver, Steps};
-use hermes_pipeline::ledger::Ledger;
+use hermes_pipeline::driver::Driver;
 use hermes_pipeline::stats::PipelineStats;
 use hermes_processor::{ProcessorConfig, SpanProcessor};
 use hermes_receiver::{Ingested, check_batch};
@@ -41,15 +39,13 @@ async fn run(ops: &[Op]) {
     let stats = Arc::new(PipelineStats::default());
     let clock = TokioClock::starting_at(T0);
     let driver = Driver {
-        steps: Steps {
-            correlation: correlation(),
-            derived: DerivedMetrics::default(),
-            processor: SpanProcessor::new(&processing()).unwrap(),
-        },
         tick: TICK,
         stats: stats.clone(),
-        ledger: Ledger::Memory,
-        clock,
+        ..Driver::in_memory(
+            correlation(),
+            SpanProcessor::new(&processing()).unwrap(),
+            clock,
+        )
     };
     // One batch in flight: the stage has taken each before the next step.
     let (ingest, ingest_rx) = mpsc::channel(1);

@@ -13,9 +13,7 @@ use hermes_correlator::{Config, Correlation, Correlator, FinishedSpan, to_resour
 use hermes_e2e::ingest::{FIXTURES, events_at, events_of, fixture_records};
 use hermes_e2e::{AttrsExt, SpanTree};
 use hermes_pipeline::clock::TokioClock;
-use hermes_pipeline::derived::DerivedMetrics;
-use hermes_pipeline::driver::{Driver, Steps};
-use hermes_pipeline::ledger::Ledger;
+use hermes_pipeline::driver::Driver;
 use hermes_processor::{ProcessorConfig, SpanProcessor};
 use hermes_proto::v1;
 use hermes_receiver::Ingested;
@@ -256,20 +254,14 @@ fn correlate_arrivals(arrivals: &[v1::Event]) -> Vec<Vec<u8>> {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let driver = Driver {
-            steps: Steps {
-                correlation: Correlation::new(
-                    Sequencer::new(SequencerConfig::default()),
-                    Correlator::new(Config::default()),
-                ),
-                derived: DerivedMetrics::default(),
-                processor: SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
-            },
-            tick: std::time::Duration::from_millis(100),
-            stats: Default::default(),
-            ledger: Ledger::Memory,
-            clock: TokioClock::starting_at(0),
-        };
+        let driver = Driver::in_memory(
+            Correlation::new(
+                Sequencer::new(SequencerConfig::default()),
+                Correlator::new(Config::default()),
+            ),
+            SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
+            TokioClock::starting_at(0),
+        );
         let (ingest, ingest_rx) = tokio::sync::mpsc::channel(arrivals.len() + 1);
         let (export, mut exported) = tokio::sync::mpsc::channel(arrivals.len() + 1);
         for e in arrivals {

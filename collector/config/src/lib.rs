@@ -19,6 +19,7 @@
 //! | [`exporters`] | the span exporters (OTLP, file, console) and the metrics exporter |
 //! | [`stages`] | correlator limits, batching, queue, shutdown, runtime, logging |
 //! | [`metrics`] | the bounds of the derived metrics' labels ([`Bounds`]) |
+//! | [`sampling`] | tail sampling's policies ([`SamplingConfig`]) |
 //! | [`validated`] | [`Validated`]: the configuration with its secrets, TLS material and addresses read once |
 //! | [`settings`] | conversions of the sections into each stage's settings (receiver limits, correlator, sequencer, exporter stage, persistent queue) |
 //! | [`schema`] | the JSON schema of the file (`hermes-collector schema`) |
@@ -42,6 +43,7 @@ pub mod interpolate;
 pub mod listeners;
 pub mod metrics;
 mod routing_schema;
+pub mod sampling;
 pub mod schema;
 pub mod settings;
 pub mod stages;
@@ -54,6 +56,7 @@ mod tests;
 pub use exporters::*;
 pub use listeners::*;
 pub use metrics::*;
+pub use sampling::{PolicyConfig, SamplingConfig};
 pub use schema::json_schema;
 pub use settings::DiskQueueSettings;
 pub use stages::*;
@@ -111,6 +114,8 @@ pub struct Config {
     /// (OpenInference, Langfuse), redaction, truncation.
     #[schemars(with = "schema::ProcessingSchema")]
     pub processing: hermes_processor::ProcessorConfig,
+    /// Which turns are exported (tail sampling). Without it every turn is.
+    pub sampling: Option<SamplingConfig>,
     /// Where spans go. With none configured, the embedded default runs: spans
     /// appended to a JSON-lines file and each finished turn printed.
     pub exporters: ExportersConfig,
@@ -312,6 +317,9 @@ impl Config {
             .metrics_auth
             .token_at("admin.metrics_auth", env)?;
         self.metrics.validate()?;
+        if let Some(sampling) = &self.sampling {
+            sampling.validate()?;
+        }
         let (r, c, b) = (&self.receiver, &self.correlator, &self.batch);
         for (key, value) in [
             ("receiver.max_message_bytes", r.max_message_bytes as u64),

@@ -2,7 +2,8 @@
 //! settings: the receiver's [`Limits`](hermes_receiver::Limits), the
 //! correlator's and the sequencer's configs, the exporter stage's
 //! [`ExporterSettings`](hermes_exporter::ExporterSettings), the persistent
-//! queue's [`DiskQueueSettings`].
+//! queue's [`DiskQueueSettings`], the sampler's
+//! [`SamplingSettings`](hermes_sampling::SamplingSettings).
 //!
 //! Owns: the mapping of keys to stage fields and of their units (`_ms`,
 //! `_secs`, `_mib`) to the stages' `Duration`s and bytes. Pure: no I/O, no
@@ -130,6 +131,28 @@ impl Config {
             },
             drain_timeout: self.shutdown.grace(),
             ..Default::default()
+        }
+    }
+}
+
+impl Config {
+    /// The sampler's settings (`sampling.*`): no policies without the
+    /// section (every turn kept). A held trace waits for its root at most
+    /// `correlator.state_ttl_secs` after its last span: by then the
+    /// correlator has closed its turn.
+    pub fn sampling_settings(&self) -> hermes_sampling::SamplingSettings {
+        let defaults = hermes_sampling::SamplingSettings::default();
+        hermes_sampling::SamplingSettings {
+            policies: self
+                .sampling
+                .as_ref()
+                .map(crate::SamplingConfig::policies)
+                .unwrap_or_default(),
+            max_held_spans: self
+                .sampling
+                .as_ref()
+                .map_or(defaults.max_held_spans, |s| s.max_held_spans),
+            max_wait_nanos: self.correlator.state_ttl_secs.saturating_mul(1_000_000_000),
         }
     }
 }

@@ -7,7 +7,8 @@
 //! while anything is open, held or unsettled (an idle stage does not wake,
 //! and state that only its TTL closes wakes it once, at the TTL); finished
 //! spans pass the [`SpanProcessor`] (attribute sets, redaction, truncation)
-//! and go to the exporters as OTLP `ResourceSpans`. Awaiting a place in the
+//! and the derived metrics, then the tail [`Sampler`], and go to the
+//! exporters as OTLP `ResourceSpans`. Awaiting a place in the
 //! export channel is the backpressure: when the exporters fall behind, this
 //! stage stops reading, the ingest channel fills, and the receiver stops
 //! reading from the shims.
@@ -26,8 +27,9 @@ use std::time::Duration;
 use hermes_correlator::{Correlation, Expiry, FinishedSpan, to_resource_spans};
 use hermes_processor::SpanProcessor;
 use hermes_receiver::Ingested;
+use hermes_sampling::{Policy, Sampler};
 use hermes_span::trace::v1::ResourceSpans;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
@@ -37,11 +39,13 @@ use crate::stats::PipelineStats;
 
 /// What the stage runs, in order: events through the sequencer and the
 /// correlator; finished spans through the processor, then recorded in the
-/// derived metrics.
+/// derived metrics (every span counts), then through the sampler, which
+/// holds each trace until it is decided and passes on the kept ones whole.
 pub struct Steps {
     pub correlation: Correlation,
     pub derived: DerivedMetrics,
     pub processor: SpanProcessor,
+    pub sampler: Sampler,
 }
 
 /// The correlation stage, ready to run.
@@ -52,6 +56,9 @@ pub struct Driver<C> {
     pub stats: Arc<PipelineStats>,
     pub ledger: Ledger,
     pub clock: C,
+    /// New sampling policies (a live change of the configuration), taken
+    /// before the next batch is sampled.
+    pub policies: Option<watch::Receiver<Vec<Policy>>>,
 }
 
 /// What the stage hands back when it ends: its ledger and the lowest lsn
@@ -61,7 +68,31 @@ pub struct Ended {
     pub open: Option<u64>,
 }
 
+/// The lower of two optional lsns.
+fn lowest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    a.into_iter().chain(b).min()
+}
+
 impl<C: Clock> Driver<C> {
+    /// A stage on the in-memory ledger with fresh derived metrics and
+    /// stats, no sampling and a 100 ms tick: what tests, benches and fuzz
+    /// targets run (set the public fields for anything else).
+    pub fn in_memory(correlation: Correlation, processor: SpanProcessor, clock: C) -> Self {
+        Self {
+            steps: Steps {
+                correlation,
+                derived: DerivedMetrics::default(),
+                processor,
+                sampler: Sampler::keep_all(),
+            },
+            tick: Duration::from_millis(100),
+            stats: Arc::default(),
+            ledger: Ledger::Memory,
+            clock,
+            policies: None,
+        }
+    }
+
     /// Runs the stage until the ingest channel closes, ticking timers every
     /// `tick` while there is anything for them to do (see [`Expiry`]).
     /// Cancelling `stop` closes the ingest channel: what it holds is still
@@ -79,11 +110,13 @@ impl<C: Clock> Driver<C> {
                     mut correlation,
                     mut derived,
                     mut processor,
+                    mut sampler,
                 },
             tick,
             stats,
             mut ledger,
             clock,
+            mut policies,
         } = self;
         let mut timer = tokio::time::interval(tick);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -91,12 +124,20 @@ impl<C: Clock> Driver<C> {
         let mut ticked = false;
         let mut stopped = false;
         loop {
+            // What open state, held events and held traces need.
+            let open = lowest(correlation.min_open_lsn(), sampler.min_held_lsn());
             // Nothing open, held or unsettled: a tick would do nothing, so
             // the timer stops until the next batch (an idle collector
-            // sleeps), or until the TTL of what only the TTL closes.
+            // sleeps), or until the TTL of what only the TTL closes, or the
+            // wait of a held trace whose root will not come.
             let expiry = match correlation.expiry() {
-                _ if !ledger.is_settled(correlation.min_open_lsn()) => Expiry::EveryTick,
-                expiry => expiry,
+                _ if !ledger.is_settled(open) => Expiry::EveryTick,
+                Expiry::EveryTick => Expiry::EveryTick,
+                expiry => match (expiry, sampler.deadline()) {
+                    (Expiry::At(at), Some(wait)) => Expiry::At(at.min(wait)),
+                    (_, Some(wait)) => Expiry::At(wait),
+                    (expiry, None) => expiry,
+                },
             };
             let due = async {
                 match expiry {
@@ -133,10 +174,14 @@ impl<C: Clock> Driver<C> {
                     correlation.push_batch(&shim, floor, batch.events, lsn, now, &mut out);
                 }
                 () = due => {
-                    correlation.tick(clock.now_unix_nanos(), &mut out);
-                    if let Some(below) = ledger.pressure(correlation.correlator().min_lsn()) {
+                    let now = clock.now_unix_nanos();
+                    correlation.tick(now, &mut out);
+                    sampler.expire(now);
+                    let pinned = lowest(correlation.correlator().min_lsn(), sampler.min_held_lsn());
+                    if let Some(below) = ledger.pressure(pinned) {
                         let before = out.len();
                         correlation.evict_below_lsn(below, &mut out);
+                        sampler.decide_below(below, now);
                         tracing::warn!(
                             below,
                             spans = out.len() - before,
@@ -147,17 +192,27 @@ impl<C: Clock> Driver<C> {
                 }
             }
             stats.publish(&correlation);
-            if !out.is_empty() {
+            if let Some(policies) = policies.as_mut()
+                && policies.has_changed().unwrap_or(false)
+            {
+                sampler.set_policies(policies.borrow_and_update().clone());
+            }
+            if !out.is_empty() || sampler.has_ready() {
                 let mut spans = std::mem::take(&mut out);
                 ledger.suppress_exported(&mut spans);
-                if !spans.is_empty() {
-                    let batch = processed(&mut processor, &mut derived, spans);
+                let processed = if spans.is_empty() {
+                    Vec::new()
+                } else {
+                    processed(&mut processor, &mut derived, spans)
+                };
+                let batch = sampler.admit(processed, ledger.low_water(), clock.now_unix_nanos());
+                if !batch.is_empty() {
                     ledger.sending(&batch);
                     if export.send(batch).await.is_err() {
                         tracing::error!(
                             "exporter stage is gone; spans of the remaining events are lost"
                         );
-                        let open = correlation.min_open_lsn();
+                        let open = lowest(correlation.min_open_lsn(), sampler.min_held_lsn());
                         return Ended { ledger, open };
                     }
                 }
@@ -166,24 +221,34 @@ impl<C: Clock> Driver<C> {
             // it closed is counted as sent (else the watermark could pass
             // records of spans not exported yet).
             if std::mem::take(&mut ticked) {
-                ledger.settle(correlation.min_open_lsn());
+                ledger.settle(lowest(correlation.min_open_lsn(), sampler.min_held_lsn()));
             }
         }
         if ledger.keeps_open_state() {
-            // Open state stays open: the queue keeps its records for the
-            // next start.
-            let open = correlation.min_open_lsn();
+            // Open state stays open, held traces undecided: the queue keeps
+            // their records for the next start.
+            let open = lowest(correlation.min_open_lsn(), sampler.min_held_lsn());
             return Ended { ledger, open };
         }
         correlation.flush_all(&mut out);
         stats.publish(&correlation);
-        if !out.is_empty() {
-            let n = out.len();
-            if export
-                .send(processed(&mut processor, &mut derived, out))
-                .await
-                .is_err()
-            {
+        let processed = if out.is_empty() {
+            Vec::new()
+        } else {
+            processed(&mut processor, &mut derived, out)
+        };
+        let now = clock.now_unix_nanos();
+        let mut batch = sampler.admit(processed, ledger.low_water(), now);
+        // Traces whose root never came are decided with what they have.
+        sampler.decide_all(now);
+        batch.extend(sampler.admit(Vec::new(), ledger.low_water(), now));
+        if !batch.is_empty() {
+            let n: usize = batch
+                .iter()
+                .flat_map(|rs| &rs.scope_spans)
+                .map(|ss| ss.spans.len())
+                .sum();
+            if export.send(batch).await.is_err() {
                 tracing::error!(
                     spans = n,
                     "exporter stage is gone; spans closed at shutdown are lost"

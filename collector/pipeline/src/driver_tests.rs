@@ -22,8 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::clock::TokioClock;
+use crate::derived::samples::text;
 use crate::ledger::{Durable, Ledger};
 use crate::writer::{QueueStats, Recovered, Settle};
+use hermes_sampling::{Rule, SamplingSettings};
 
 const SEC: u64 = 1_000_000_000;
 const TTL: Duration = Duration::from_secs(60);
@@ -51,6 +53,21 @@ struct Stage {
 /// Starts the stage with `ledger`; its clock reads the capture time of
 /// `events`' last event now, so received and capture times agree.
 fn start(ledger: Ledger, events: &[Event]) -> Stage {
+    start_sampling(
+        ledger,
+        events,
+        Sampler::keep_all(),
+        DerivedMetrics::default(),
+    )
+}
+
+/// [`start`] with `sampler` and the derived metrics `derived`.
+fn start_sampling(
+    ledger: Ledger,
+    events: &[Event],
+    sampler: Sampler,
+    derived: DerivedMetrics,
+) -> Stage {
     let last = events.last().map_or(0, |e| e.time_unix_nano);
     let correlation = Correlation::new(
         Sequencer::new(SequencerConfig::default()),
@@ -60,17 +77,17 @@ fn start(ledger: Ledger, events: &[Event]) -> Stage {
             ..Default::default()
         }),
     );
-    let driver = Driver {
-        steps: Steps {
-            correlation,
-            derived: DerivedMetrics::default(),
-            processor: SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
-        },
+    let mut driver = Driver {
         tick: TICK,
-        stats: Arc::new(PipelineStats::default()),
         ledger,
-        clock: TokioClock::starting_at(last),
+        ..Driver::in_memory(
+            correlation,
+            SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
+            TokioClock::starting_at(last),
+        )
     };
+    driver.steps.sampler = sampler;
+    driver.steps.derived = derived;
     let (ingest, ingest_rx) = mpsc::channel(64);
     let (export_tx, export) = mpsc::channel(64);
     let stop = CancellationToken::new();
@@ -273,4 +290,40 @@ async fn the_watermark_passes_a_turn_once_the_exporters_are_done_with_it() {
     drop(stage.ingest);
     let ended = stage.task.await.unwrap();
     assert_eq!(ended.open, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_turn_is_counted_exports_nothing_and_frees_its_records() {
+    let events = basic_events();
+    let n = events.len() as u64;
+    let (ledger, mut settles) = disk_ledger(Arc::new(AtomicU64::new(0)));
+    let derived = DerivedMetrics::default();
+    let errors_only = Sampler::new(SamplingSettings {
+        policies: vec![Policy {
+            name: "errors".into(),
+            rule: Rule::StatusCode,
+        }],
+        ..Default::default()
+    });
+    let sampling = errors_only.stats();
+    let mut stage = start_sampling(ledger, &events, errors_only, derived.clone());
+    feed(&stage, events).await;
+    let spans = exported_within(&mut stage.export, GRACE + 4 * TICK).await;
+    assert!(spans.is_empty(), "a clean turn is dropped whole: {spans:?}");
+    assert_eq!(sampling.turns_dropped.load(Ordering::Relaxed), 1);
+    assert!(
+        text(&derived).contains("hermes_turn_duration_seconds_count{"),
+        "the derived metrics count the dropped turn:\n{}",
+        text(&derived)
+    );
+    // Nothing was sent, so nothing waits at the exporters: the watermark
+    // passes every record of the dropped turn.
+    let mut below = 0;
+    while let Ok(settle) = settles.try_recv() {
+        assert!(settle.exported.is_empty());
+        below = below.max(settle.below);
+    }
+    assert_eq!(below, n + 1, "the dropped turn's records may go");
+    drop(stage.ingest);
+    assert_eq!(stage.task.await.unwrap().open, None);
 }

@@ -89,6 +89,16 @@ impl Ledger {
         }
     }
 
+    /// A lower bound of the lsns of the events any span finished from now
+    /// on was built from: the watermark of the last settle (0 in memory).
+    /// What the sampler holds keeps it, so that the queue keeps its records.
+    pub fn low_water(&self) -> u64 {
+        match self {
+            Self::Memory => 0,
+            Self::Disk(disk) => disk.watermark,
+        }
+    }
+
     /// Records an export message about to be sent.
     pub fn sending(&mut self, batch: &[ResourceSpans]) {
         if let Self::Disk(disk) = self {

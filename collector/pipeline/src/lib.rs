@@ -8,7 +8,8 @@
 //! - [`Topology::build`] (`topology.rs`): the composition root, from a
 //!   validated configuration to bound, not yet running stages.
 //! - [`Topology::run`] (`supervise.rs`): the supervisor and the drain.
-//! - [`driver`]: the correlation stage on an injected [`clock`], with the
+//! - [`driver`]: the correlation stage on an injected [`clock`] (its last
+//!   step before the export channel: `hermes_sampling`'s tail sampler), with the
 //!   [`ledger`] that owns the persistent queue's sequence numbers,
 //!   watermark and export markers; [`writer`]: the persistent queue's
 //!   writer.

@@ -111,6 +111,8 @@ impl Topology {
             correlation,
             writer,
             metrics_export,
+            // Not taken: the policies stay as configured.
+            policies: _,
         } = self;
         let exporter_stats = exporter_stage.stats();
         let drain_deadline = exporter_stage.drain_deadline();

@@ -19,8 +19,10 @@ use hermes_correlator::{Correlation, Correlator};
 use hermes_exporter::ExporterStage;
 use hermes_metrics::collector;
 use hermes_receiver::{Ingest, Ingested, ListenAddr, Listener, ReceiverStats};
+use hermes_sampling::{Policy, Sampler};
 use hermes_span::trace::v1::ResourceSpans;
-use tokio::sync::mpsc;
+use prometheus_client::collector::Collector;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{AdminState, QueueProbe, Queues, Readiness};
@@ -42,6 +44,8 @@ pub struct Topology {
     pub(crate) correlation: CorrelationPart,
     pub(crate) writer: Option<WriterPart>,
     pub(crate) metrics_export: Option<OtlpMetricsExport>,
+    /// Live changes of the sampling policies, until taken.
+    pub(crate) policies: Option<watch::Sender<Vec<Policy>>>,
 }
 
 pub(crate) struct ReceiverPart {
@@ -99,10 +103,11 @@ impl Topology {
         let config = &config;
         let processor =
             hermes_processor::SpanProcessor::new(&config.processing).context("processing")?;
-        let persistent = match config.queue.disk() {
-            None => None,
-            Some(disk) => Some(open_queue(config, disk)?),
-        };
+        let persistent = config
+            .queue
+            .disk()
+            .map(|disk| open_queue(config, disk))
+            .transpose()?;
 
         // Bind first: a taken port fails the start before anything runs.
         let listener = Listener::bind(&listen).await.with_context(|| {
@@ -131,112 +136,32 @@ impl Topology {
             QueueProbe::from_sender("ingest", &ingest_tx),
             QueueProbe::from_sender("export", &export_tx),
         ];
-
-        let stage = ExporterStage::new(sinks, config.exporter_settings());
+        let stage = exporter_stage(config, sinks, &readiness);
         let exporter_stats = stage.stats();
-        // A span file that cannot be written (a full disk): not ready while
-        // its last batch failed, so probes say what the counters and log say.
-        readiness.require("the span file cannot be written", {
-            let stats = exporter_stats.clone();
-            move || {
-                !stats
-                    .sinks()
-                    .iter()
-                    .any(|sink| sink.name() == "file" && sink.failing())
-            }
-        });
+        let (metrics_export, derived) = derived_metrics(config, otlp_metrics)?;
 
-        // The derived metrics, also pushed over OTLP when configured.
-        let bounds = config.metrics.bounds();
-        let (metrics_export, derived) = match otlp_metrics {
-            Some(hermes_config::OtlpMetricsExport {
-                config: otlp, tls, ..
-            }) => {
-                let (export, meter) = OtlpMetricsExport::start(&otlp, tls, bounds.max_series)
-                    .context("OTLP metrics exporter")?;
-                tracing::info!(
-                    destination = %hermes_exporter::shown_endpoint(&config.shown(&otlp.endpoint)),
-                    protocol = ?otlp.protocol,
-                    interval_ms = otlp.interval_ms,
-                    "exporting the derived metrics over OTLP"
-                );
-                (Some(export), DerivedMetrics::new(bounds).with_meter(&meter))
-            }
-            None => (None, DerivedMetrics::new(bounds)),
-        };
-
-        // With the persistent queue, the writer sits between the receiver
-        // and the correlation stage.
         let mut stage_metrics = Vec::new();
-        let (ledger, writer, correlation_rx) = match persistent {
-            None => (Ledger::Memory, None, ingest_rx),
-            Some((writer, recovered)) => {
-                let (logged_tx, logged_rx) = mpsc::channel(config.receiver.queue_batches);
-                let (settle_tx, settle_rx) = mpsc::channel(16);
-                let queue = writer.stats();
-                probes.push(QueueStats::fill_probe(&queue));
-                stage_metrics.push(collector(queue.clone()));
-                let ledger = Ledger::disk(Durable {
-                    settle: settle_tx,
-                    done: {
-                        let stats = exporter_stats.clone();
-                        Box::new(move || stats.done_through())
-                    },
-                    recovered,
-                    queue,
-                });
-                let part = WriterPart {
-                    writer,
-                    ingest: ingest_rx,
-                    settle: settle_rx,
-                    out: logged_tx,
-                };
-                (ledger, Some(part), logged_rx)
-            }
-        };
-        let pipeline_stats = Arc::new(PipelineStats::default());
-        let driver = Driver {
-            steps: Steps {
+        let (correlation, writer, policies) = correlation_part(
+            config,
+            Steps {
                 correlation: Correlation::new(
                     Sequencer::new(config.correlator.sequencer()),
                     Correlator::new(config.correlator.correlator()),
                 ),
                 derived: derived.clone(),
                 processor,
+                sampler: Sampler::new(config.sampling_settings()),
             },
-            tick: config.correlator.tick(),
-            stats: pipeline_stats.clone(),
-            ledger,
-            clock: WallClock,
-        };
-
-        let receiver_stats = Arc::new(ReceiverStats::default());
-        let limits = config.receiver.limits();
-        if let ListenAddr::Tcp(addr) = &listen
-            && !addr.ip().is_loopback()
-            && receiver_tls.is_none()
-        {
-            tracing::warn!(
-                listen = %config.shown(&addr.to_string()),
-                authenticated = token.is_some(),
-                "the ingest listens beyond loopback in plaintext: events (and the bearer token, if any) can be read on the network; see docs/SECURITY.md"
-            );
-        }
-        let authenticated = token.is_some();
-        let memory_limit = config.receiver.memory_limit_bytes().map(|bytes| {
-            hermes_receiver::MemoryLimit::new(bytes, hermes_config::settings::MEMORY_LIMIT_INTERVAL)
-        });
-        let delivery = config.queue.delivery();
-        let linger = limits.connections.shutdown_linger + Duration::from_millis(500);
-        let shutdown = CancellationToken::new();
-        let ingest = Ingest::new(ingest_tx, limits, receiver_stats.clone(), shutdown.clone())
-            .with_token(token)
-            .with_delivery(delivery)
-            .with_memory_limit(memory_limit);
+            persistent,
+            (ingest_rx, export_tx),
+            &exporter_stats,
+            (&mut probes, &mut stage_metrics),
+        );
+        let receiver = receiver_part(config, listen, listener, token, receiver_tls, ingest_tx)?;
 
         stage_metrics.extend([
-            collector(receiver_stats.clone()),
-            collector(pipeline_stats.clone()),
+            collector(receiver.stats.clone()),
+            collector(correlation.stats.clone()),
             collector(exporter_stats.clone()),
             collector(Arc::new(Queues(probes))),
         ]);
@@ -252,38 +177,182 @@ impl Topology {
                 .with_metrics_token(metrics_token),
             listener: admin_listener,
         };
-        let shown_listen = config.shown(
-            &listener
-                .local_addr()
-                .context("listener address")?
-                .to_string(),
-        );
         Ok(Self {
             grace: config.shutdown.grace(),
             readiness,
-            receiver: ReceiverPart {
-                ingest,
-                listener,
-                shutdown,
-                mutual_tls: receiver_tls.as_ref().is_some_and(|t| t.mutual),
-                tls: receiver_tls.map(|t| t.server),
-                stats: receiver_stats,
-                linger,
-                authenticated,
-                shown_listen,
-            },
+            receiver,
             admin,
             exporter: (stage, export_rx),
-            correlation: CorrelationPart {
-                driver,
-                ingest: correlation_rx,
-                export: export_tx,
-                stats: pipeline_stats,
-            },
+            correlation,
             writer,
             metrics_export,
+            policies: Some(policies),
         })
     }
+
+    /// Where a live change of the sampling policies goes (SIGHUP): the
+    /// correlation stage takes them before it samples its next batch. Once.
+    pub fn take_policy_updates(&mut self) -> Option<watch::Sender<Vec<Policy>>> {
+        self.policies.take()
+    }
+}
+
+/// The exporter stage over `sinks`; a span file that cannot be written (a
+/// full disk) makes the collector not ready while its last batch failed, so
+/// probes say what the counters and log say.
+fn exporter_stage(
+    config: &Config,
+    sinks: Vec<hermes_exporter::Sink>,
+    readiness: &Readiness,
+) -> ExporterStage {
+    let stage = ExporterStage::new(sinks, config.exporter_settings());
+    let stats = stage.stats();
+    readiness.require("the span file cannot be written", move || {
+        !stats
+            .sinks()
+            .iter()
+            .any(|sink| sink.name() == "file" && sink.failing())
+    });
+    stage
+}
+
+/// The derived metrics, also pushed over OTLP when configured.
+fn derived_metrics(
+    config: &Config,
+    otlp_metrics: Option<hermes_config::OtlpMetricsExport>,
+) -> anyhow::Result<(Option<OtlpMetricsExport>, DerivedMetrics)> {
+    let bounds = config.metrics.bounds();
+    Ok(match otlp_metrics {
+        Some(hermes_config::OtlpMetricsExport {
+            config: otlp, tls, ..
+        }) => {
+            let (export, meter) = OtlpMetricsExport::start(&otlp, tls, bounds.max_series)
+                .context("OTLP metrics exporter")?;
+            tracing::info!(
+                destination = %hermes_exporter::shown_endpoint(&config.shown(&otlp.endpoint)),
+                protocol = ?otlp.protocol,
+                interval_ms = otlp.interval_ms,
+                "exporting the derived metrics over OTLP"
+            );
+            (Some(export), DerivedMetrics::new(bounds).with_meter(&meter))
+        }
+        None => (None, DerivedMetrics::new(bounds)),
+    })
+}
+
+/// The correlation stage running `steps` between `ingest` and `export`,
+/// with the persistent queue's writer in front of it when there is one
+/// (its fill probe and metrics added to `probes` and `metrics`, as the
+/// sampler's are), and where its live policy changes go.
+#[allow(clippy::type_complexity)]
+fn correlation_part(
+    config: &Config,
+    steps: Steps,
+    persistent: Option<(Writer, Recovered)>,
+    (ingest, export): (mpsc::Receiver<Ingested>, mpsc::Sender<Vec<ResourceSpans>>),
+    exporter_stats: &Arc<hermes_exporter::ExporterStats>,
+    (probes, metrics): (&mut Vec<QueueProbe>, &mut Vec<Box<dyn Collector>>),
+) -> (
+    CorrelationPart,
+    Option<WriterPart>,
+    watch::Sender<Vec<Policy>>,
+) {
+    let (ledger, writer, ingest) = match persistent {
+        None => (Ledger::Memory, None, ingest),
+        Some((writer, recovered)) => {
+            let (logged_tx, logged_rx) = mpsc::channel(config.receiver.queue_batches);
+            let (settle_tx, settle_rx) = mpsc::channel(16);
+            let queue = writer.stats();
+            probes.push(QueueStats::fill_probe(&queue));
+            metrics.push(collector(queue.clone()));
+            let ledger = Ledger::disk(Durable {
+                settle: settle_tx,
+                done: {
+                    let stats = exporter_stats.clone();
+                    Box::new(move || stats.done_through())
+                },
+                recovered,
+                queue,
+            });
+            let part = WriterPart {
+                writer,
+                ingest,
+                settle: settle_rx,
+                out: logged_tx,
+            };
+            (ledger, Some(part), logged_rx)
+        }
+    };
+    if steps.sampler.is_sampling() {
+        metrics.push(collector(steps.sampler.stats()));
+    }
+    let (policies, updates) = watch::channel(Vec::new());
+    let stats = Arc::new(PipelineStats::default());
+    let driver = Driver {
+        steps,
+        tick: config.correlator.tick(),
+        stats: stats.clone(),
+        ledger,
+        clock: WallClock,
+        policies: Some(updates),
+    };
+    let part = CorrelationPart {
+        driver,
+        ingest,
+        export,
+        stats,
+    };
+    (part, writer, policies)
+}
+
+/// The ingest receiver on `listener`, feeding `ingest`.
+fn receiver_part(
+    config: &Config,
+    listen: ListenAddr,
+    listener: Listener,
+    token: Option<hermes_receiver::BearerToken>,
+    receiver_tls: Option<hermes_config::ReceiverTls>,
+    ingest: mpsc::Sender<Ingested>,
+) -> anyhow::Result<ReceiverPart> {
+    let stats = Arc::new(ReceiverStats::default());
+    let limits = config.receiver.limits();
+    if let ListenAddr::Tcp(addr) = &listen
+        && !addr.ip().is_loopback()
+        && receiver_tls.is_none()
+    {
+        tracing::warn!(
+            listen = %config.shown(&addr.to_string()),
+            authenticated = token.is_some(),
+            "the ingest listens beyond loopback in plaintext: events (and the bearer token, if any) can be read on the network; see docs/SECURITY.md"
+        );
+    }
+    let authenticated = token.is_some();
+    let memory_limit = config.receiver.memory_limit_bytes().map(|bytes| {
+        hermes_receiver::MemoryLimit::new(bytes, hermes_config::settings::MEMORY_LIMIT_INTERVAL)
+    });
+    let linger = limits.connections.shutdown_linger + Duration::from_millis(500);
+    let shutdown = CancellationToken::new();
+    let ingest = Ingest::new(ingest, limits, stats.clone(), shutdown.clone())
+        .with_token(token)
+        .with_delivery(config.queue.delivery())
+        .with_memory_limit(memory_limit);
+    let shown_listen = config.shown(
+        &listener
+            .local_addr()
+            .context("listener address")?
+            .to_string(),
+    );
+    Ok(ReceiverPart {
+        ingest,
+        listener,
+        shutdown,
+        mutual_tls: receiver_tls.as_ref().is_some_and(|t| t.mutual),
+        tls: receiver_tls.map(|t| t.server),
+        stats,
+        linger,
+        authenticated,
+        shown_listen,
+    })
 }
 
 /// Opens the persistent queue (`queue.kind: disk`).

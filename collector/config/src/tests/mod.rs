@@ -285,5 +285,6 @@ fn metric_label_bounds_are_checked() {
 }
 
 mod export_security;
+mod sampling;
 mod schema;
 mod validated;
