@@ -36,10 +36,35 @@ impl AgentRig {
     /// it over OTLP/gRPC, and Hermes `hermes_version` configured for the
     /// server, the shim not enabled.
     pub fn start(script: Value, hermes_version: &str) -> AgentRig {
+        Self::start_collector(script, hermes_version, |work, receiver| {
+            Collector::start(work, &["--otlp-endpoint", &receiver.endpoint()])
+        })
+    }
+
+    /// As [`start_enabled`](Self::start_enabled), the collector run with a
+    /// configuration file: an OTLP/gRPC exporter to the receiver, then
+    /// `sections` (YAML of the other top-level sections).
+    pub fn start_configured(script: Value, hermes_version: &str, sections: &str) -> AgentRig {
+        let rig = Self::start_collector(script, hermes_version, |work, receiver| {
+            let otlp = format!(
+                "exporters:\n  otlp:\n    endpoint: {}\n{sections}",
+                receiver.endpoint()
+            );
+            Collector::start_with_sections(work, &otlp)
+        });
+        rig.home.enable_plugin("hermes_collector");
+        rig
+    }
+
+    fn start_collector(
+        script: Value,
+        hermes_version: &str,
+        collector: impl FnOnce(&std::path::Path, &OtlpReceiver) -> Collector,
+    ) -> AgentRig {
         let server = FakeOpenAi::start(script);
         let receiver = OtlpReceiver::start();
         let work = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let collector = Collector::start(work.path(), &["--otlp-endpoint", &receiver.endpoint()]);
+        let collector = collector(work.path(), &receiver);
         let home = HermesHome::with_hermes(hermes_version, &server.base_url(), server.model());
         AgentRig {
             server,
