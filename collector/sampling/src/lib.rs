@@ -50,6 +50,21 @@ pub struct Policy {
     pub rule: Rule,
 }
 
+impl Policy {
+    /// `rules` as policies named `p0`, `p1`, … in order (tests and tools
+    /// that need no names of their own).
+    pub fn numbered(rules: impl IntoIterator<Item = Rule>) -> Vec<Policy> {
+        rules
+            .into_iter()
+            .enumerate()
+            .map(|(i, rule)| Policy {
+                name: format!("p{i}"),
+                rule,
+            })
+            .collect()
+    }
+}
+
 /// The sampler's settings (`sampling.*`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingSettings {

@@ -124,30 +124,39 @@ impl StageMetrics for SamplingStats {
             ),
             |c| c.passed,
         )?;
-        m.counter(
-            "sampling_turns_dropped",
-            "Turns (whole traces) no sampling policy kept: none of their spans was exported.",
-            load(&self.turns_dropped),
-        )?;
-        m.counter(
-            "sampling_spans_dropped",
-            "Spans not exported because sampling dropped their turn.",
-            load(&self.spans_dropped),
-        )?;
-        m.counter(
-            "sampling_decided_early",
-            "Turns decided before their root span came (hold full, idle past the wait, queue short of room, or shutdown).",
-            load(&self.decided_early),
-        )?;
-        m.gauge(
-            "sampling_held_spans",
-            "Spans held until their turn is decided.",
-            load(&self.held_spans),
-        )?;
-        m.gauge(
-            "sampling_held_turns",
-            "Turns whose spans are held until they are decided.",
-            load(&self.held_turns),
-        )
+        for (name, help, value) in [
+            (
+                "sampling_turns_dropped",
+                "Turns (whole traces) no sampling policy kept: none of their spans was exported.",
+                &self.turns_dropped,
+            ),
+            (
+                "sampling_spans_dropped",
+                "Spans not exported because sampling dropped their turn.",
+                &self.spans_dropped,
+            ),
+            (
+                "sampling_decided_early",
+                "Turns decided before their root span came (hold full, idle past the wait, queue short of room, or shutdown).",
+                &self.decided_early,
+            ),
+        ] {
+            m.counter(name, help, load(value))?;
+        }
+        for (name, help, value) in [
+            (
+                "sampling_held_spans",
+                "Spans held until their turn is decided.",
+                &self.held_spans,
+            ),
+            (
+                "sampling_held_turns",
+                "Turns whose spans are held until they are decided.",
+                &self.held_turns,
+            ),
+        ] {
+            m.gauge(name, help, load(value))?;
+        }
+        Ok(())
     }
 }

@@ -328,11 +328,7 @@ proptest! {
         cut in 1usize..6,
     ) {
         let mut s = Sampler::new(SamplingSettings {
-            policies: rules
-                .into_iter()
-                .enumerate()
-                .map(|(i, rule)| Policy { name: format!("p{i}"), rule })
-                .collect(),
+            policies: Policy::numbered(rules),
             max_held_spans,
             max_wait_nanos: 60 * SEC,
         });
