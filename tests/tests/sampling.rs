@@ -19,7 +19,7 @@ use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlation, Correlator};
 use hermes_e2e::collector::Collector;
 use hermes_e2e::events::{self, end_body, ids, shim, tool, tool_done, turn_body, with_call};
-use hermes_e2e::ingest::{FIXTURES, events_of, exchange, fixture_records};
+use hermes_e2e::ingest::{FIXTURES, block_on, events_of, exchange, fixture_records};
 use hermes_e2e::rig::{AgentRig, WAIT, session_id};
 use hermes_e2e::{AttrsExt, DEFAULT_HERMES_VERSION, OtlpReceiver, wait_until};
 use hermes_pipeline::clock::TokioClock;
@@ -113,12 +113,12 @@ fn errors_only_keeps_the_retried_turn_whole_and_drops_a_clean_one() {
 const SESSIONS: usize = 2000;
 const PERCENT: f64 = 10.0;
 
-/// Two turns of each of [`SESSIONS`] sessions, each turn a tool call
-/// (closed before the turn) and the turn's end, in capture order with
-/// increasing seqs, in batches of 500 events.
-fn sessions() -> Vec<v1::EventBatch> {
+/// Two turns of each of the sessions `numbers` of agent `instance`, each
+/// turn a tool call (closed before the turn) and the turn's end, in
+/// capture order with increasing seqs, in batches of 500 events.
+fn sessions(instance: &str, numbers: std::ops::Range<usize>) -> Vec<v1::EventBatch> {
     let mut stream = Vec::new();
-    for n in 0..SESSIONS {
+    for n in numbers {
         let session = format!("session-{n}");
         for turn in 1..=2u64 {
             let turn_id = format!("{session}:task:{turn}");
@@ -145,7 +145,7 @@ fn sessions() -> Vec<v1::EventBatch> {
     stream
         .chunks(500)
         .map(|events| v1::EventBatch {
-            shim: Some(shim("agent-1")),
+            shim: Some(shim(instance)),
             events: events.to_vec(),
             ..Default::default()
         })
@@ -185,7 +185,7 @@ fn kept_sessions(batches: Vec<v1::EventBatch>) -> BTreeMap<String, usize> {
 
 #[test]
 fn probabilistic_sampling_keeps_whole_sessions_alike_on_every_collector() {
-    let first = kept_sessions(sessions());
+    let first = kept_sessions(sessions("agent-1", 0..SESSIONS));
     // Two spans a turn (the turn and its tool), four a session: every kept
     // session whole.
     for (session, spans) in &first {
@@ -200,19 +200,83 @@ fn probabilistic_sampling_keeps_whole_sessions_alike_on_every_collector() {
         .filter(|s| randomness(s) >= threshold(PERCENT))
         .collect();
     assert_eq!(first.keys().cloned().collect::<BTreeSet<_>>(), expected);
-    let second = kept_sessions(sessions());
+    let second = kept_sessions(sessions("agent-1", 0..SESSIONS));
     assert_eq!(first, second, "a second collector decides alike");
+}
+
+#[test]
+fn sighup_changes_the_policies_and_an_invalid_file_keeps_them() {
+    let receiver = OtlpReceiver::start();
+    let work = tempfile::tempdir().unwrap();
+    let mut collector = Collector::start_with_sections(
+        work.path(),
+        &format!(
+            "exporters:\n  otlp:\n    endpoint: {}\nsampling:\n  policies:\n    - {{name: errors, type: status_code}}\n",
+            receiver.endpoint()
+        ),
+    );
+    let file = work.path().join("collector.yaml");
+    let configured = std::fs::read_to_string(&file).unwrap();
+    let reload = |collector: &mut Collector, policy: &str, logged: &str| {
+        let text = configured.replace("{name: errors, type: status_code}", policy);
+        std::fs::write(&file, text).unwrap();
+        assert!(collector.guard.signal("HUP"));
+        assert!(
+            collector
+                .guard
+                .wait_for_stderr(WAIT, |e| e.contains(logged)),
+            "{}",
+            collector.guard.stderr_text()
+        );
+    };
+    let send = |collector: &Collector, instance: &str, session: usize, decided: f64| {
+        exchange(
+            &collector.endpoint,
+            None,
+            sessions(instance, session..session + 1),
+        )
+        .unwrap();
+        await_decisions(collector, decided);
+    };
+    // Clean turns: errors-only drops them.
+    send(&collector, "agent-1", 0, 2.0);
+    assert_eq!(
+        collector.metric("hermes_collector_sampling_turns_dropped_total"),
+        2.0
+    );
+    reload(
+        &mut collector,
+        "{name: all, type: probabilistic, percent: 100}",
+        "sampling policies re-read",
+    );
+    send(&collector, "agent-2", 1, 4.0);
+    assert_eq!(
+        collector.metric("hermes_collector_sampling_turns_kept_total"),
+        2.0
+    );
+    // An invalid section: logged naming the key, the policies stay.
+    reload(
+        &mut collector,
+        "{name: all, type: probabilistic, percent: 200}",
+        "sampling.policies[0].percent",
+    );
+    send(&collector, "agent-3", 2, 6.0);
+    assert_eq!(
+        collector.metric("hermes_collector_sampling_turns_kept_total"),
+        4.0
+    );
+    assert!(wait_until(WAIT, POLL, || receiver.spans().len() >= 8));
+    for (_, span) in receiver.spans() {
+        assert_eq!(span.str_attr("hermes.sampling.policy"), Some("all"));
+        assert_ne!(span.str_attr("session.id"), Some("session-0"));
+    }
 }
 
 /// The spans the correlation stage exports of `events` (one batch per
 /// event, as captured) with `sampler`: their span ids by trace id.
 fn exported(events: &[v1::Event], sampler: Sampler) -> BTreeMap<Vec<u8>, Vec<Vec<u8>>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    // Ending the stage closes what is open: no timer has to run.
+    block_on(async {
         let mut driver = Driver::in_memory(
             Correlation::new(
                 Sequencer::new(SequencerConfig::default()),
@@ -290,11 +354,7 @@ proptest! {
         let events = events_of(&fixture_records(fixture));
         let whole = exported(&events, Sampler::keep_all());
         let sampler = Sampler::new(SamplingSettings {
-            policies: rules
-                .into_iter()
-                .enumerate()
-                .map(|(i, rule)| Policy { name: format!("p{i}"), rule })
-                .collect(),
+            policies: Policy::numbered(rules),
             max_held_spans,
             ..Default::default()
         });
