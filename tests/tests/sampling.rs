@@ -7,12 +7,16 @@
 //!   events into two collector processes) keeps the configured share within
 //!   statistical bounds, keeps or drops whole sessions, and gives both
 //!   collectors the same decisions, those the documented hash gives;
+//! - a bad `sampling` section stops `validate` and the start with exit 64
+//!   naming the key; SIGHUP changes the policies live, and a bad section
+//!   then keeps the running ones;
 //! - property: whatever the policies and the hold's bound, the correlation
 //!   stage never exports part of a trace of the recorded runs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
 use std::time::Duration;
 
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
@@ -21,7 +25,10 @@ use hermes_e2e::collector::Collector;
 use hermes_e2e::events::{self, end_body, ids, shim, tool, tool_done, turn_body, with_call};
 use hermes_e2e::ingest::{FIXTURES, block_on, events_of, exchange, fixture_records};
 use hermes_e2e::rig::{AgentRig, WAIT, session_id};
-use hermes_e2e::{AttrsExt, DEFAULT_HERMES_VERSION, OtlpReceiver, wait_until};
+use hermes_e2e::{
+    AttrsExt, DEFAULT_HERMES_VERSION, OtlpReceiver, cargo_bin, free_port, run_with_timeout,
+    wait_until,
+};
 use hermes_pipeline::clock::TokioClock;
 use hermes_pipeline::driver::Driver;
 use hermes_processor::{ProcessorConfig, SpanProcessor};
@@ -269,6 +276,50 @@ fn sighup_changes_the_policies_and_an_invalid_file_keeps_them() {
     for (_, span) in receiver.spans() {
         assert_eq!(span.str_attr("hermes.sampling.policy"), Some("all"));
         assert_ne!(span.str_attr("session.id"), Some("session-0"));
+    }
+}
+
+#[test]
+fn a_bad_sampling_section_exits_64_naming_the_key() {
+    let work = tempfile::tempdir().unwrap();
+    let config = work.path().join("collector.yaml");
+    let errors = "    - {name: errors, type: status_code}\n";
+    for (key, policies) in [
+        ("sampling.policies", String::new()),
+        (
+            "sampling.policies[1].percent",
+            format!("{errors}    - {{name: some, type: probabilistic, percent: 150}}\n"),
+        ),
+        (
+            "sampling.policies[1].name",
+            format!("{errors}    - {{type: latency, threshold_ms: 5}}\n"),
+        ),
+        (
+            "sampling.policies[0].policies[1].type",
+            "    - {name: a, type: and, policies: [{type: status_code}, {type: rate_limiting, turns_per_second: 1}]}\n"
+                .to_owned(),
+        ),
+    ] {
+        let policies = if policies.is_empty() {
+            " []\n".to_owned()
+        } else {
+            format!("\n{policies}")
+        };
+        std::fs::write(
+            &config,
+            format!(
+                "receiver:\n  listen: 127.0.0.1:{}\nadmin:\n  listen: 127.0.0.1:0\nsampling:\n  policies:{policies}",
+                free_port()
+            ),
+        )
+        .unwrap();
+        let path = config.to_str().unwrap();
+        for args in [vec!["validate", "--config", path], vec!["--config", path]] {
+            let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
+            cmd.current_dir(work.path()).args(&args);
+            let out = run_with_timeout(&mut cmd, Duration::from_secs(20));
+            out.assert_refused_naming(&format!("{args:?}"), &format!("`{key}`"));
+        }
     }
 }
 
