@@ -244,7 +244,6 @@ fn derived_metrics(
 /// with the persistent queue's writer in front of it when there is one
 /// (its fill probe and metrics added to `probes` and `metrics`, as the
 /// sampler's are), and where its live policy changes go.
-#[allow(clippy::type_complexity)]
 fn correlation_part(
     config: &Config,
     steps: Steps,
