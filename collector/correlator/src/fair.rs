@@ -156,6 +156,17 @@ impl Closed {
     }
 }
 
+/// A budget [`Correlator::enforce_budgets`] keeps: what an instance uses of
+/// it and what all use, its limits, and how an instance's oldest state goes
+/// (false: nothing left to evict).
+struct Budget {
+    used: fn(&Usage) -> usize,
+    total: fn(&Ledger) -> usize,
+    per_agent: usize,
+    all: usize,
+    evict: fn(&mut Correlator, &str, &mut Vec<FinishedSpan>) -> bool,
+}
+
 /// Which budget an eviction enforces (its counter).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Reason {
@@ -169,31 +180,38 @@ impl Correlator {
     /// global one, the instance holding the most loses its oldest.
     pub(crate) fn enforce_budgets(&mut self, instance: &str, out: &mut Vec<FinishedSpan>) {
         let c = &self.config;
-        let (per_sessions, all_sessions) = (c.max_sessions_per_agent, c.max_sessions);
-        let (per_bytes, all_bytes) = (c.max_bytes_per_agent, c.max_bytes);
-        while self.ledger.of(instance).sessions > per_sessions {
-            if !self.evict_oldest_session(instance, out) {
+        let budgets = [
+            Budget {
+                used: |u| u.sessions,
+                total: |l| l.sessions,
+                per_agent: c.max_sessions_per_agent,
+                all: c.max_sessions,
+                evict: Self::evict_oldest_session,
+            },
+            Budget {
+                used: |u| u.bytes,
+                total: |l| l.bytes,
+                per_agent: c.max_bytes_per_agent,
+                all: c.max_bytes,
+                evict: Self::evict_oldest_state,
+            },
+        ];
+        for budget in &budgets {
+            self.enforce(instance, budget, out);
+        }
+    }
+
+    fn enforce(&mut self, instance: &str, budget: &Budget, out: &mut Vec<FinishedSpan>) {
+        while (budget.used)(&self.ledger.of(instance)) > budget.per_agent {
+            if !(budget.evict)(self, instance, out) {
                 break;
             }
         }
-        while self.ledger.sessions > all_sessions {
-            let Some(heaviest) = self.ledger.heaviest(|u| u.sessions) else {
+        while (budget.total)(&self.ledger) > budget.all {
+            let Some(heaviest) = self.ledger.heaviest(budget.used) else {
                 break;
             };
-            if !self.evict_oldest_session(&heaviest, out) {
-                break;
-            }
-        }
-        while self.ledger.of(instance).bytes > per_bytes {
-            if !self.evict_oldest_state(instance, out) {
-                break;
-            }
-        }
-        while self.ledger.bytes > all_bytes {
-            let Some(heaviest) = self.ledger.heaviest(|u| u.bytes) else {
-                break;
-            };
-            if !self.evict_oldest_state(&heaviest, out) {
+            if !(budget.evict)(self, &heaviest, out) {
                 break;
             }
         }
