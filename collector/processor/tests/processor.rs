@@ -820,9 +820,7 @@ proptest! {
         limit in hermes_processor::MIN_ATTRIBUTE_BYTES..200,
     ) {
         let text = doc.to_string();
-        let mut end = cut.index(text.len());
-        while !text.is_char_boundary(end) { end -= 1; }
-        let broken = &text[..end];
+        let broken = &text[..text.floor_char_boundary(cut.index(text.len()))];
         let out = cut_through_processor(broken, limit);
         // A strict prefix of a container is never valid JSON: plain cut.
         prop_assert!(out.len() <= limit);
