@@ -234,6 +234,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use hermes_e2e::json::arb_json;
     use proptest::prelude::*;
 
     fn cut(s: &str, limit: usize) -> String {
@@ -317,32 +318,9 @@ mod tests {
         }
     }
 
-    fn arb_json() -> impl Strategy<Value = serde_json::Value> {
-        let leaf = prop_oneof![
-            Just(serde_json::Value::Null),
-            any::<bool>().prop_map(serde_json::Value::Bool),
-            any::<i64>().prop_map(serde_json::Value::from),
-            any::<f64>()
-                .prop_filter("finite", |f| f.is_finite())
-                .prop_map(serde_json::Value::from),
-            ".{0,40}".prop_map(serde_json::Value::String),
-        ];
-        leaf.prop_recursive(5, 128, 10, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..10).prop_map(serde_json::Value::Array),
-                prop::collection::vec((".{0,12}", inner), 0..10)
-                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
     proptest! {
         #[test]
         fn any_budget_from_two_gives_valid_json(doc in arb_json(), limit in 2usize..400) {
-            let doc = match doc {
-                v @ (serde_json::Value::Array(_) | serde_json::Value::Object(_)) => v,
-                other => serde_json::Value::Array(vec![other]),
-            };
             let text = doc.to_string();
             let out = cut(&text, limit);
             if text.len() <= limit {
