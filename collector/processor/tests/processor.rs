@@ -1,6 +1,7 @@
 //! Behaviour of the span processor through its public API.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use hermes_e2e::json::arb_json;
 use hermes_processor::{
     AttributeSet, ConfigError, ProcessorConfig, RedactionConfig, SpanProcessor,
     TRUNCATED_ATTRIBUTES,
@@ -146,6 +147,21 @@ fn get_str<'a>(sp: &'a Span, key: &str) -> &'a str {
     match get(sp, key) {
         Some(Value::StringValue(v)) => v,
         other => panic!("{key}: {other:?}"),
+    }
+}
+
+/// `span`, alone in a batch, through a processor with every attribute set.
+fn through_all_sets(span: Span) -> Span {
+    let mut b = batch(vec![span]);
+    processor(all_sets()).process(&mut b);
+    b[0].scope_spans[0].spans[0].clone()
+}
+
+/// Each `(key, value)` is a string attribute of `sp` (the key named when
+/// one is not).
+fn assert_strs(sp: &Span, expected: &[(&str, &str)]) {
+    for (key, value) in expected {
+        assert_eq!(get_str(sp, key), *value, "{key}");
     }
 }
 
@@ -369,13 +385,16 @@ fn keys_matching_rules_have_their_whole_value_replaced() {
 
 #[test]
 fn openinference_and_langfuse_for_a_chat_span() {
-    let mut b = batch(vec![chat_span()]);
-    processor(all_sets()).process(&mut b);
-    let sp = &b[0].scope_spans[0].spans[0];
+    let sp = &through_all_sets(chat_span());
 
-    assert_eq!(get_str(sp, "openinference.span.kind"), "LLM");
-    assert_eq!(get_str(sp, "llm.model_name"), "claude-sonnet-4-20250514");
-    assert_eq!(get_str(sp, "llm.provider"), "anthropic");
+    assert_strs(
+        sp,
+        &[
+            ("openinference.span.kind", "LLM"),
+            ("llm.model_name", "claude-sonnet-4-20250514"),
+            ("llm.provider", "anthropic"),
+        ],
+    );
     assert_eq!(get_int(sp, "llm.token_count.prompt"), 1200);
     assert_eq!(get_int(sp, "llm.token_count.completion"), 300);
     assert_eq!(get_int(sp, "llm.token_count.total"), 1500);
@@ -403,11 +422,16 @@ fn openinference_and_langfuse_for_a_chat_span() {
     );
     assert_eq!(get_str(sp, "output.mime_type"), "application/json");
 
-    assert_eq!(get_str(sp, "langfuse.observation.type"), "generation");
-    assert_eq!(get_str(sp, "langfuse.session.id"), "sess-1");
-    assert_eq!(
-        get_str(sp, "langfuse.observation.model.name"),
-        "claude-sonnet-4-20250514"
+    assert_strs(
+        sp,
+        &[
+            ("langfuse.observation.type", "generation"),
+            ("langfuse.session.id", "sess-1"),
+            (
+                "langfuse.observation.model.name",
+                "claude-sonnet-4-20250514",
+            ),
+        ],
     );
     let usage: serde_json::Value =
         serde_json::from_str(get_str(sp, "langfuse.observation.usage_details")).unwrap();
@@ -428,25 +452,30 @@ fn openinference_and_langfuse_for_a_chat_span() {
 
 #[test]
 fn openinference_and_langfuse_for_a_tool_span() {
-    let mut b = batch(vec![tool_span(r#"{"command":"ls"}"#)]);
-    processor(all_sets()).process(&mut b);
-    let sp = &b[0].scope_spans[0].spans[0];
+    let sp = &through_all_sets(tool_span(r#"{"command":"ls"}"#));
 
-    assert_eq!(get_str(sp, "openinference.span.kind"), "TOOL");
-    assert_eq!(get_str(sp, "tool.name"), "terminal");
-    assert_eq!(get_str(sp, "tool.id"), "call_1");
-    assert_eq!(get_str(sp, "input.value"), r#"{"command":"ls"}"#);
-    assert_eq!(get_str(sp, "input.mime_type"), "application/json");
-    assert_eq!(get_str(sp, "output.value"), "done");
-    assert_eq!(get_str(sp, "output.mime_type"), "text/plain");
+    assert_strs(
+        sp,
+        &[
+            ("openinference.span.kind", "TOOL"),
+            ("tool.name", "terminal"),
+            ("tool.id", "call_1"),
+            ("input.value", r#"{"command":"ls"}"#),
+            ("input.mime_type", "application/json"),
+            ("output.value", "done"),
+            ("output.mime_type", "text/plain"),
+        ],
+    );
     assert!(get(sp, "llm.model_name").is_none());
 
-    assert_eq!(get_str(sp, "langfuse.observation.type"), "tool");
-    assert_eq!(
-        get_str(sp, "langfuse.observation.input"),
-        r#"{"command":"ls"}"#
+    assert_strs(
+        sp,
+        &[
+            ("langfuse.observation.type", "tool"),
+            ("langfuse.observation.input", r#"{"command":"ls"}"#),
+            ("langfuse.observation.output", "done"),
+        ],
     );
-    assert_eq!(get_str(sp, "langfuse.observation.output"), "done");
     assert!(get(sp, "langfuse.observation.usage_details").is_none());
 }
 
@@ -454,29 +483,34 @@ fn openinference_and_langfuse_for_a_tool_span() {
 fn openinference_and_langfuse_for_a_turn_span() {
     let mut turn = turn_span();
     turn.attributes.push(s("user.id", "u-7"));
-    let mut b = batch(vec![turn]);
-    processor(all_sets()).process(&mut b);
-    let sp = &b[0].scope_spans[0].spans[0];
+    let sp = &through_all_sets(turn);
 
-    assert_eq!(get_str(sp, "openinference.span.kind"), "AGENT");
-    assert_eq!(get_str(sp, "agent.name"), "hermes");
-    assert_eq!(get_str(sp, "input.value"), "list the files");
-    assert_eq!(get_str(sp, "input.mime_type"), "text/plain");
-    assert_eq!(get_str(sp, "output.value"), "{\"files\":[\"a\",\"b\"]}");
-    assert_eq!(get_str(sp, "output.mime_type"), "application/json");
+    assert_strs(
+        sp,
+        &[
+            ("openinference.span.kind", "AGENT"),
+            ("agent.name", "hermes"),
+            ("input.value", "list the files"),
+            ("input.mime_type", "text/plain"),
+            ("output.value", "{\"files\":[\"a\",\"b\"]}"),
+            ("output.mime_type", "application/json"),
+        ],
+    );
     // No token counts on the root: backends would double count.
     assert!(get(sp, "llm.token_count.prompt").is_none());
 
     assert_eq!(get_str(sp, "langfuse.observation.type"), "agent");
     // The trace is named after the agent's service (`routing.langfuse`).
-    assert_eq!(get_str(sp, "langfuse.trace.name"), "hermes-agent");
-    assert_eq!(get_str(sp, "langfuse.session.id"), "sess-1");
-    assert_eq!(get_str(sp, "langfuse.user.id"), "u-7");
-    assert_eq!(get_str(sp, "langfuse.observation.input"), "list the files");
-    assert_eq!(get_str(sp, "langfuse.observation.level"), "ERROR");
-    assert_eq!(
-        get_str(sp, "langfuse.observation.status_message"),
-        "turn failed"
+    assert_strs(
+        sp,
+        &[
+            ("langfuse.trace.name", "hermes-agent"),
+            ("langfuse.session.id", "sess-1"),
+            ("langfuse.user.id", "u-7"),
+            ("langfuse.observation.input", "list the files"),
+            ("langfuse.observation.level", "ERROR"),
+            ("langfuse.observation.status_message", "turn failed"),
+        ],
     );
     assert!(get(sp, "langfuse.observation.model.name").is_none());
 }
@@ -719,31 +753,6 @@ fn the_documented_example_is_the_defaults_with_every_set() {
     let end = start + readme[start..].find("```").unwrap();
     let file: File = serde_yaml::from_str(&readme[start..end]).unwrap();
     assert_eq!(file.processing, all_sets());
-}
-
-fn arb_json() -> impl Strategy<Value = serde_json::Value> {
-    let leaf = prop_oneof![
-        Just(serde_json::Value::Null),
-        any::<bool>().prop_map(serde_json::Value::Bool),
-        any::<i64>().prop_map(serde_json::Value::from),
-        any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
-            .prop_map(serde_json::Value::from),
-        "\\PC{0,60}".prop_map(serde_json::Value::String),
-        "[\"\\\\\\n\\t\\u{1}-\\u{1f}a-z]{0,30}".prop_map(serde_json::Value::String),
-    ];
-    let tree = leaf.prop_recursive(6, 200, 12, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..12).prop_map(serde_json::Value::Array),
-            prop::collection::vec(("\\PC{0,16}", inner), 0..12)
-                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
-        ]
-    });
-    // The top level is an object or an array: that is what is kept JSON.
-    tree.prop_map(|v| match v {
-        v @ (serde_json::Value::Array(_) | serde_json::Value::Object(_)) => v,
-        other => json!({ "value": other }),
-    })
 }
 
 fn no_redaction() -> RedactionConfig {
