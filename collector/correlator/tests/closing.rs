@@ -18,8 +18,7 @@ use hermes_span::trace::v1::status::StatusCode;
 
 #[test]
 fn turn_without_session_end_closes_after_grace_and_ttl() {
-    let mut f = Feed::new();
-    f.turn_start(0, TURN);
+    let mut f = Feed::in_turn();
     f.turn_end(100, TURN);
     // Another agent's turn, still open.
     let other = v1::Ids {
@@ -64,8 +63,7 @@ fn open_turn_limit_evicts_the_oldest() {
 #[test]
 fn finalize_and_reset_close_open_turns_of_the_session() {
     for hook in ["on_session_finalize", "on_session_reset"] {
-        let mut f = Feed::new();
-        f.turn_start(0, TURN);
+        let mut f = Feed::in_turn();
         f.ev(hook, 50, session_ids(SESSION), None);
         let root = f.one("invoke_agent hermes");
         assert_eq!(boolean(root, "hermes.incomplete"), Some(true), "{hook}");
@@ -76,20 +74,15 @@ fn finalize_and_reset_close_open_turns_of_the_session() {
 
 #[test]
 fn next_turn_of_the_session_closes_a_turn_that_never_ended() {
-    let mut f = Feed::new();
-    f.turn_start(0, TURN);
+    let mut f = Feed::in_turn();
     f.api_start(10, API1, 1, 10);
-    f.api_end(
-        "api_request_error",
-        50,
-        API1,
-        v1::ApiCall {
-            status_code: Some(400),
-            retryable: Some(false),
-            reason: "format_error".into(),
-            ..api(1, 10, 49)
-        },
-    );
+    let call = v1::ApiCall {
+        status_code: Some(400),
+        retryable: Some(false),
+        reason: "format_error".into(),
+        ..api(1, 10, 49)
+    };
+    f.api_error(50, API1, call);
     // Hermes' failure path fires neither post_llm_call nor on_session_end.
     assert!(
         f.out

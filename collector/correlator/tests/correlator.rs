@@ -10,7 +10,7 @@ mod common;
 use common::Feed;
 use common::turn::{API1, API2, SESSION, TURN, api, ids};
 use hermes_correlator::ids::{SpanKey, span_id, trace_id};
-use hermes_e2e::events::{MS, T0, end_body, session_ids};
+use hermes_e2e::events::{self, MS, T0, end_body, session_ids};
 use hermes_e2e::span_attrs::{attr, boolean, int, string};
 use hermes_proto::v1::{self, event::Body};
 use hermes_span::trace::v1::status::StatusCode;
@@ -40,30 +40,22 @@ fn basic_turn(f: &mut Feed) {
     );
     f.turn_start(2, TURN);
     f.api_start(12, API1, 1, 10);
-    f.api_end(
-        "post_api_request",
-        316,
-        API1,
-        v1::ApiCall {
-            usage: Some(usage(1212, 17)),
-            finish_reason: "tool_calls".into(),
-            response_model: "fake-model-1".into(),
-            ..api(1, 10, 310)
-        },
-    );
+    let call = v1::ApiCall {
+        usage: Some(usage(1212, 17)),
+        finish_reason: "tool_calls".into(),
+        response_model: "fake-model-1".into(),
+        ..api(1, 10, 310)
+    };
+    f.api_done(316, API1, call);
     f.tool_start(320, TURN, "call_1", "terminal");
     f.tool_end(395, TURN, "call_1", "terminal", "ok", Some(72));
     f.api_start(400, API2, 1, 399);
-    f.api_end(
-        "post_api_request",
-        450,
-        API2,
-        v1::ApiCall {
-            usage: Some(usage(1300, 20)),
-            finish_reason: "stop".into(),
-            ..api(1, 399, 449)
-        },
-    );
+    let call = v1::ApiCall {
+        usage: Some(usage(1300, 20)),
+        finish_reason: "stop".into(),
+        ..api(1, 399, 449)
+    };
+    f.api_done(450, API2, call);
     f.turn_end(455, TURN);
     f.session_end(456, TURN, true, false);
 }
@@ -152,32 +144,23 @@ fn same_events_give_same_spans() {
 
 #[test]
 fn retried_request_gives_one_span_per_attempt() {
-    let mut f = Feed::new();
-    f.turn_start(0, TURN);
+    let mut f = Feed::in_turn();
     f.api_start(10, API1, 1, 8);
-    f.api_end(
-        "api_request_error",
-        300,
-        API1,
-        v1::ApiCall {
-            status_code: Some(500),
-            retryable: Some(true),
-            reason: "server_error".into(),
-            error_type: "InternalServerError".into(),
-            error_message: "Error code: 500".into(),
-            ..api(1, 8, 299)
-        },
-    );
+    let call = v1::ApiCall {
+        status_code: Some(500),
+        retryable: Some(true),
+        reason: "server_error".into(),
+        error_type: "InternalServerError".into(),
+        error_message: "Error code: 500".into(),
+        ..api(1, 8, 299)
+    };
+    f.api_error(300, API1, call);
     f.api_start(2500, API1, 2, 8);
-    f.api_end(
-        "post_api_request",
-        2570,
-        API1,
-        v1::ApiCall {
-            usage: Some(usage(100, 5)),
-            ..api(2, 8, 2569)
-        },
-    );
+    let call = v1::ApiCall {
+        usage: Some(usage(100, 5)),
+        ..api(2, 8, 2569)
+    };
+    f.api_done(2570, API1, call);
     f.session_end(2600, TURN, true, false);
     let chats = f.spans_starting("chat");
     assert_eq!(chats.len(), 2);
@@ -206,19 +189,14 @@ fn retried_request_gives_one_span_per_attempt() {
 
 #[test]
 fn lean_mode_builds_attempts_from_end_events() {
-    let mut f = Feed::new();
-    f.turn_start(0, TURN);
-    f.api_end(
-        "api_request_error",
-        300,
-        API1,
-        v1::ApiCall {
-            status_code: Some(429),
-            reason: "rate_limit".into(),
-            ..api(1, 8, 299)
-        },
-    );
-    f.api_end("post_api_request", 1400, API1, api(2, 8, 1399));
+    let mut f = Feed::in_turn();
+    let call = v1::ApiCall {
+        status_code: Some(429),
+        reason: "rate_limit".into(),
+        ..api(1, 8, 299)
+    };
+    f.api_error(300, API1, call);
+    f.api_done(1400, API1, api(2, 8, 1399));
     f.session_end(1500, TURN, true, false);
     let chats = f.spans_starting("chat");
     assert_eq!(chats[0].start_time_unix_nano, T0 + 8 * MS);
@@ -231,8 +209,7 @@ fn lean_mode_builds_attempts_from_end_events() {
 
 #[test]
 fn parallel_tools_post_out_of_order() {
-    let mut f = Feed::new();
-    f.turn_start(0, TURN);
+    let mut f = Feed::in_turn();
     f.tool_start(10, TURN, "call_a", "read_file");
     f.tool_start(11, TURN, "call_b", "read_file");
     f.tool_end(100, TURN, "call_b", "read_file", "ok", Some(80));
@@ -271,8 +248,7 @@ fn missing_start_is_built_from_the_end_event() {
 
 #[test]
 fn missing_end_is_closed_at_turn_end() {
-    let mut f = Feed::new();
-    f.turn_start(0, TURN);
+    let mut f = Feed::in_turn();
     f.tool_start(10, TURN, "call_1", "terminal");
     f.api_start(20, API1, 1, 20);
     f.session_end(90, TURN, false, true);
@@ -293,13 +269,7 @@ fn subagent_turns_nest_under_the_delegate_tool() {
     let child_turn = "20261129_200231_cccccc:sa-1:aaaa";
     f.turn_start(0, TURN);
     f.tool_start(10, TURN, "call_d", "delegate_task");
-    let link = v1::Ids {
-        parent_session_id: SESSION.into(),
-        parent_turn_id: TURN.into(),
-        child_session_id: child_session.into(),
-        child_subagent_id: "sa-1".into(),
-        ..Default::default()
-    };
+    let link = events::link(SESSION, TURN, child_session, "sa-1");
     f.ev(
         "subagent_start",
         11,
@@ -309,12 +279,7 @@ fn subagent_turns_nest_under_the_delegate_tool() {
             ..Default::default()
         })),
     );
-    let cids = v1::Ids {
-        session_id: child_session.into(),
-        task_id: "sa-1".into(),
-        turn_id: child_turn.into(),
-        ..Default::default()
-    };
+    let cids = events::ids(child_session, "sa-1", child_turn);
     f.ev(
         "pre_llm_call",
         12,
@@ -371,8 +336,7 @@ fn subagent_turns_nest_under_the_delegate_tool() {
 
 #[test]
 fn unknown_hooks_become_turn_events() {
-    let mut f = Feed::new();
-    f.turn_start(0, TURN);
+    let mut f = Feed::in_turn();
     let mut other = v1::Other::default();
     other.fields.insert(
         "answer".into(),
@@ -395,8 +359,7 @@ fn unknown_hooks_become_turn_events() {
 
 #[test]
 fn interrupted_attempt_counts_and_keeps_its_server() {
-    let mut f = Feed::new();
-    f.turn_start(0, TURN);
+    let mut f = Feed::in_turn();
     f.api_start(10, API1, 1, 10);
     f.session_end(90, TURN, true, true);
     let chat = f.one("chat fake-model-1");
@@ -412,7 +375,7 @@ fn a_child_never_starts_before_its_turn() {
     let mut f = Feed::new();
     f.turn_start(100, TURN);
     // Hermes' own started_at (another clock reading) lies before the turn.
-    f.api_end("post_api_request", 200, API1, api(1, 40, 190));
+    f.api_done(200, API1, api(1, 40, 190));
     f.session_end(300, TURN, true, false);
     let chat = f.one("chat fake-model-1");
     let root = f.one("invoke_agent hermes");
@@ -426,8 +389,7 @@ fn a_child_never_starts_before_its_turn() {
 
 #[test]
 fn a_turn_never_ends_before_its_children() {
-    let mut f = Feed::new();
-    f.turn_start(0, TURN);
+    let mut f = Feed::in_turn();
     f.turn_end(100, TURN);
     // A worker thread's late post (or a clock step) ends a tool after the turn.
     f.tool_start(50, TURN, "call_1", "terminal");
@@ -440,8 +402,7 @@ fn a_turn_never_ends_before_its_children() {
 
 #[test]
 fn blocked_and_cancelled_tools_are_not_errors() {
-    let mut f = Feed::new();
-    f.turn_start(0, TURN);
+    let mut f = Feed::in_turn();
     f.tool_start(10, TURN, "call_b", "terminal");
     f.tool_end(11, TURN, "call_b", "terminal", "blocked", Some(0));
     f.tool_start(12, TURN, "call_c", "terminal");

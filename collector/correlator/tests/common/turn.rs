@@ -39,6 +39,13 @@ pub fn api(attempt: u32, started_ms: u64, ended_ms: u64) -> v1::ApiCall {
 
 /// The events of the rule tests' turn, one call each.
 impl super::Feed {
+    /// A feed in which [`TURN`] has started (`pre_llm_call` at 0 ms).
+    pub fn in_turn() -> Self {
+        let mut f = Self::new();
+        f.turn_start(0, TURN);
+        f
+    }
+
     /// `pre_llm_call` of `turn`.
     pub fn turn_start(&mut self, t_ms: u64, turn: &str) {
         self.ev("pre_llm_call", t_ms, ids(turn), events::turn_body());
@@ -87,9 +94,15 @@ impl super::Feed {
         self.ev("pre_api_request", t_ms, api_ids(api_request_id), body);
     }
 
-    /// `hook` (`post_api_request` or `api_request_error`) of API request
-    /// `api_request_id`, ending `call`.
-    pub fn api_end(&mut self, hook: &str, t_ms: u64, api_request_id: &str, call: v1::ApiCall) {
-        self.ev(hook, t_ms, api_ids(api_request_id), events::api_body(call));
+    /// `post_api_request` of API request `api_request_id`, ending `call`.
+    pub fn api_done(&mut self, t_ms: u64, api_request_id: &str, call: v1::ApiCall) {
+        let body = events::api_body(call);
+        self.ev("post_api_request", t_ms, api_ids(api_request_id), body);
+    }
+
+    /// `api_request_error` of API request `api_request_id`, failing `call`.
+    pub fn api_error(&mut self, t_ms: u64, api_request_id: &str, call: v1::ApiCall) {
+        let body = events::api_body(call);
+        self.ev("api_request_error", t_ms, api_ids(api_request_id), body);
     }
 }
