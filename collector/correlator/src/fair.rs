@@ -54,14 +54,26 @@ impl Usage {
     fn is_empty(&self) -> bool {
         self.turns == 0 && self.sessions == 0 && self.bytes == 0
     }
+
+    fn add(&mut self, turns: usize, sessions: usize, bytes: usize) {
+        self.turns += turns;
+        self.sessions += sessions;
+        self.bytes += bytes;
+    }
+
+    fn sub(&mut self, turns: usize, sessions: usize, bytes: usize) {
+        self.turns = self.turns.saturating_sub(turns);
+        self.sessions = self.sessions.saturating_sub(sessions);
+        self.bytes = self.bytes.saturating_sub(bytes);
+    }
 }
 
 /// The usage of every instance holding something, and the totals.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     pub agents: Map<String, Usage>,
-    pub sessions: usize,
-    pub bytes: usize,
+    /// What all instances hold together.
+    pub total: Usage,
 }
 
 impl Ledger {
@@ -74,24 +86,18 @@ impl Ledger {
             Some(u) => u,
             None => self.agents.entry(instance.to_owned()).or_default(),
         };
-        u.turns += turns;
-        u.sessions += sessions;
-        u.bytes += bytes;
-        self.sessions += sessions;
-        self.bytes += bytes;
+        u.add(turns, sessions, bytes);
+        self.total.add(turns, sessions, bytes);
     }
 
     pub fn sub(&mut self, instance: &str, turns: usize, sessions: usize, bytes: usize) {
         if let Some(u) = self.agents.get_mut(instance) {
-            u.turns = u.turns.saturating_sub(turns);
-            u.sessions = u.sessions.saturating_sub(sessions);
-            u.bytes = u.bytes.saturating_sub(bytes);
+            u.sub(turns, sessions, bytes);
             if u.is_empty() {
                 self.agents.remove(instance);
             }
         }
-        self.sessions = self.sessions.saturating_sub(sessions);
-        self.bytes = self.bytes.saturating_sub(bytes);
+        self.total.sub(turns, sessions, bytes);
     }
 
     /// The instance holding the most by `measure` (ties: the smallest id,
@@ -156,12 +162,11 @@ impl Closed {
     }
 }
 
-/// A budget [`Correlator::enforce_budgets`] keeps: what an instance uses of
-/// it and what all use, its limits, and how an instance's oldest state goes
-/// (false: nothing left to evict).
+/// A budget [`Correlator::enforce_budgets`] keeps: what it reads of a
+/// usage (an instance's or the total), its limits, and how an instance's
+/// oldest state goes (false: nothing left to evict).
 struct Budget {
     used: fn(&Usage) -> usize,
-    total: fn(&Ledger) -> usize,
     per_agent: usize,
     all: usize,
     evict: fn(&mut Correlator, &str, &mut Vec<FinishedSpan>) -> bool,
@@ -183,14 +188,12 @@ impl Correlator {
         let budgets = [
             Budget {
                 used: |u| u.sessions,
-                total: |l| l.sessions,
                 per_agent: c.max_sessions_per_agent,
                 all: c.max_sessions,
                 evict: Self::evict_oldest_session,
             },
             Budget {
                 used: |u| u.bytes,
-                total: |l| l.bytes,
                 per_agent: c.max_bytes_per_agent,
                 all: c.max_bytes,
                 evict: Self::evict_oldest_state,
@@ -207,7 +210,7 @@ impl Correlator {
                 break;
             }
         }
-        while (budget.total)(&self.ledger) > budget.all {
+        while (budget.used)(&self.ledger.total) > budget.all {
             let Some(heaviest) = self.ledger.heaviest(budget.used) else {
                 break;
             };
