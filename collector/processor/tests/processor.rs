@@ -1,7 +1,6 @@
 //! Behaviour of the span processor through its public API.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use hermes_e2e::json::arb_json;
 use hermes_processor::{
     AttributeSet, ConfigError, ProcessorConfig, RedactionConfig, SpanProcessor,
     TRUNCATED_ATTRIBUTES,
@@ -12,7 +11,6 @@ use hermes_span::resource::v1::Resource;
 use hermes_span::trace::v1::{
     ResourceSpans, ScopeSpans, Span, Status, span::Event, status::StatusCode,
 };
-use proptest::prelude::*;
 use serde_json::json;
 
 fn kv(key: &str, value: Value) -> KeyValue {
@@ -753,86 +751,4 @@ fn the_documented_example_is_the_defaults_with_every_set() {
     let end = start + readme[start..].find("```").unwrap();
     let file: File = serde_yaml::from_str(&readme[start..end]).unwrap();
     assert_eq!(file.processing, all_sets());
-}
-
-fn no_redaction() -> RedactionConfig {
-    RedactionConfig {
-        key_names: vec![],
-        value_patterns: vec![],
-        replacement: String::new(),
-    }
-}
-
-fn cut_through_processor(text: &str, limit: usize) -> String {
-    let mut p = processor(ProcessorConfig {
-        max_attribute_bytes: Some(limit),
-        redaction: no_redaction(),
-        ..Default::default()
-    });
-    let mut sp = span("x", false, vec![s("v", text)]);
-    p.process_span(&mut sp);
-    get_str(&sp, "v").to_owned()
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
-
-    #[test]
-    fn json_values_stay_json_within_the_limit(
-        doc in arb_json(),
-        pretty in any::<bool>(),
-        limit_seed in any::<prop::sample::Index>(),
-    ) {
-        let text = if pretty {
-            serde_json::to_string_pretty(&doc).unwrap()
-        } else {
-            doc.to_string()
-        };
-        let limit = hermes_processor::MIN_ATTRIBUTE_BYTES
-            + limit_seed.index(text.len() + 16);
-        let out = cut_through_processor(&text, limit);
-        if text.len() <= limit {
-            prop_assert_eq!(&out, &text);
-        } else {
-            prop_assert!(out.len() <= limit, "{} > {}: {}", out.len(), limit, out);
-            let parsed = serde_json::from_str::<serde_json::Value>(&out);
-            prop_assert!(parsed.is_ok(), "invalid JSON at limit {}: {}", limit, out);
-            // The same kind of document comes out.
-            let parsed = parsed.unwrap();
-            prop_assert_eq!(parsed.is_object(), doc.is_object());
-        }
-    }
-
-    #[test]
-    fn other_strings_become_a_utf8_prefix_within_the_limit(
-        text in "\\PC{0,400}",
-        limit in hermes_processor::MIN_ATTRIBUTE_BYTES..600,
-    ) {
-        // Not JSON containers: strings starting with `{`/`[` may be JSON.
-        prop_assume!(!text.trim_start().starts_with(['{', '[']));
-        let out = cut_through_processor(&text, limit);
-        prop_assert!(out.len() <= limit);
-        prop_assert!(text.starts_with(&out));
-        if text.len() > limit {
-            // The longest such prefix: one more char would exceed the limit.
-            let next = text[out.len()..].chars().next().unwrap();
-            prop_assert!(out.len() + next.len_utf8() > limit);
-        } else {
-            prop_assert_eq!(out, text);
-        }
-    }
-
-    #[test]
-    fn broken_json_is_cut_as_text(
-        doc in arb_json(),
-        cut in any::<prop::sample::Index>(),
-        limit in hermes_processor::MIN_ATTRIBUTE_BYTES..200,
-    ) {
-        let text = doc.to_string();
-        let broken = &text[..text.floor_char_boundary(cut.index(text.len()))];
-        let out = cut_through_processor(broken, limit);
-        // A strict prefix of a container is never valid JSON: plain cut.
-        prop_assert!(out.len() <= limit);
-        prop_assert!(broken.starts_with(&out));
-    }
 }
