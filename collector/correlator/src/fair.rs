@@ -270,18 +270,8 @@ impl Correlator {
     /// attached yet, or a subagent link (its subagent, when still open, is
     /// closed as incomplete first, so its span is emitted).
     fn evict_oldest_session(&mut self, instance: &str, out: &mut Vec<FinishedSpan>) -> bool {
-        let start = self
-            .pending_starts
-            .iter()
-            .filter(|(_, p)| p.instance == instance)
-            .map(|(k, p)| (p.at, k.clone()))
-            .min();
-        let link = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.instance == instance)
-            .map(|(k, l)| (l.last_seen, k.clone()))
-            .min();
+        let start = oldest_of(&self.pending_starts, instance, |p| (&p.instance, p.at));
+        let link = oldest_of(&self.links, instance, |l| (&l.instance, l.last_seen));
         let taken = match (start, link) {
             (Some(s), Some(l)) if l < s => self.drop_link(&l.1, out),
             (Some(s), _) => self.drop_pending_start(&s.1),
@@ -302,23 +292,26 @@ impl Correlator {
     }
 
     pub(crate) fn drop_pending_start(&mut self, key: &str) -> bool {
-        match self.pending_starts.remove(key) {
-            Some(p) => {
-                self.ledger.sub(&p.instance, 0, 1, p.bytes);
-                true
-            }
-            None => false,
-        }
+        let held = self
+            .pending_starts
+            .remove(key)
+            .map(|p| (p.instance, p.bytes));
+        self.release_session(held)
     }
 
     pub(crate) fn remove_link(&mut self, key: &str) -> bool {
-        match self.links.remove(key) {
-            Some(l) => {
-                self.ledger.sub(&l.instance, 0, 1, l.bytes);
-                true
-            }
-            None => false,
-        }
+        let held = self.links.remove(key).map(|l| (l.instance, l.bytes));
+        self.release_session(held)
+    }
+
+    /// Gives back to the ledger what a removed session entry (a pending
+    /// start or a subagent link) of an instance held; false without one.
+    fn release_session(&mut self, held: Option<(Str, usize)>) -> bool {
+        let Some((instance, bytes)) = held else {
+            return false;
+        };
+        self.ledger.sub(&instance, 0, 1, bytes);
+        true
     }
 
     /// Charges the turn under `key` for what it grew by since it was last
@@ -336,4 +329,18 @@ impl Correlator {
             turn.charged = turn.held;
         }
     }
+}
+
+/// The time and key of `instance`'s oldest entry in `entries`, `held`
+/// giving an entry's instance and time.
+fn oldest_of<V>(
+    entries: &Map<String, V>,
+    instance: &str,
+    held: fn(&V) -> (&Str, u64),
+) -> Option<(u64, String)> {
+    entries
+        .iter()
+        .filter(|(_, v)| held(v).0 == instance)
+        .map(|(k, v)| (held(v).1, k.clone()))
+        .min()
 }
