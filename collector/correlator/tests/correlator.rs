@@ -8,7 +8,7 @@
 mod common;
 
 use common::Feed;
-use common::turn::{API1, API2, SESSION, TURN, api, ids};
+use common::turn::{API1, API2, SESSION, TURN, api, failed, ids};
 use hermes_correlator::ids::{SpanKey, span_id, trace_id};
 use hermes_e2e::events::{self, MS, T0, end_body, session_ids};
 use hermes_e2e::span_attrs::{attr, boolean, int, string};
@@ -147,12 +147,10 @@ fn retried_request_gives_one_span_per_attempt() {
     let mut f = Feed::in_turn();
     f.api_start(10, API1, 1, 8);
     let call = v1::ApiCall {
-        status_code: Some(500),
         retryable: Some(true),
-        reason: "server_error".into(),
         error_type: "InternalServerError".into(),
         error_message: "Error code: 500".into(),
-        ..api(1, 8, 299)
+        ..failed(api(1, 8, 299), 500, "server_error")
     };
     f.api_error(300, API1, call);
     f.api_start(2500, API1, 2, 8);
@@ -190,12 +188,7 @@ fn retried_request_gives_one_span_per_attempt() {
 #[test]
 fn lean_mode_builds_attempts_from_end_events() {
     let mut f = Feed::in_turn();
-    let call = v1::ApiCall {
-        status_code: Some(429),
-        reason: "rate_limit".into(),
-        ..api(1, 8, 299)
-    };
-    f.api_error(300, API1, call);
+    f.api_error(300, API1, failed(api(1, 8, 299), 429, "rate_limit"));
     f.api_done(1400, API1, api(2, 8, 1399));
     f.session_end(1500, TURN, true, false);
     let chats = f.spans_starting("chat");
@@ -270,38 +263,24 @@ fn subagent_turns_nest_under_the_delegate_tool() {
     f.turn_start(0, TURN);
     f.tool_start(10, TURN, "call_d", "delegate_task");
     let link = events::link(SESSION, TURN, child_session, "sa-1");
-    f.ev(
-        "subagent_start",
-        11,
-        link.clone(),
+    let researcher = |child_status: &str, duration_ms| {
         Some(Body::Subagent(v1::Subagent {
             child_role: "researcher".into(),
+            child_status: child_status.into(),
+            duration_ms,
             ..Default::default()
-        })),
-    );
+        }))
+    };
+    f.ev("subagent_start", 11, link.clone(), researcher("", None));
     let cids = events::ids(child_session, "sa-1", child_turn);
-    f.ev(
-        "pre_llm_call",
-        12,
-        cids.clone(),
-        Some(Body::Turn(v1::Turn {
-            platform: "subagent".into(),
-            ..Default::default()
-        })),
-    );
+    let subagent_turn = Some(Body::Turn(v1::Turn {
+        platform: "subagent".into(),
+        ..Default::default()
+    }));
+    f.ev("pre_llm_call", 12, cids.clone(), subagent_turn);
     f.ev("post_llm_call", 40, cids.clone(), None);
     f.ev("on_session_end", 41, cids, end_body(true, false));
-    f.ev(
-        "subagent_stop",
-        42,
-        link,
-        Some(Body::Subagent(v1::Subagent {
-            child_role: "researcher".into(),
-            child_status: "completed".into(),
-            duration_ms: Some(31),
-            ..Default::default()
-        })),
-    );
+    f.ev("subagent_stop", 42, link, researcher("completed", Some(31)));
     f.tool_end(43, TURN, "call_d", "delegate_task", "ok", Some(33));
     f.session_end(50, TURN, true, false);
 

@@ -37,6 +37,15 @@ pub fn api(attempt: u32, started_ms: u64, ended_ms: u64) -> v1::ApiCall {
     }
 }
 
+/// `call` failed with HTTP `status_code` for `reason`.
+pub fn failed(call: v1::ApiCall, status_code: i32, reason: &str) -> v1::ApiCall {
+    v1::ApiCall {
+        status_code: Some(status_code),
+        reason: reason.into(),
+        ..call
+    }
+}
+
 /// The events of the rule tests' turn, one call each.
 impl super::Feed {
     /// A feed in which [`TURN`] has started (`pre_llm_call` at 0 ms).
