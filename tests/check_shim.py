@@ -8,8 +8,9 @@ callables, mutates tool `args` after the calls return, calls hooks from a
 named worker thread and from a forked child, flushes, and prints one JSON
 line per process (`{"role": ..., "stats": ...}`) for the Rust side to compare
 with what the collector received. Also checks, in subprocesses, the lean and
-disabled levels and that flush and interpreter exit stay bounded when the
-collector is down.
+disabled levels, that the sender thread runs as soon as the plugin registers
+(no hook call starts it), and that flush and interpreter exit stay bounded
+when the collector is down.
 
 Usage: check_shim.py FIXTURE.jsonl
 """
@@ -62,6 +63,27 @@ def subprocess_checks() -> None:
     out = subprocess.run([python, "-c", logged], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["15", "True"], out.stdout
     assert "HERMES_COLLECTOR_QUEUE_EVENTS" in out.stderr, out.stderr
+
+    # The plugin sets up when it registers, never on a hook call: its sender
+    # thread runs before the first hook fires (a thread's name is in
+    # /proc, cut to 15 bytes, and set by the thread itself as it starts).
+    code = (
+        "import os, time, hermes_collector as h\n"
+        "def senders():\n"
+        "    names = []\n"
+        "    for t in os.listdir('/proc/self/task'):\n"
+        "        with open(f'/proc/self/task/{t}/comm') as f: names.append(f.read().strip())\n"
+        "    return names.count('hermes-collecto')\n"
+        "before = senders()\n"
+        "class C:\n"
+        "    def register_hook(s, n, c): pass\n"
+        "h.register(C())\n"
+        "deadline = time.monotonic() + 5\n"
+        "while senders() == 0 and time.monotonic() < deadline: time.sleep(0.01)\n"
+        "print(before, senders(), h.stats()['enqueued'])\n"
+    )
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "1", "0"], out.stdout
 
     # Collector down: flush and exit are bounded.
     with socket.socket() as s:

@@ -20,7 +20,8 @@
 //!   agent (fixture turns converted as the shim does, one stream exchange).
 //! - [`events`]: hand-built wire events (ids, bodies, API calls) for the
 //!   correlator's and the processor's tests; [`span_attrs`]: the attributes
-//!   of `hermes_span` spans, read by type.
+//!   of `hermes_span` spans, read by type; [`json`]: arbitrary JSON
+//!   documents for property tests.
 //! - [`fault`]: the collector on a chosen port or config file, its admin
 //!   metrics, the load generator and its `--expect-spans` sets, for the
 //!   fault tests.
@@ -46,6 +47,7 @@ pub mod fake_openai;
 pub mod fault;
 pub mod hermes;
 pub mod ingest;
+pub mod json;
 pub mod otlp_metrics_receiver;
 pub mod otlp_receiver;
 pub mod phoenix;

@@ -7,9 +7,11 @@
 //! Invariants:
 //! - The hook path reaches the core through a lock-free `ArcSwapOption` load;
 //!   it shares no lock with the sender.
-//! - One sender thread per core, started lazily by the first event, fed by the
-//!   core's own queue; a core replaced by `configure` with other settings
-//!   closes its queue, and its sender delivers what it holds and ends.
+//! - One sender thread per core, fed by the core's own queue, started by
+//!   `configure` (when the plugin registers), so no hook call starts a
+//!   thread; only a forked child's core starts its sender with its first
+//!   event. A core replaced by `configure` with other settings closes its
+//!   queue, and its sender delivers what it holds and ends.
 //! - After `os.fork()` the child gets a new core (fresh instance id, seq from
 //!   1, empty queue, no sender yet); the parent's core is leaked, not dropped,
 //!   in the child, whose copy of it may be mid-operation.
@@ -26,12 +28,11 @@
 //!   callback of [`super::exit`] delivers or spools it.
 //! - `flush` and `shutdown` wait with the GIL released and never longer than
 //!   their timeout.
-//! - With a spool (`HERMES_COLLECTOR_SPOOL_DIR`): `configure` starts the
-//!   sender at once, so spool files of earlier processes are replayed even if
-//!   this one captures nothing; `shutdown` asks the sender to spool what the
-//!   exit flush could not deliver and waits a bounded time for
-//!   it (with no stream open it spools at once instead of waiting for a
-//!   collector that is down).
+//! - With a spool (`HERMES_COLLECTOR_SPOOL_DIR`): spool files of earlier
+//!   processes are replayed even if this one captures nothing; `shutdown`
+//!   asks the sender to spool what the exit flush could not deliver and
+//!   waits a bounded time for it (with no stream open it spools at once
+//!   instead of waiting for a collector that is down).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -449,10 +450,12 @@ pub(crate) fn configure<'py>(
     };
     out.set_item("instance_id", &core.instance_id)?;
     super::exit::register_process_exit();
-    if core.config.spool_dir.is_some() {
-        // Replays what earlier processes spooled, without waiting for an event.
-        core.ensure_started();
-    }
+    // Everything a hook would otherwise set up on its first call happens
+    // here, when the plugin registers: the sender thread starts (and with a
+    // spool replays what earlier processes left), and the registering
+    // thread, where Hermes fires most hooks, has its name cached.
+    core.ensure_started();
+    super::hook::cache_thread_name(py);
     Ok(out)
 }
 

@@ -43,6 +43,11 @@ thread_local! {
     static THREAD_NAME: OnceCell<Arc<str>> = const { OnceCell::new() };
 }
 
+/// Fetches and caches the calling thread's name before its first hook.
+pub(super) fn cache_thread_name(py: Python<'_>) {
+    let _ = thread_name(py);
+}
+
 /// The Python name of the calling thread, fetched once per OS thread.
 fn thread_name(py: Python<'_>) -> Arc<str> {
     if let Some(name) = THREAD_NAME.try_with(|c| c.get().cloned()).ok().flatten() {

@@ -54,14 +54,26 @@ impl Usage {
     fn is_empty(&self) -> bool {
         self.turns == 0 && self.sessions == 0 && self.bytes == 0
     }
+
+    fn add(&mut self, turns: usize, sessions: usize, bytes: usize) {
+        self.turns += turns;
+        self.sessions += sessions;
+        self.bytes += bytes;
+    }
+
+    fn sub(&mut self, turns: usize, sessions: usize, bytes: usize) {
+        self.turns = self.turns.saturating_sub(turns);
+        self.sessions = self.sessions.saturating_sub(sessions);
+        self.bytes = self.bytes.saturating_sub(bytes);
+    }
 }
 
 /// The usage of every instance holding something, and the totals.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     pub agents: Map<String, Usage>,
-    pub sessions: usize,
-    pub bytes: usize,
+    /// What all instances hold together.
+    pub total: Usage,
 }
 
 impl Ledger {
@@ -74,24 +86,18 @@ impl Ledger {
             Some(u) => u,
             None => self.agents.entry(instance.to_owned()).or_default(),
         };
-        u.turns += turns;
-        u.sessions += sessions;
-        u.bytes += bytes;
-        self.sessions += sessions;
-        self.bytes += bytes;
+        u.add(turns, sessions, bytes);
+        self.total.add(turns, sessions, bytes);
     }
 
     pub fn sub(&mut self, instance: &str, turns: usize, sessions: usize, bytes: usize) {
         if let Some(u) = self.agents.get_mut(instance) {
-            u.turns = u.turns.saturating_sub(turns);
-            u.sessions = u.sessions.saturating_sub(sessions);
-            u.bytes = u.bytes.saturating_sub(bytes);
+            u.sub(turns, sessions, bytes);
             if u.is_empty() {
                 self.agents.remove(instance);
             }
         }
-        self.sessions = self.sessions.saturating_sub(sessions);
-        self.bytes = self.bytes.saturating_sub(bytes);
+        self.total.sub(turns, sessions, bytes);
     }
 
     /// The instance holding the most by `measure` (ties: the smallest id,
@@ -156,6 +162,16 @@ impl Closed {
     }
 }
 
+/// A budget [`Correlator::enforce_budgets`] keeps: what it reads of a
+/// usage (an instance's or the total), its limits, and how an instance's
+/// oldest state goes (false: nothing left to evict).
+struct Budget {
+    used: fn(&Usage) -> usize,
+    per_agent: usize,
+    all: usize,
+    evict: fn(&mut Correlator, &str, &mut Vec<FinishedSpan>) -> bool,
+}
+
 /// Which budget an eviction enforces (its counter).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Reason {
@@ -169,31 +185,36 @@ impl Correlator {
     /// global one, the instance holding the most loses its oldest.
     pub(crate) fn enforce_budgets(&mut self, instance: &str, out: &mut Vec<FinishedSpan>) {
         let c = &self.config;
-        let (per_sessions, all_sessions) = (c.max_sessions_per_agent, c.max_sessions);
-        let (per_bytes, all_bytes) = (c.max_bytes_per_agent, c.max_bytes);
-        while self.ledger.of(instance).sessions > per_sessions {
-            if !self.evict_oldest_session(instance, out) {
+        let budgets = [
+            Budget {
+                used: |u| u.sessions,
+                per_agent: c.max_sessions_per_agent,
+                all: c.max_sessions,
+                evict: Self::evict_oldest_session,
+            },
+            Budget {
+                used: |u| u.bytes,
+                per_agent: c.max_bytes_per_agent,
+                all: c.max_bytes,
+                evict: Self::evict_oldest_state,
+            },
+        ];
+        for budget in &budgets {
+            self.enforce(instance, budget, out);
+        }
+    }
+
+    fn enforce(&mut self, instance: &str, budget: &Budget, out: &mut Vec<FinishedSpan>) {
+        while (budget.used)(&self.ledger.of(instance)) > budget.per_agent {
+            if !(budget.evict)(self, instance, out) {
                 break;
             }
         }
-        while self.ledger.sessions > all_sessions {
-            let Some(heaviest) = self.ledger.heaviest(|u| u.sessions) else {
+        while (budget.used)(&self.ledger.total) > budget.all {
+            let Some(heaviest) = self.ledger.heaviest(budget.used) else {
                 break;
             };
-            if !self.evict_oldest_session(&heaviest, out) {
-                break;
-            }
-        }
-        while self.ledger.of(instance).bytes > per_bytes {
-            if !self.evict_oldest_state(instance, out) {
-                break;
-            }
-        }
-        while self.ledger.bytes > all_bytes {
-            let Some(heaviest) = self.ledger.heaviest(|u| u.bytes) else {
-                break;
-            };
-            if !self.evict_oldest_state(&heaviest, out) {
+            if !(budget.evict)(self, &heaviest, out) {
                 break;
             }
         }
@@ -249,18 +270,8 @@ impl Correlator {
     /// attached yet, or a subagent link (its subagent, when still open, is
     /// closed as incomplete first, so its span is emitted).
     fn evict_oldest_session(&mut self, instance: &str, out: &mut Vec<FinishedSpan>) -> bool {
-        let start = self
-            .pending_starts
-            .iter()
-            .filter(|(_, p)| p.instance == instance)
-            .map(|(k, p)| (p.at, k.clone()))
-            .min();
-        let link = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.instance == instance)
-            .map(|(k, l)| (l.last_seen, k.clone()))
-            .min();
+        let start = oldest_of(&self.pending_starts, instance, |p| (&p.instance, p.at));
+        let link = oldest_of(&self.links, instance, |l| (&l.instance, l.last_seen));
         let taken = match (start, link) {
             (Some(s), Some(l)) if l < s => self.drop_link(&l.1, out),
             (Some(s), _) => self.drop_pending_start(&s.1),
@@ -281,23 +292,26 @@ impl Correlator {
     }
 
     pub(crate) fn drop_pending_start(&mut self, key: &str) -> bool {
-        match self.pending_starts.remove(key) {
-            Some(p) => {
-                self.ledger.sub(&p.instance, 0, 1, p.bytes);
-                true
-            }
-            None => false,
-        }
+        let held = self
+            .pending_starts
+            .remove(key)
+            .map(|p| (p.instance, p.bytes));
+        self.release_session(held)
     }
 
     pub(crate) fn remove_link(&mut self, key: &str) -> bool {
-        match self.links.remove(key) {
-            Some(l) => {
-                self.ledger.sub(&l.instance, 0, 1, l.bytes);
-                true
-            }
-            None => false,
-        }
+        let held = self.links.remove(key).map(|l| (l.instance, l.bytes));
+        self.release_session(held)
+    }
+
+    /// Gives back to the ledger what a removed session entry (a pending
+    /// start or a subagent link) of an instance held; false without one.
+    fn release_session(&mut self, held: Option<(Str, usize)>) -> bool {
+        let Some((instance, bytes)) = held else {
+            return false;
+        };
+        self.ledger.sub(&instance, 0, 1, bytes);
+        true
     }
 
     /// Charges the turn under `key` for what it grew by since it was last
@@ -315,4 +329,18 @@ impl Correlator {
             turn.charged = turn.held;
         }
     }
+}
+
+/// The time and key of `instance`'s oldest entry in `entries`, `held`
+/// giving an entry's instance and time.
+fn oldest_of<V>(
+    entries: &Map<String, V>,
+    instance: &str,
+    held: fn(&V) -> (&Str, u64),
+) -> Option<(u64, String)> {
+    entries
+        .iter()
+        .filter(|(_, v)| held(v).0 == instance)
+        .map(|(k, v)| (held(v).1, k.clone()))
+        .min()
 }

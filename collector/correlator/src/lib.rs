@@ -413,8 +413,8 @@ impl Correlator {
     pub fn gauges(&self) -> Gauges {
         Gauges {
             open_turns: self.turns.len() as u64,
-            sessions: self.ledger.sessions as u64,
-            held_bytes: self.ledger.bytes as u64,
+            sessions: self.ledger.total.sessions as u64,
+            held_bytes: self.ledger.total.bytes as u64,
             agents: self.ledger.agents.len() as u64,
         }
     }

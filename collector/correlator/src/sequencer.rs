@@ -333,13 +333,7 @@ fn release(instance: &mut Instance, out: &mut Out<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn shim(id: &str) -> ShimInfo {
-        ShimInfo {
-            instance_id: id.into(),
-            ..Default::default()
-        }
-    }
+    use hermes_e2e::events::shim;
 
     fn ev(seq: u64) -> Event {
         Event {
@@ -353,57 +347,79 @@ mod tests {
         ready.iter().map(|(_, e)| e.seq).collect()
     }
 
+    /// A sequencer and the events it released.
+    struct Fixture {
+        s: Sequencer,
+        out: Vec<Ready>,
+    }
+
+    impl Fixture {
+        /// With the default configuration changed by `set`.
+        fn new(set: impl FnOnce(&mut SequencerConfig)) -> Self {
+            let mut config = SequencerConfig::default();
+            set(&mut config);
+            Self {
+                s: Sequencer::new(config),
+                out: Vec::new(),
+            }
+        }
+
+        /// Event `seq` of agent `instance` (nothing settled below it at the
+        /// shim) at wall-clock `now`.
+        fn push(&mut self, instance: &str, seq: u64, now: u64) {
+            self.s.push(&shim(instance), 0, ev(seq), now, &mut self.out);
+        }
+
+        /// The sequence numbers released so far, in order.
+        fn released(&self) -> Vec<u64> {
+            seqs(&self.out)
+        }
+    }
+
     #[test]
     fn releases_in_order_and_drops_redeliveries() {
-        let mut s = Sequencer::new(SequencerConfig::default());
-        let mut out = Vec::new();
+        let mut f = Fixture::new(|_| {});
         for seq in [3, 1, 1, 2, 3, 5, 4, 2] {
-            s.push(&shim("a"), 0, ev(seq), 0, &mut out);
+            f.push("a", seq, 0);
         }
-        assert_eq!(seqs(&out), vec![1, 2, 3, 4, 5]);
-        assert_eq!(s.stats().duplicates, 3);
-        assert_eq!(s.held(), 0);
+        assert_eq!(f.released(), vec![1, 2, 3, 4, 5]);
+        assert_eq!(f.s.stats().duplicates, 3);
+        assert_eq!(f.s.held(), 0);
     }
 
     #[test]
     fn instances_are_independent() {
-        let mut s = Sequencer::new(SequencerConfig::default());
-        let mut out = Vec::new();
-        s.push(&shim("a"), 0, ev(2), 0, &mut out);
-        s.push(&shim("b"), 0, ev(1), 0, &mut out);
-        assert_eq!(seqs(&out), vec![1]);
-        assert_eq!(out[0].0.instance_id, "b");
+        let mut f = Fixture::new(|_| {});
+        f.push("a", 2, 0);
+        f.push("b", 1, 0);
+        assert_eq!(f.released(), vec![1]);
+        assert_eq!(f.out[0].0.instance_id, "b");
     }
 
     #[test]
     fn floor_skips_what_the_shim_will_never_send() {
-        let mut s = Sequencer::new(SequencerConfig::default());
-        let mut out = Vec::new();
+        let mut f = Fixture::new(|_| {});
         // A restarted collector first sees seq 501; the shim says 1..=500 are settled.
-        s.push(&shim("a"), 501, ev(502), 0, &mut out);
-        assert!(out.is_empty());
-        s.push(&shim("a"), 501, ev(501), 0, &mut out);
-        assert_eq!(seqs(&out), vec![501, 502]);
-        assert_eq!(s.stats().skipped, 500);
+        f.s.push(&shim("a"), 501, ev(502), 0, &mut f.out);
+        assert!(f.out.is_empty());
+        f.s.push(&shim("a"), 501, ev(501), 0, &mut f.out);
+        assert_eq!(f.released(), vec![501, 502]);
+        assert_eq!(f.s.stats().skipped, 500);
     }
 
     #[test]
     fn holes_are_skipped_after_the_gap_timeout() {
-        let mut s = Sequencer::new(SequencerConfig {
-            gap_timeout_nanos: 100,
-            ..Default::default()
-        });
-        let mut out = Vec::new();
-        s.push(&shim("a"), 0, ev(1), 0, &mut out);
-        s.push(&shim("a"), 0, ev(3), 10, &mut out);
-        s.expire(50, &mut out);
-        assert_eq!(seqs(&out), vec![1]);
-        s.expire(110, &mut out);
-        assert_eq!(seqs(&out), vec![1, 3]);
-        assert_eq!(s.stats().skipped, 1);
-        s.push(&shim("a"), 0, ev(2), 120, &mut out);
+        let mut f = Fixture::new(|c| c.gap_timeout_nanos = 100);
+        f.push("a", 1, 0);
+        f.push("a", 3, 10);
+        f.s.expire(50, &mut f.out);
+        assert_eq!(f.released(), vec![1]);
+        f.s.expire(110, &mut f.out);
+        assert_eq!(f.released(), vec![1, 3]);
+        assert_eq!(f.s.stats().skipped, 1);
+        f.push("a", 2, 120);
         assert_eq!(
-            s.stats().duplicates,
+            f.s.stats().duplicates,
             1,
             "a skipped seq arriving late is not replayed out of order"
         );
@@ -411,17 +427,13 @@ mod tests {
 
     #[test]
     fn hold_is_bounded() {
-        let mut s = Sequencer::new(SequencerConfig {
-            max_held: 3,
-            ..Default::default()
-        });
-        let mut out = Vec::new();
+        let mut f = Fixture::new(|c| c.max_held = 3);
         for seq in 2..=5 {
-            s.push(&shim("a"), 0, ev(seq), 0, &mut out);
+            f.push("a", seq, 0);
         }
-        assert_eq!(seqs(&out), vec![2, 3, 4, 5]);
-        assert!(s.held() <= 3);
-        assert_eq!(s.stats().skipped, 1);
+        assert_eq!(f.released(), vec![2, 3, 4, 5]);
+        assert!(f.s.held() <= 3);
+        assert_eq!(f.s.stats().skipped, 1);
     }
 
     proptest::proptest! {
@@ -453,17 +465,13 @@ mod tests {
 
     #[test]
     fn instances_are_bounded() {
-        let mut s = Sequencer::new(SequencerConfig {
-            max_instances: 2,
-            ..Default::default()
-        });
-        let mut out = Vec::new();
-        s.push(&shim("a"), 0, ev(2), 0, &mut out);
-        s.push(&shim("b"), 0, ev(1), 1, &mut out);
-        s.push(&shim("c"), 0, ev(1), 2, &mut out);
-        assert_eq!(s.instances.len(), 2);
+        let mut f = Fixture::new(|c| c.max_instances = 2);
+        f.push("a", 2, 0);
+        f.push("b", 1, 1);
+        f.push("c", 1, 2);
+        assert_eq!(f.s.instances.len(), 2);
         assert_eq!(
-            seqs(&out),
+            f.released(),
             vec![1, 2, 1],
             "a's held event is released when a is forgotten"
         );
@@ -471,8 +479,7 @@ mod tests {
 
     #[test]
     fn lsns_of_held_and_released_events() {
-        let mut s = Sequencer::new(SequencerConfig::default());
-        let mut out = Vec::new();
+        let Fixture { mut s, mut out } = Fixture::new(|_| {});
         s.push_batch(&shim("a"), 0, [ev(2)], 7, 0, &mut out);
         s.push_batch(&shim("b"), 0, [ev(1)], 8, 0, &mut out);
         assert_eq!(s.min_held_lsn(), Some(7));
@@ -487,12 +494,11 @@ mod tests {
 
     #[test]
     fn flush_all_releases_everything_held() {
-        let mut s = Sequencer::new(SequencerConfig::default());
-        let mut out = Vec::new();
-        s.push(&shim("a"), 0, ev(4), 0, &mut out);
-        s.push(&shim("a"), 0, ev(2), 0, &mut out);
-        s.flush_all(&mut out);
-        assert_eq!(seqs(&out), vec![2, 4]);
-        assert_eq!(s.held(), 0);
+        let mut f = Fixture::new(|_| {});
+        f.push("a", 4, 0);
+        f.push("a", 2, 0);
+        f.s.flush_all(&mut f.out);
+        assert_eq!(f.released(), vec![2, 4]);
+        assert_eq!(f.s.held(), 0);
     }
 }

@@ -61,6 +61,18 @@ fn response(surface: &str, choice: &str) -> Option<Body> {
     })))
 }
 
+/// `surface` answers tool `call_1`'s approval request with `choice`.
+fn answer(f: &mut Feed, t_ms: u64, surface: &str, choice: &str) {
+    let body = response(surface, choice);
+    f.ev("post_approval_response", t_ms, call("call_1"), body);
+}
+
+/// Tool `call_1` ends with `status` at 120 ms, and the session at 131 ms.
+fn tool_and_session_end(f: &mut Feed, status: &str) {
+    f.ev("post_tool_call", 120, call("call_1"), tool(status));
+    f.ev("on_session_end", 131, call(""), end_body(true, false));
+}
+
 /// The turn opens, tool `call_1` starts and asks `surface` for approval
 /// at 20 ms.
 fn ask(f: &mut Feed, surface: &str) {
@@ -74,12 +86,7 @@ fn ask(f: &mut Feed, surface: &str) {
 fn escalation(f: &mut Feed) {
     ask(f, "smart");
     f.ev("pre_approval_request", 50, call("call_1"), request("cli"));
-    f.ev(
-        "post_approval_response",
-        90,
-        call("call_1"),
-        response("cli", "once"),
-    );
+    answer(f, 90, "cli", "once");
     f.ev("post_tool_call", 120, call("call_1"), tool("ok"));
     f.ev("post_llm_call", 130, call(""), turn_body());
     f.ev("on_session_end", 131, call(""), end_body(true, false));
@@ -145,14 +152,8 @@ fn an_escalated_smart_review_and_the_cli_question_are_two_spans() {
 fn a_smart_review_that_decides_is_one_answered_span() {
     let mut f = feed();
     ask(&mut f, "smart");
-    f.ev(
-        "post_approval_response",
-        40,
-        call("call_1"),
-        response("smart", "smart_approve"),
-    );
-    f.ev("post_tool_call", 120, call("call_1"), tool("ok"));
-    f.ev("on_session_end", 131, call(""), end_body(true, false));
+    answer(&mut f, 40, "smart", "smart_approve");
+    tool_and_session_end(&mut f, "ok");
     let spans = approvals(&f);
     assert_eq!(spans.len(), 1);
     assert_eq!(boolean(spans[0], "hermes.approval.answered"), Some(true));
@@ -203,14 +204,8 @@ fn a_response_without_a_surface_answers_the_latest_request() {
     let mut f = feed();
     ask(&mut f, "smart");
     f.ev("pre_approval_request", 50, call("call_1"), request("cli"));
-    f.ev(
-        "post_approval_response",
-        90,
-        call("call_1"),
-        response("", "deny"),
-    );
-    f.ev("post_tool_call", 120, call("call_1"), tool("blocked"));
-    f.ev("on_session_end", 131, call(""), end_body(true, false));
+    answer(&mut f, 90, "", "deny");
+    tool_and_session_end(&mut f, "blocked");
     let spans = approvals(&f);
     assert_eq!(spans.len(), 2);
     assert_eq!(boolean(spans[0], "hermes.approval.answered"), Some(false));

@@ -9,20 +9,17 @@
 mod common;
 
 use common::Feed;
-use common::turn::{API1, SESSION, TURN, api, api_ids, ids, tool_ids};
+use common::turn::{API1, SESSION, TURN, api, failed, ids};
 use hermes_correlator::{Config, Expiry};
-use hermes_e2e::events::{
-    self, MS, T0, api_body, end_body, session_ids, shim, tool, tool_done, turn_body,
-};
+use hermes_e2e::events::{self, MS, T0, session_ids, shim, turn_body};
 use hermes_e2e::span_attrs::{boolean, string};
 use hermes_proto::v1;
 use hermes_span::trace::v1::status::StatusCode;
 
 #[test]
 fn turn_without_session_end_closes_after_grace_and_ttl() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("post_llm_call", 100, ids(TURN), turn_body());
+    let mut f = Feed::in_turn();
+    f.turn_end(100, TURN);
     // Another agent's turn, still open.
     let other = v1::Ids {
         session_id: "other-session".into(),
@@ -66,8 +63,7 @@ fn open_turn_limit_evicts_the_oldest() {
 #[test]
 fn finalize_and_reset_close_open_turns_of_the_session() {
     for hook in ["on_session_finalize", "on_session_reset"] {
-        let mut f = Feed::new();
-        f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+        let mut f = Feed::in_turn();
         f.ev(hook, 50, session_ids(SESSION), None);
         let root = f.one("invoke_agent hermes");
         assert_eq!(boolean(root, "hermes.incomplete"), Some(true), "{hook}");
@@ -78,25 +74,13 @@ fn finalize_and_reset_close_open_turns_of_the_session() {
 
 #[test]
 fn next_turn_of_the_session_closes_a_turn_that_never_ended() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev(
-        "pre_api_request",
-        10,
-        api_ids(API1),
-        api_body(api(1, 10, 0)),
-    );
-    f.ev(
-        "api_request_error",
-        50,
-        api_ids(API1),
-        api_body(v1::ApiCall {
-            status_code: Some(400),
-            retryable: Some(false),
-            reason: "format_error".into(),
-            ..api(1, 10, 49)
-        }),
-    );
+    let mut f = Feed::in_turn();
+    f.api_start(10, API1, 1, 10);
+    let call = v1::ApiCall {
+        retryable: Some(false),
+        ..failed(api(1, 10, 49), 400, "format_error")
+    };
+    f.api_error(50, API1, call);
     // Hermes' failure path fires neither post_llm_call nor on_session_end.
     assert!(
         f.out
@@ -104,7 +88,7 @@ fn next_turn_of_the_session_closes_a_turn_that_never_ended() {
             .all(|s| !s.span.name.starts_with("invoke_agent"))
     );
     let next = "20261129_200230_bbf019:task-2:22222222";
-    f.ev("pre_llm_call", 100, ids(next), turn_body());
+    f.turn_start(100, next);
     let root = f.one("invoke_agent hermes");
     assert_eq!(string(root, "hermes.turn_id"), Some(TURN));
     assert_eq!(boolean(root, "hermes.incomplete"), Some(true));
@@ -130,28 +114,18 @@ fn open_state_remembers_the_lowest_queue_position_that_touched_it() {
     f.ev("on_session_start", 0, session_ids(SESSION), None);
     assert_eq!(f.c.min_lsn(), Some(7), "a pending session start counts");
     f.c.set_lsn(9);
-    f.ev("pre_llm_call", 1, ids("turn-1"), turn_body());
+    f.turn_start(1, "turn-1");
     // The turn took the pending start: the turn (9) is what is open now.
     assert_eq!(f.c.min_lsn(), Some(9));
     // A late event from an older record (released by the sequencer after a
     // hole closed) lowers the turn's position.
     f.c.set_lsn(4);
-    f.ev(
-        "pre_tool_call",
-        2,
-        tool_ids("turn-1", "call-1"),
-        tool("terminal"),
-    );
+    f.tool_start(2, "turn-1", "call-1", "terminal");
     f.c.set_lsn(12);
-    f.ev(
-        "post_tool_call",
-        3,
-        tool_ids("turn-1", "call-1"),
-        tool_done("terminal", "ok", Some(1)),
-    );
+    f.tool_end(3, "turn-1", "call-1", "terminal", "ok", Some(1));
     assert_eq!(f.c.min_lsn(), Some(4));
-    f.ev("post_llm_call", 4, ids("turn-1"), turn_body());
-    f.ev("on_session_end", 5, ids("turn-1"), end_body(true, false));
+    f.turn_end(4, "turn-1");
+    f.session_end(5, "turn-1", true, false);
     assert_eq!(f.c.min_lsn(), None, "nothing open, nothing needed");
 }
 
@@ -159,7 +133,7 @@ fn open_state_remembers_the_lowest_queue_position_that_touched_it() {
 fn eviction_below_a_queue_position_closes_what_depends_on_it() {
     let mut f = Feed::new();
     f.c.set_lsn(3);
-    f.ev("pre_llm_call", 0, ids("turn-old"), turn_body());
+    f.turn_start(0, "turn-old");
     f.c.set_lsn(10);
     let other_session = v1::Ids {
         session_id: "session-2".into(),
@@ -180,14 +154,14 @@ fn a_backlog_does_not_split_a_turn_at_the_end_grace() {
     // The collector's clock is 10 s past the events' capture times (events
     // queued in front of the correlator).
     f.c.expire(T0 + 10_000 * MS, &mut f.out);
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("post_llm_call", 100, ids(TURN), turn_body());
+    f.turn_start(0, TURN);
+    f.turn_end(100, TURN);
     f.c.expire(T0 + 10_100 * MS, &mut f.out);
     assert!(
         f.out.is_empty(),
         "the grace runs from when the end was seen"
     );
-    f.ev("on_session_end", 101, ids(TURN), end_body(true, false));
+    f.session_end(101, TURN, true, false);
     assert_eq!(f.names(), ["invoke_agent hermes"]);
     assert_eq!(boolean(&f.out[0].span, "hermes.incomplete"), None);
     f.c.expire(T0 + 20_000 * MS, &mut f.out);
@@ -206,20 +180,20 @@ fn a_turn_replayed_with_old_capture_times_lives_while_its_events_arrive() {
     // outage): the clock is far past them, but they arrive now.
     let now = T0 + 2 * ttl;
     f.c.expire(now, &mut f.out);
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    f.turn_start(0, TURN);
     f.c.expire(now + 500 * MS, &mut f.out);
     assert!(
         f.out.is_empty(),
         "expired between two batches of its events"
     );
-    f.ev("post_llm_call", 100, ids(TURN), turn_body());
-    f.ev("on_session_end", 101, ids(TURN), end_body(true, false));
+    f.turn_end(100, TURN);
+    f.session_end(101, TURN, true, false);
     assert_eq!(f.names(), ["invoke_agent hermes"]);
     assert_eq!(boolean(&f.out[0].span, "hermes.incomplete"), None);
     // Still closed by the TTL once its events stop.
     let mut g = Feed::new();
     g.c.expire(now, &mut g.out);
-    g.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    g.turn_start(0, TURN);
     g.c.expire(now + ttl, &mut g.out);
     assert_eq!(g.names(), ["invoke_agent hermes"]);
     assert_eq!(boolean(&g.out[0].span, "hermes.incomplete"), Some(true));
@@ -257,7 +231,7 @@ fn far_future_timestamps_do_not_keep_state_forever() {
     let mut f = Feed::new();
     // A shim whose clock is a year ahead.
     let year_ms = 365 * 24 * 3600 * 1000;
-    f.ev("pre_llm_call", year_ms, ids(TURN), turn_body());
+    f.turn_start(year_ms, TURN);
     f.ev("on_session_start", year_ms, session_ids("other"), None);
     f.c.expire(T0 + 1000 * MS, &mut f.out);
     assert_eq!(f.c.open_turns(), 0, "closed by the TTL, counted both ways");
@@ -270,10 +244,10 @@ fn idle_once_nothing_is_left_for_the_timers() {
     // `expire` must then have nothing to do.
     let mut f = Feed::new();
     assert_eq!(f.c.expiry(), Expiry::Never);
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    f.turn_start(0, TURN);
     assert_eq!(f.c.expiry(), Expiry::EveryTick, "an open turn");
-    f.ev("post_llm_call", 100, ids(TURN), turn_body());
-    f.ev("on_session_end", 101, ids(TURN), end_body(true, false));
+    f.turn_end(100, TURN);
+    f.session_end(101, TURN, true, false);
     assert_eq!(f.c.open_turns(), 0);
     assert!(!f.out.is_empty());
     // The turn's resource goes at the next tick once its spans are gone.
@@ -294,11 +268,11 @@ fn state_only_the_ttl_closes_wakes_the_timers_at_the_ttl() {
         ..Config::default()
     });
     let link = events::link(SESSION, TURN, "child", "sa-1");
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    f.turn_start(0, TURN);
     f.ev("subagent_start", 10, link.clone(), None);
     f.ev("subagent_stop", 20, link, None);
-    f.ev("post_llm_call", 30, ids(TURN), turn_body());
-    f.ev("on_session_end", 31, ids(TURN), end_body(true, false));
+    f.turn_end(30, TURN);
+    f.session_end(31, TURN, true, false);
     let start = session_ids("next");
     f.ev("on_session_start", 40, start, None);
     f.out.clear();

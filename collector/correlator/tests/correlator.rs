@@ -8,12 +8,12 @@
 mod common;
 
 use common::Feed;
-use common::turn::{API1, API2, SESSION, TURN, api, api_ids, ids, tool_ids};
+use common::turn::{API1, API2, SESSION, TURN, api, failed, ids};
 use hermes_correlator::ids::{SpanKey, span_id, trace_id};
-use hermes_e2e::events::{MS, T0, api_body, end_body, session_ids, tool, tool_done, turn_body};
+use hermes_e2e::events::{self, MS, T0, end_body, session_ids};
 use hermes_e2e::span_attrs::{attr, boolean, int, string};
 use hermes_proto::v1::{self, event::Body};
-use hermes_span::trace::v1::{Span, status::StatusCode};
+use hermes_span::trace::v1::status::StatusCode;
 
 fn usage(prompt: u64, output: u64) -> v1::Usage {
     v1::Usage {
@@ -38,54 +38,26 @@ fn basic_turn(f: &mut Feed) {
             ..Default::default()
         })),
     );
-    f.ev("pre_llm_call", 2, ids(TURN), turn_body());
-    f.ev(
-        "pre_api_request",
-        12,
-        api_ids(API1),
-        api_body(api(1, 10, 0)),
-    );
-    f.ev(
-        "post_api_request",
-        316,
-        api_ids(API1),
-        api_body(v1::ApiCall {
-            usage: Some(usage(1212, 17)),
-            finish_reason: "tool_calls".into(),
-            response_model: "fake-model-1".into(),
-            ..api(1, 10, 310)
-        }),
-    );
-    f.ev(
-        "pre_tool_call",
-        320,
-        tool_ids(TURN, "call_1"),
-        tool("terminal"),
-    );
-    f.ev(
-        "post_tool_call",
-        395,
-        tool_ids(TURN, "call_1"),
-        tool_done("terminal", "ok", Some(72)),
-    );
-    f.ev(
-        "pre_api_request",
-        400,
-        api_ids(API2),
-        api_body(api(1, 399, 0)),
-    );
-    f.ev(
-        "post_api_request",
-        450,
-        api_ids(API2),
-        api_body(v1::ApiCall {
-            usage: Some(usage(1300, 20)),
-            finish_reason: "stop".into(),
-            ..api(1, 399, 449)
-        }),
-    );
-    f.ev("post_llm_call", 455, ids(TURN), turn_body());
-    f.ev("on_session_end", 456, ids(TURN), end_body(true, false));
+    f.turn_start(2, TURN);
+    f.api_start(12, API1, 1, 10);
+    let call = v1::ApiCall {
+        usage: Some(usage(1212, 17)),
+        finish_reason: "tool_calls".into(),
+        response_model: "fake-model-1".into(),
+        ..api(1, 10, 310)
+    };
+    f.api_done(316, API1, call);
+    f.tool_start(320, TURN, "call_1", "terminal");
+    f.tool_end(395, TURN, "call_1", "terminal", "ok", Some(72));
+    f.api_start(400, API2, 1, 399);
+    let call = v1::ApiCall {
+        usage: Some(usage(1300, 20)),
+        finish_reason: "stop".into(),
+        ..api(1, 399, 449)
+    };
+    f.api_done(450, API2, call);
+    f.turn_end(455, TURN);
+    f.session_end(456, TURN, true, false);
 }
 
 #[test]
@@ -121,12 +93,7 @@ fn basic_turn_is_a_nested_trace() {
     assert_eq!(root.events[0].name, "hermes.session.start");
     assert_eq!(boolean(root, "hermes.incomplete"), None);
 
-    let chats: Vec<&Span> = f
-        .out
-        .iter()
-        .map(|s| &s.span)
-        .filter(|s| s.name == "chat fake-model-1")
-        .collect();
+    let chats = f.spans("chat fake-model-1");
     assert_eq!(chats.len(), 2);
     let first = chats[0];
     assert_eq!(
@@ -177,44 +144,23 @@ fn same_events_give_same_spans() {
 
 #[test]
 fn retried_request_gives_one_span_per_attempt() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("pre_api_request", 10, api_ids(API1), api_body(api(1, 8, 0)));
-    f.ev(
-        "api_request_error",
-        300,
-        api_ids(API1),
-        api_body(v1::ApiCall {
-            status_code: Some(500),
-            retryable: Some(true),
-            reason: "server_error".into(),
-            error_type: "InternalServerError".into(),
-            error_message: "Error code: 500".into(),
-            ..api(1, 8, 299)
-        }),
-    );
-    f.ev(
-        "pre_api_request",
-        2500,
-        api_ids(API1),
-        api_body(api(2, 8, 0)),
-    );
-    f.ev(
-        "post_api_request",
-        2570,
-        api_ids(API1),
-        api_body(v1::ApiCall {
-            usage: Some(usage(100, 5)),
-            ..api(2, 8, 2569)
-        }),
-    );
-    f.ev("on_session_end", 2600, ids(TURN), end_body(true, false));
-    let chats: Vec<&Span> = f
-        .out
-        .iter()
-        .map(|s| &s.span)
-        .filter(|s| s.name.starts_with("chat"))
-        .collect();
+    let mut f = Feed::in_turn();
+    f.api_start(10, API1, 1, 8);
+    let call = v1::ApiCall {
+        retryable: Some(true),
+        error_type: "InternalServerError".into(),
+        error_message: "Error code: 500".into(),
+        ..failed(api(1, 8, 299), 500, "server_error")
+    };
+    f.api_error(300, API1, call);
+    f.api_start(2500, API1, 2, 8);
+    let call = v1::ApiCall {
+        usage: Some(usage(100, 5)),
+        ..api(2, 8, 2569)
+    };
+    f.api_done(2570, API1, call);
+    f.session_end(2600, TURN, true, false);
+    let chats = f.spans_starting("chat");
     assert_eq!(chats.len(), 2);
     let (failed, ok) = (chats[0], chats[1]);
     assert_ne!(failed.span_id, ok.span_id);
@@ -241,31 +187,11 @@ fn retried_request_gives_one_span_per_attempt() {
 
 #[test]
 fn lean_mode_builds_attempts_from_end_events() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev(
-        "api_request_error",
-        300,
-        api_ids(API1),
-        api_body(v1::ApiCall {
-            status_code: Some(429),
-            reason: "rate_limit".into(),
-            ..api(1, 8, 299)
-        }),
-    );
-    f.ev(
-        "post_api_request",
-        1400,
-        api_ids(API1),
-        api_body(api(2, 8, 1399)),
-    );
-    f.ev("on_session_end", 1500, ids(TURN), end_body(true, false));
-    let chats: Vec<&Span> = f
-        .out
-        .iter()
-        .map(|s| &s.span)
-        .filter(|s| s.name.starts_with("chat"))
-        .collect();
+    let mut f = Feed::in_turn();
+    f.api_error(300, API1, failed(api(1, 8, 299), 429, "rate_limit"));
+    f.api_done(1400, API1, api(2, 8, 1399));
+    f.session_end(1500, TURN, true, false);
+    let chats = f.spans_starting("chat");
     assert_eq!(chats[0].start_time_unix_nano, T0 + 8 * MS);
     assert_eq!(
         chats[1].start_time_unix_nano,
@@ -276,39 +202,13 @@ fn lean_mode_builds_attempts_from_end_events() {
 
 #[test]
 fn parallel_tools_post_out_of_order() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev(
-        "pre_tool_call",
-        10,
-        tool_ids(TURN, "call_a"),
-        tool("read_file"),
-    );
-    f.ev(
-        "pre_tool_call",
-        11,
-        tool_ids(TURN, "call_b"),
-        tool("read_file"),
-    );
-    f.ev(
-        "post_tool_call",
-        100,
-        tool_ids(TURN, "call_b"),
-        tool_done("read_file", "ok", Some(80)),
-    );
-    f.ev(
-        "post_tool_call",
-        120,
-        tool_ids(TURN, "call_a"),
-        tool_done("read_file", "error", Some(100)),
-    );
-    f.ev("on_session_end", 130, ids(TURN), end_body(true, false));
-    let tools: Vec<&Span> = f
-        .out
-        .iter()
-        .map(|s| &s.span)
-        .filter(|s| s.name == "execute_tool read_file")
-        .collect();
+    let mut f = Feed::in_turn();
+    f.tool_start(10, TURN, "call_a", "read_file");
+    f.tool_start(11, TURN, "call_b", "read_file");
+    f.tool_end(100, TURN, "call_b", "read_file", "ok", Some(80));
+    f.tool_end(120, TURN, "call_a", "read_file", "error", Some(100));
+    f.session_end(130, TURN, true, false);
+    let tools = f.spans("execute_tool read_file");
     assert_eq!(tools.len(), 2);
     assert_eq!(string(tools[0], "gen_ai.tool.call.id"), Some("call_b"));
     assert_eq!(tools[0].start_time_unix_nano, T0 + 11 * MS);
@@ -322,13 +222,8 @@ fn parallel_tools_post_out_of_order() {
 #[test]
 fn missing_start_is_built_from_the_end_event() {
     let mut f = Feed::new();
-    f.ev(
-        "post_tool_call",
-        500,
-        tool_ids(TURN, "call_1"),
-        tool_done("terminal", "ok", Some(72)),
-    );
-    f.ev("on_session_end", 600, ids(TURN), end_body(true, false));
+    f.tool_end(500, TURN, "call_1", "terminal", "ok", Some(72));
+    f.session_end(600, TURN, true, false);
     let tool = f.one("execute_tool terminal");
     assert_eq!(tool.start_time_unix_nano, T0 + 428 * MS);
     let root = f.one("invoke_agent hermes");
@@ -346,21 +241,10 @@ fn missing_start_is_built_from_the_end_event() {
 
 #[test]
 fn missing_end_is_closed_at_turn_end() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev(
-        "pre_tool_call",
-        10,
-        tool_ids(TURN, "call_1"),
-        tool("terminal"),
-    );
-    f.ev(
-        "pre_api_request",
-        20,
-        api_ids(API1),
-        api_body(api(1, 20, 0)),
-    );
-    f.ev("on_session_end", 90, ids(TURN), end_body(false, true));
+    let mut f = Feed::in_turn();
+    f.tool_start(10, TURN, "call_1", "terminal");
+    f.api_start(20, API1, 1, 20);
+    f.session_end(90, TURN, false, true);
     let tool = f.one("execute_tool terminal");
     assert_eq!(boolean(tool, "hermes.incomplete"), Some(true));
     assert_eq!(tool.end_time_unix_nano, T0 + 90 * MS);
@@ -376,64 +260,29 @@ fn subagent_turns_nest_under_the_delegate_tool() {
     let mut f = Feed::new();
     let child_session = "20261129_200231_cccccc";
     let child_turn = "20261129_200231_cccccc:sa-1:aaaa";
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev(
-        "pre_tool_call",
-        10,
-        tool_ids(TURN, "call_d"),
-        tool("delegate_task"),
-    );
-    let link = v1::Ids {
-        parent_session_id: SESSION.into(),
-        parent_turn_id: TURN.into(),
-        child_session_id: child_session.into(),
-        child_subagent_id: "sa-1".into(),
-        ..Default::default()
-    };
-    f.ev(
-        "subagent_start",
-        11,
-        link.clone(),
+    f.turn_start(0, TURN);
+    f.tool_start(10, TURN, "call_d", "delegate_task");
+    let link = events::link(SESSION, TURN, child_session, "sa-1");
+    let researcher = |child_status: &str, duration_ms| {
         Some(Body::Subagent(v1::Subagent {
             child_role: "researcher".into(),
+            child_status: child_status.into(),
+            duration_ms,
             ..Default::default()
-        })),
-    );
-    let cids = v1::Ids {
-        session_id: child_session.into(),
-        task_id: "sa-1".into(),
-        turn_id: child_turn.into(),
-        ..Default::default()
+        }))
     };
-    f.ev(
-        "pre_llm_call",
-        12,
-        cids.clone(),
-        Some(Body::Turn(v1::Turn {
-            platform: "subagent".into(),
-            ..Default::default()
-        })),
-    );
+    f.ev("subagent_start", 11, link.clone(), researcher("", None));
+    let cids = events::ids(child_session, "sa-1", child_turn);
+    let subagent_turn = Some(Body::Turn(v1::Turn {
+        platform: "subagent".into(),
+        ..Default::default()
+    }));
+    f.ev("pre_llm_call", 12, cids.clone(), subagent_turn);
     f.ev("post_llm_call", 40, cids.clone(), None);
     f.ev("on_session_end", 41, cids, end_body(true, false));
-    f.ev(
-        "subagent_stop",
-        42,
-        link,
-        Some(Body::Subagent(v1::Subagent {
-            child_role: "researcher".into(),
-            child_status: "completed".into(),
-            duration_ms: Some(31),
-            ..Default::default()
-        })),
-    );
-    f.ev(
-        "post_tool_call",
-        43,
-        tool_ids(TURN, "call_d"),
-        tool_done("delegate_task", "ok", Some(33)),
-    );
-    f.ev("on_session_end", 50, ids(TURN), end_body(true, false));
+    f.ev("subagent_stop", 42, link, researcher("completed", Some(31)));
+    f.tool_end(43, TURN, "call_d", "delegate_task", "ok", Some(33));
+    f.session_end(50, TURN, true, false);
 
     let trace = trace_id(TURN).to_vec();
     assert!(f.out.iter().all(|s| s.span.trace_id == trace), "one trace");
@@ -466,8 +315,7 @@ fn subagent_turns_nest_under_the_delegate_tool() {
 
 #[test]
 fn unknown_hooks_become_turn_events() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
+    let mut f = Feed::in_turn();
     let mut other = v1::Other::default();
     other.fields.insert(
         "answer".into(),
@@ -481,7 +329,7 @@ fn unknown_hooks_become_turn_events() {
         ids(TURN),
         Some(Body::Other(other)),
     );
-    f.ev("on_session_end", 9, ids(TURN), end_body(true, false));
+    f.session_end(9, TURN, true, false);
     let root = f.one("invoke_agent hermes");
     assert_eq!(root.events.len(), 1);
     assert_eq!(root.events[0].name, "hermes.hook.on_human_input_request");
@@ -490,15 +338,9 @@ fn unknown_hooks_become_turn_events() {
 
 #[test]
 fn interrupted_attempt_counts_and_keeps_its_server() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev(
-        "pre_api_request",
-        10,
-        api_ids(API1),
-        api_body(api(1, 10, 0)),
-    );
-    f.ev("on_session_end", 90, ids(TURN), end_body(true, true));
+    let mut f = Feed::in_turn();
+    f.api_start(10, API1, 1, 10);
+    f.session_end(90, TURN, true, true);
     let chat = f.one("chat fake-model-1");
     assert_eq!(boolean(chat, "hermes.incomplete"), Some(true));
     assert_eq!(string(chat, "server.address"), Some("127.0.0.1"));
@@ -510,15 +352,10 @@ fn interrupted_attempt_counts_and_keeps_its_server() {
 #[test]
 fn a_child_never_starts_before_its_turn() {
     let mut f = Feed::new();
-    f.ev("pre_llm_call", 100, ids(TURN), turn_body());
+    f.turn_start(100, TURN);
     // Hermes' own started_at (another clock reading) lies before the turn.
-    f.ev(
-        "post_api_request",
-        200,
-        api_ids(API1),
-        api_body(api(1, 40, 190)),
-    );
-    f.ev("on_session_end", 300, ids(TURN), end_body(true, false));
+    f.api_done(200, API1, api(1, 40, 190));
+    f.session_end(300, TURN, true, false);
     let chat = f.one("chat fake-model-1");
     let root = f.one("invoke_agent hermes");
     assert_eq!(
@@ -531,23 +368,12 @@ fn a_child_never_starts_before_its_turn() {
 
 #[test]
 fn a_turn_never_ends_before_its_children() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev("post_llm_call", 100, ids(TURN), turn_body());
+    let mut f = Feed::in_turn();
+    f.turn_end(100, TURN);
     // A worker thread's late post (or a clock step) ends a tool after the turn.
-    f.ev(
-        "pre_tool_call",
-        50,
-        tool_ids(TURN, "call_1"),
-        tool("terminal"),
-    );
-    f.ev(
-        "post_tool_call",
-        150,
-        tool_ids(TURN, "call_1"),
-        tool_done("terminal", "ok", Some(90)),
-    );
-    f.ev("on_session_end", 160, ids(TURN), end_body(true, false));
+    f.tool_start(50, TURN, "call_1", "terminal");
+    f.tool_end(150, TURN, "call_1", "terminal", "ok", Some(90));
+    f.session_end(160, TURN, true, false);
     let root = f.one("invoke_agent hermes");
     assert_eq!(root.end_time_unix_nano, T0 + 150 * MS);
     assert_eq!(boolean(root, "hermes.clock_adjusted"), Some(true));
@@ -555,39 +381,13 @@ fn a_turn_never_ends_before_its_children() {
 
 #[test]
 fn blocked_and_cancelled_tools_are_not_errors() {
-    let mut f = Feed::new();
-    f.ev("pre_llm_call", 0, ids(TURN), turn_body());
-    f.ev(
-        "pre_tool_call",
-        10,
-        tool_ids(TURN, "call_b"),
-        tool("terminal"),
-    );
-    f.ev(
-        "post_tool_call",
-        11,
-        tool_ids(TURN, "call_b"),
-        tool_done("terminal", "blocked", Some(0)),
-    );
-    f.ev(
-        "pre_tool_call",
-        12,
-        tool_ids(TURN, "call_c"),
-        tool("terminal"),
-    );
-    f.ev(
-        "post_tool_call",
-        13,
-        tool_ids(TURN, "call_c"),
-        tool_done("terminal", "cancelled", Some(0)),
-    );
-    f.ev("on_session_end", 20, ids(TURN), end_body(true, false));
-    let tools: Vec<&Span> = f
-        .out
-        .iter()
-        .map(|s| &s.span)
-        .filter(|s| s.name == "execute_tool terminal")
-        .collect();
+    let mut f = Feed::in_turn();
+    f.tool_start(10, TURN, "call_b", "terminal");
+    f.tool_end(11, TURN, "call_b", "terminal", "blocked", Some(0));
+    f.tool_start(12, TURN, "call_c", "terminal");
+    f.tool_end(13, TURN, "call_c", "terminal", "cancelled", Some(0));
+    f.session_end(20, TURN, true, false);
+    let tools = f.spans("execute_tool terminal");
     assert_eq!(tools.len(), 2);
     for t in tools {
         assert!(t.status.is_none(), "UNSET, not ERROR");

@@ -43,6 +43,14 @@ fn subagent_and_child(f: &Feed) -> (&Span, &Span) {
     (sub, child)
 }
 
+/// The subagent span of [`background_child_in_flight`]: from its start at
+/// 1 s to `end_ms` (`why`), incomplete.
+fn assert_subagent_cut_off(sub: &Span, end_ms: u64, why: &str) {
+    assert_eq!(sub.start_time_unix_nano, T0 + 1_000 * MS);
+    assert_eq!(sub.end_time_unix_nano, T0 + end_ms * MS, "{why}");
+    assert_eq!(boolean(sub, "hermes.incomplete"), Some(true));
+}
+
 fn parent() -> v1::Ids {
     ids(SESSION, "task-1", TURN)
 }
@@ -63,42 +71,20 @@ fn link() -> v1::Ids {
 /// and ends its turn; its child has answered one model call and started a
 /// tool when the process exits.
 fn background_child_in_flight(f: &mut Feed) {
+    let delegate = || with_call(parent(), "call_1");
+    let child_api = || with_api(child(), "c-api-1");
     f.ev("pre_llm_call", 0, parent(), None);
-    f.ev(
-        "pre_tool_call",
-        100,
-        with_call(parent(), "call_1"),
-        tool("delegate_task"),
-    );
+    f.ev("pre_tool_call", 100, delegate(), tool("delegate_task"));
     f.ev("subagent_start", 1_000, link(), None);
-    f.ev(
-        "post_tool_call",
-        1_010,
-        with_call(parent(), "call_1"),
-        tool("delegate_task"),
-    );
+    f.ev("post_tool_call", 1_010, delegate(), tool("delegate_task"));
     f.ev("pre_llm_call", 1_050, child(), None);
-    f.ev(
-        "pre_api_request",
-        1_060,
-        with_api(child(), "c-api-1"),
-        api(1, 1_060, 0),
-    );
+    f.ev("pre_api_request", 1_060, child_api(), api(1, 1_060, 0));
     f.ev("post_llm_call", 1_400, parent(), None);
     f.ev("on_session_end", 1_401, parent(), end_body(true, false));
     // Fired while the interpreter exits (after the parent's last hook).
-    f.ev(
-        "post_api_request",
-        1_900,
-        with_api(child(), "c-api-1"),
-        api(1, 1_060, 1_900),
-    );
-    f.ev(
-        "pre_tool_call",
-        1_910,
-        with_call(child(), "call_2"),
-        tool("terminal"),
-    );
+    f.ev("post_api_request", 1_900, child_api(), api(1, 1_060, 1_900));
+    let terminal = with_call(child(), "call_2");
+    f.ev("pre_tool_call", 1_910, terminal, tool("terminal"));
 }
 
 #[test]
@@ -126,13 +112,7 @@ fn a_background_child_cut_off_by_the_exit_closes_at_the_exit_with_real_times() {
     assert_eq!(boolean(parent_turn, "hermes.incomplete"), None);
 
     let (sub, child_turn) = subagent_and_child(&f);
-    assert_eq!(sub.start_time_unix_nano, T0 + 1_000 * MS);
-    assert_eq!(
-        sub.end_time_unix_nano,
-        T0 + 2_500 * MS,
-        "ran until the exit"
-    );
-    assert_eq!(boolean(sub, "hermes.incomplete"), Some(true));
+    assert_subagent_cut_off(sub, 2_500, "ran until the exit");
 
     assert_eq!(child_turn.parent_span_id, sub.span_id);
     assert_eq!(child_turn.start_time_unix_nano, T0 + 1_050 * MS);
@@ -224,13 +204,7 @@ fn without_the_marker_a_subagent_ends_at_its_childs_last_activity() {
     // The collector stops (no marker came: `os._exit`, a kill).
     f.c.flush_all(&mut f.out);
     let (sub, child_turn) = subagent_and_child(&f);
-    assert_eq!(sub.start_time_unix_nano, T0 + 1_000 * MS);
-    assert_eq!(
-        sub.end_time_unix_nano,
-        T0 + 1_910 * MS,
-        "not 0 ms: until the child's last event"
-    );
-    assert_eq!(boolean(sub, "hermes.incomplete"), Some(true));
+    assert_subagent_cut_off(sub, 1_910, "not 0 ms: until the child's last event");
     // Nothing says how the child's turn ended: left unknown.
     assert_eq!(boolean(child_turn, "hermes.turn.completed"), None);
     assert_eq!(boolean(child_turn, "hermes.incomplete"), Some(true));

@@ -243,8 +243,14 @@ async fn mutual_tls() {
         );
         // TLS 1.3: the refusal arrives as an alert after our side of the
         // handshake. Over HTTP it is read as a handshake failure naming the
-        // alert; over gRPC the HTTP/2 connection may be torn down before
-        // the alert is read, and the call ends as a transport failure.
+        // alert. Over gRPC it is only when the call's error carries the
+        // alert (tonic's `transport error` over hyper's I/O error); when the
+        // HTTP/2 connection closes first, the call ends as `Cancelled` with
+        // nothing below hyper's "connection closed": hyper's connection task
+        // keeps its own I/O error (the alert, if it read it at all) and
+        // drops it, so the exporter cannot name the refusal from tonic's
+        // error. It could only by owning the TLS connector and recording
+        // what the connection read.
         let refused = match t {
             Transport::Http => matches!(error, ExportError::TlsHandshake(_)),
             Transport::Grpc => matches!(

@@ -134,6 +134,13 @@ async fn exported_within(
     spans
 }
 
+/// The one turn among `spans`, exported because `why`.
+fn one_root<'a>(spans: &'a [Span], why: &str) -> &'a Span {
+    let found = roots(spans);
+    assert_eq!(found.len(), 1, "{why}: {spans:?}");
+    found[0]
+}
+
 fn roots(spans: &[Span]) -> Vec<&Span> {
     spans
         .iter()
@@ -173,9 +180,7 @@ async fn an_open_turn_closes_at_its_ttl_as_incomplete() {
         "a turn whose agent is only quiet must stay open until its TTL: {before:?}"
     );
     let after = exported_within(&mut stage.export, Duration::from_secs(2)).await;
-    let roots = roots(&after);
-    assert_eq!(roots.len(), 1, "the TTL closes the turn: {after:?}");
-    assert!(incomplete(roots[0]));
+    assert!(incomplete(one_root(&after, "the TTL closes the turn")));
 }
 
 #[tokio::test(start_paused = true)]
@@ -195,13 +200,10 @@ async fn an_ended_turn_is_exported_after_the_end_grace_not_before() {
         "late events of an ended turn may still come within the grace"
     );
     let after = exported_within(&mut stage.export, 3 * TICK).await;
-    let roots = roots(&after);
-    assert_eq!(
-        roots.len(),
-        1,
-        "exported once the grace has passed: {after:?}"
-    );
-    assert!(!incomplete(roots[0]));
+    assert!(!incomplete(one_root(
+        &after,
+        "exported once the grace has passed"
+    )));
     assert!(before.iter().chain(&after).all(|s| !incomplete(s)));
 }
 
@@ -216,9 +218,7 @@ async fn a_stop_closes_open_turns_in_memory() {
     let ended = stage.task.await.unwrap();
     assert_eq!(ended.open, None);
     let spans = exported_within(&mut stage.export, Duration::from_secs(1)).await;
-    let roots = roots(&spans);
-    assert_eq!(roots.len(), 1, "closed at the stop: {spans:?}");
-    assert!(incomplete(roots[0]));
+    assert!(incomplete(one_root(&spans, "closed at the stop")));
 }
 
 #[tokio::test(start_paused = true)]

@@ -316,14 +316,7 @@ impl Series {
 
 /// `value` cut to at most `max` bytes, on a character boundary.
 fn truncate(value: &str, max: usize) -> &str {
-    if value.len() <= max {
-        return value;
-    }
-    let mut end = max;
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    &value[..end]
+    &value[..value.floor_char_boundary(max)]
 }
 
 #[cfg(test)]

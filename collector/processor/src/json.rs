@@ -70,18 +70,7 @@ impl Json {
                 }
                 out.push(']');
             }
-            Json::Object(members) => {
-                out.push('{');
-                for (i, (key, value)) in members.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    write_str(key, out);
-                    out.push(':');
-                    value.write(out);
-                }
-                out.push('}');
-            }
+            Json::Object(members) => write_object(members, out, |value, out| value.write(out)),
         }
     }
 
@@ -206,6 +195,25 @@ const ESCAPE_EXTRA: [u8; 256] = {
 };
 
 /// Appends `s` as a JSON string literal.
+/// Appends the JSON object of `members` to `out`, each value written by
+/// `write_value`.
+pub(crate) fn write_object<K: AsRef<str>, V>(
+    members: &[(K, V)],
+    out: &mut String,
+    mut write_value: impl FnMut(&V, &mut String),
+) {
+    out.push('{');
+    for (i, (key, value)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_str(key.as_ref(), out);
+        out.push(':');
+        write_value(value, out);
+    }
+    out.push('}');
+}
+
 pub(crate) fn write_str(s: &str, out: &mut String) {
     out.push('"');
     write_escaped(s, out);

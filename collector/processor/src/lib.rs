@@ -279,7 +279,7 @@ impl SpanProcessor {
         let redacted = self.compiled.redactor.redact_str_value(name, scratch);
         ProcessorStats::add(&self.stats.redacted_attributes, u64::from(redacted));
         if name.len() > MAX_NAME_BYTES {
-            let end = truncate::floor_char_boundary(name, MAX_NAME_BYTES);
+            let end = name.floor_char_boundary(MAX_NAME_BYTES);
             *name = name[..end].to_owned().into();
             ProcessorStats::add(&self.stats.truncated_attributes, 1);
         }
@@ -336,7 +336,7 @@ impl SpanProcessor {
                 // that a second pass over the marker finds nothing, and cut
                 // like a key (the marker itself is never truncated).
                 c.redactor.redact_string(&mut entry, scratch);
-                entry.truncate(truncate::floor_char_boundary(&entry, MAX_NAME_BYTES));
+                entry.truncate(entry.floor_char_boundary(MAX_NAME_BYTES));
                 cut.push(entry);
             }
         }

@@ -36,7 +36,6 @@ use crate::MAX_NAME_BYTES;
 use crate::config::{ConfigError, RedactionConfig};
 use crate::json::{self, Json};
 use crate::prefilter::Prefilter;
-use crate::truncate::floor_char_boundary;
 
 /// How many levels of JSON text inside JSON strings are parsed (e.g. tool
 /// call arguments encoded as a string inside a message list).
@@ -333,7 +332,7 @@ impl Redactor {
     /// [`MAX_NAME_BYTES`], or `None` when it needs neither.
     pub(crate) fn rewrite_key(&self, key: &str) -> Option<String> {
         let redacted = self.apply_patterns(key);
-        let end = floor_char_boundary(&redacted, MAX_NAME_BYTES);
+        let end = redacted.floor_char_boundary(MAX_NAME_BYTES);
         match redacted {
             Cow::Borrowed(_) if end == key.len() => None,
             Cow::Borrowed(k) => Some(k[..end].to_owned()),
@@ -350,7 +349,7 @@ impl Redactor {
         if self.is_noop() {
             // No rule: only the keys' length limit, which redacts nothing.
             for kv in attrs.iter_mut().filter(|kv| kv.key.len() > MAX_NAME_BYTES) {
-                let end = floor_char_boundary(&kv.key, MAX_NAME_BYTES);
+                let end = kv.key.floor_char_boundary(MAX_NAME_BYTES);
                 kv.key = kv.key[..end].to_owned().into();
             }
             return 0;

@@ -296,18 +296,7 @@ impl<'a> Node<'a> {
                 }
                 out.push(']');
             }
-            Node::Object(members) => {
-                out.push('{');
-                for (i, (k, v)) in members.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    json::write_str(k, out);
-                    out.push(':');
-                    v.write(cap, out);
-                }
-                out.push('}');
-            }
+            Node::Object(members) => json::write_object(members, out, |v, out| v.write(cap, out)),
         }
     }
 }

@@ -52,19 +52,7 @@ pub(crate) fn truncate_str(s: &str, limit: usize) -> Option<String> {
             return Some(out);
         }
     }
-    Some(s[..floor_char_boundary(s, limit)].to_owned())
-}
-
-/// The largest index ≤ `at` that is a character boundary of `s`.
-pub(crate) fn floor_char_boundary(s: &str, at: usize) -> usize {
-    if at >= s.len() {
-        return s.len();
-    }
-    let mut i = at;
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
+    Some(s[..s.floor_char_boundary(limit)].to_owned())
 }
 
 /// Cuts every string (and bytes) value inside `v` to `limit`; returns
@@ -246,6 +234,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use hermes_e2e::json::arb_json;
     use proptest::prelude::*;
 
     fn cut(s: &str, limit: usize) -> String {
@@ -298,17 +287,20 @@ mod tests {
         }
     }
 
+    /// How long this takes is `processor_truncate/many_small_arrays` in
+    /// benches/benches/pipeline.rs.
     #[test]
-    fn many_small_arrays_are_cut_in_bounded_time() {
+    fn many_small_arrays_are_cut_to_json_within_the_limit() {
         let members: Vec<String> = (0..5000)
             .map(|i| format!("\"k{i}\":[\"{}\",2,3,4,5,6,7,8,9,10]", "v".repeat(40)))
             .collect();
         let doc = format!("{{{}}}", members.join(","));
-        let start = std::time::Instant::now();
         let out = cut(&doc, 4096);
-        assert!(start.elapsed() < std::time::Duration::from_secs(5));
         assert!(out.len() <= 4096);
-        serde_json::from_str::<serde_json::Value>(&out).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let kept = v.as_object().unwrap();
+        assert!(kept.contains_key("k0"), "the first members are kept: {out}");
+        assert_eq!(kept.get("_truncated"), Some(&serde_json::Value::Bool(true)));
     }
 
     #[test]
@@ -326,32 +318,9 @@ mod tests {
         }
     }
 
-    fn arb_json() -> impl Strategy<Value = serde_json::Value> {
-        let leaf = prop_oneof![
-            Just(serde_json::Value::Null),
-            any::<bool>().prop_map(serde_json::Value::Bool),
-            any::<i64>().prop_map(serde_json::Value::from),
-            any::<f64>()
-                .prop_filter("finite", |f| f.is_finite())
-                .prop_map(serde_json::Value::from),
-            ".{0,40}".prop_map(serde_json::Value::String),
-        ];
-        leaf.prop_recursive(5, 128, 10, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..10).prop_map(serde_json::Value::Array),
-                prop::collection::vec((".{0,12}", inner), 0..10)
-                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
     proptest! {
         #[test]
         fn any_budget_from_two_gives_valid_json(doc in arb_json(), limit in 2usize..400) {
-            let doc = match doc {
-                v @ (serde_json::Value::Array(_) | serde_json::Value::Object(_)) => v,
-                other => serde_json::Value::Array(vec![other]),
-            };
             let text = doc.to_string();
             let out = cut(&text, limit);
             if text.len() <= limit {

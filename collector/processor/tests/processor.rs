@@ -11,7 +11,6 @@ use hermes_span::resource::v1::Resource;
 use hermes_span::trace::v1::{
     ResourceSpans, ScopeSpans, Span, Status, span::Event, status::StatusCode,
 };
-use proptest::prelude::*;
 use serde_json::json;
 
 fn kv(key: &str, value: Value) -> KeyValue {
@@ -146,6 +145,21 @@ fn get_str<'a>(sp: &'a Span, key: &str) -> &'a str {
     match get(sp, key) {
         Some(Value::StringValue(v)) => v,
         other => panic!("{key}: {other:?}"),
+    }
+}
+
+/// `span`, alone in a batch, through a processor with every attribute set.
+fn through_all_sets(span: Span) -> Span {
+    let mut b = batch(vec![span]);
+    processor(all_sets()).process(&mut b);
+    b[0].scope_spans[0].spans[0].clone()
+}
+
+/// Each `(key, value)` is a string attribute of `sp` (the key named when
+/// one is not).
+fn assert_strs(sp: &Span, expected: &[(&str, &str)]) {
+    for (key, value) in expected {
+        assert_eq!(get_str(sp, key), *value, "{key}");
     }
 }
 
@@ -369,13 +383,16 @@ fn keys_matching_rules_have_their_whole_value_replaced() {
 
 #[test]
 fn openinference_and_langfuse_for_a_chat_span() {
-    let mut b = batch(vec![chat_span()]);
-    processor(all_sets()).process(&mut b);
-    let sp = &b[0].scope_spans[0].spans[0];
+    let sp = &through_all_sets(chat_span());
 
-    assert_eq!(get_str(sp, "openinference.span.kind"), "LLM");
-    assert_eq!(get_str(sp, "llm.model_name"), "claude-sonnet-4-20250514");
-    assert_eq!(get_str(sp, "llm.provider"), "anthropic");
+    assert_strs(
+        sp,
+        &[
+            ("openinference.span.kind", "LLM"),
+            ("llm.model_name", "claude-sonnet-4-20250514"),
+            ("llm.provider", "anthropic"),
+        ],
+    );
     assert_eq!(get_int(sp, "llm.token_count.prompt"), 1200);
     assert_eq!(get_int(sp, "llm.token_count.completion"), 300);
     assert_eq!(get_int(sp, "llm.token_count.total"), 1500);
@@ -403,11 +420,16 @@ fn openinference_and_langfuse_for_a_chat_span() {
     );
     assert_eq!(get_str(sp, "output.mime_type"), "application/json");
 
-    assert_eq!(get_str(sp, "langfuse.observation.type"), "generation");
-    assert_eq!(get_str(sp, "langfuse.session.id"), "sess-1");
-    assert_eq!(
-        get_str(sp, "langfuse.observation.model.name"),
-        "claude-sonnet-4-20250514"
+    assert_strs(
+        sp,
+        &[
+            ("langfuse.observation.type", "generation"),
+            ("langfuse.session.id", "sess-1"),
+            (
+                "langfuse.observation.model.name",
+                "claude-sonnet-4-20250514",
+            ),
+        ],
     );
     let usage: serde_json::Value =
         serde_json::from_str(get_str(sp, "langfuse.observation.usage_details")).unwrap();
@@ -428,25 +450,30 @@ fn openinference_and_langfuse_for_a_chat_span() {
 
 #[test]
 fn openinference_and_langfuse_for_a_tool_span() {
-    let mut b = batch(vec![tool_span(r#"{"command":"ls"}"#)]);
-    processor(all_sets()).process(&mut b);
-    let sp = &b[0].scope_spans[0].spans[0];
+    let sp = &through_all_sets(tool_span(r#"{"command":"ls"}"#));
 
-    assert_eq!(get_str(sp, "openinference.span.kind"), "TOOL");
-    assert_eq!(get_str(sp, "tool.name"), "terminal");
-    assert_eq!(get_str(sp, "tool.id"), "call_1");
-    assert_eq!(get_str(sp, "input.value"), r#"{"command":"ls"}"#);
-    assert_eq!(get_str(sp, "input.mime_type"), "application/json");
-    assert_eq!(get_str(sp, "output.value"), "done");
-    assert_eq!(get_str(sp, "output.mime_type"), "text/plain");
+    assert_strs(
+        sp,
+        &[
+            ("openinference.span.kind", "TOOL"),
+            ("tool.name", "terminal"),
+            ("tool.id", "call_1"),
+            ("input.value", r#"{"command":"ls"}"#),
+            ("input.mime_type", "application/json"),
+            ("output.value", "done"),
+            ("output.mime_type", "text/plain"),
+        ],
+    );
     assert!(get(sp, "llm.model_name").is_none());
 
-    assert_eq!(get_str(sp, "langfuse.observation.type"), "tool");
-    assert_eq!(
-        get_str(sp, "langfuse.observation.input"),
-        r#"{"command":"ls"}"#
+    assert_strs(
+        sp,
+        &[
+            ("langfuse.observation.type", "tool"),
+            ("langfuse.observation.input", r#"{"command":"ls"}"#),
+            ("langfuse.observation.output", "done"),
+        ],
     );
-    assert_eq!(get_str(sp, "langfuse.observation.output"), "done");
     assert!(get(sp, "langfuse.observation.usage_details").is_none());
 }
 
@@ -454,29 +481,34 @@ fn openinference_and_langfuse_for_a_tool_span() {
 fn openinference_and_langfuse_for_a_turn_span() {
     let mut turn = turn_span();
     turn.attributes.push(s("user.id", "u-7"));
-    let mut b = batch(vec![turn]);
-    processor(all_sets()).process(&mut b);
-    let sp = &b[0].scope_spans[0].spans[0];
+    let sp = &through_all_sets(turn);
 
-    assert_eq!(get_str(sp, "openinference.span.kind"), "AGENT");
-    assert_eq!(get_str(sp, "agent.name"), "hermes");
-    assert_eq!(get_str(sp, "input.value"), "list the files");
-    assert_eq!(get_str(sp, "input.mime_type"), "text/plain");
-    assert_eq!(get_str(sp, "output.value"), "{\"files\":[\"a\",\"b\"]}");
-    assert_eq!(get_str(sp, "output.mime_type"), "application/json");
+    assert_strs(
+        sp,
+        &[
+            ("openinference.span.kind", "AGENT"),
+            ("agent.name", "hermes"),
+            ("input.value", "list the files"),
+            ("input.mime_type", "text/plain"),
+            ("output.value", "{\"files\":[\"a\",\"b\"]}"),
+            ("output.mime_type", "application/json"),
+        ],
+    );
     // No token counts on the root: backends would double count.
     assert!(get(sp, "llm.token_count.prompt").is_none());
 
     assert_eq!(get_str(sp, "langfuse.observation.type"), "agent");
     // The trace is named after the agent's service (`routing.langfuse`).
-    assert_eq!(get_str(sp, "langfuse.trace.name"), "hermes-agent");
-    assert_eq!(get_str(sp, "langfuse.session.id"), "sess-1");
-    assert_eq!(get_str(sp, "langfuse.user.id"), "u-7");
-    assert_eq!(get_str(sp, "langfuse.observation.input"), "list the files");
-    assert_eq!(get_str(sp, "langfuse.observation.level"), "ERROR");
-    assert_eq!(
-        get_str(sp, "langfuse.observation.status_message"),
-        "turn failed"
+    assert_strs(
+        sp,
+        &[
+            ("langfuse.trace.name", "hermes-agent"),
+            ("langfuse.session.id", "sess-1"),
+            ("langfuse.user.id", "u-7"),
+            ("langfuse.observation.input", "list the files"),
+            ("langfuse.observation.level", "ERROR"),
+            ("langfuse.observation.status_message", "turn failed"),
+        ],
     );
     assert!(get(sp, "langfuse.observation.model.name").is_none());
 }
@@ -719,113 +751,4 @@ fn the_documented_example_is_the_defaults_with_every_set() {
     let end = start + readme[start..].find("```").unwrap();
     let file: File = serde_yaml::from_str(&readme[start..end]).unwrap();
     assert_eq!(file.processing, all_sets());
-}
-
-fn arb_json() -> impl Strategy<Value = serde_json::Value> {
-    let leaf = prop_oneof![
-        Just(serde_json::Value::Null),
-        any::<bool>().prop_map(serde_json::Value::Bool),
-        any::<i64>().prop_map(serde_json::Value::from),
-        any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
-            .prop_map(serde_json::Value::from),
-        "\\PC{0,60}".prop_map(serde_json::Value::String),
-        "[\"\\\\\\n\\t\\u{1}-\\u{1f}a-z]{0,30}".prop_map(serde_json::Value::String),
-    ];
-    let tree = leaf.prop_recursive(6, 200, 12, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..12).prop_map(serde_json::Value::Array),
-            prop::collection::vec(("\\PC{0,16}", inner), 0..12)
-                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
-        ]
-    });
-    // The top level is an object or an array: that is what is kept JSON.
-    tree.prop_map(|v| match v {
-        v @ (serde_json::Value::Array(_) | serde_json::Value::Object(_)) => v,
-        other => json!({ "value": other }),
-    })
-}
-
-fn no_redaction() -> RedactionConfig {
-    RedactionConfig {
-        key_names: vec![],
-        value_patterns: vec![],
-        replacement: String::new(),
-    }
-}
-
-fn cut_through_processor(text: &str, limit: usize) -> String {
-    let mut p = processor(ProcessorConfig {
-        max_attribute_bytes: Some(limit),
-        redaction: no_redaction(),
-        ..Default::default()
-    });
-    let mut sp = span("x", false, vec![s("v", text)]);
-    p.process_span(&mut sp);
-    get_str(&sp, "v").to_owned()
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
-
-    #[test]
-    fn json_values_stay_json_within_the_limit(
-        doc in arb_json(),
-        pretty in any::<bool>(),
-        limit_seed in any::<prop::sample::Index>(),
-    ) {
-        let text = if pretty {
-            serde_json::to_string_pretty(&doc).unwrap()
-        } else {
-            doc.to_string()
-        };
-        let limit = hermes_processor::MIN_ATTRIBUTE_BYTES
-            + limit_seed.index(text.len() + 16);
-        let out = cut_through_processor(&text, limit);
-        if text.len() <= limit {
-            prop_assert_eq!(&out, &text);
-        } else {
-            prop_assert!(out.len() <= limit, "{} > {}: {}", out.len(), limit, out);
-            let parsed = serde_json::from_str::<serde_json::Value>(&out);
-            prop_assert!(parsed.is_ok(), "invalid JSON at limit {}: {}", limit, out);
-            // The same kind of document comes out.
-            let parsed = parsed.unwrap();
-            prop_assert_eq!(parsed.is_object(), doc.is_object());
-        }
-    }
-
-    #[test]
-    fn other_strings_become_a_utf8_prefix_within_the_limit(
-        text in "\\PC{0,400}",
-        limit in hermes_processor::MIN_ATTRIBUTE_BYTES..600,
-    ) {
-        // Not JSON containers: strings starting with `{`/`[` may be JSON.
-        prop_assume!(!text.trim_start().starts_with(['{', '[']));
-        let out = cut_through_processor(&text, limit);
-        prop_assert!(out.len() <= limit);
-        prop_assert!(text.starts_with(&out));
-        if text.len() > limit {
-            // The longest such prefix: one more char would exceed the limit.
-            let next = text[out.len()..].chars().next().unwrap();
-            prop_assert!(out.len() + next.len_utf8() > limit);
-        } else {
-            prop_assert_eq!(out, text);
-        }
-    }
-
-    #[test]
-    fn broken_json_is_cut_as_text(
-        doc in arb_json(),
-        cut in any::<prop::sample::Index>(),
-        limit in hermes_processor::MIN_ATTRIBUTE_BYTES..200,
-    ) {
-        let text = doc.to_string();
-        let mut end = cut.index(text.len());
-        while !text.is_char_boundary(end) { end -= 1; }
-        let broken = &text[..end];
-        let out = cut_through_processor(broken, limit);
-        // A strict prefix of a container is never valid JSON: plain cut.
-        prop_assert!(out.len() <= limit);
-        prop_assert!(broken.starts_with(&out));
-    }
 }

@@ -1,8 +1,10 @@
 //! Truncation keeps the shape of GenAI message documents: what Arize
 //! Phoenix and the GenAI semantic conventions' message schemas need from a
-//! value cut to `max_attribute_bytes`.
+//! value cut to `max_attribute_bytes`; any JSON value stays JSON within the
+//! limit, and other text becomes its longest UTF-8 prefix that fits.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use hermes_e2e::json::arb_json;
 use hermes_processor::{AttributeSet, MIN_ATTRIBUTE_BYTES, ProcessorConfig, SpanProcessor};
 use hermes_span::common::v1::{AnyValue, KeyValue, any_value::Value};
 use hermes_span::trace::v1::Span;
@@ -345,5 +347,90 @@ proptest! {
         prop_assert!(cut.len() <= limit);
         prop_assert!(serde_json::from_str::<J>(cut).is_ok(), "{}", cut);
         prop_assert_eq!(parts_error(cut), None);
+    }
+}
+
+/// `text` as the one attribute of a span, through a processor without
+/// redaction rules that cuts values at `limit`.
+fn cut_through_processor(text: &str, limit: usize) -> String {
+    let mut config = ProcessorConfig {
+        max_attribute_bytes: Some(limit),
+        ..Default::default()
+    };
+    config.redaction.key_names.clear();
+    config.redaction.value_patterns.clear();
+    let mut p = SpanProcessor::new(&config).unwrap();
+    let mut sp = Span {
+        trace_id: vec![1; 16],
+        span_id: vec![2; 8],
+        parent_span_id: vec![3; 8],
+        name: "x".into(),
+        attributes: vec![s("v", text)],
+        ..Default::default()
+    };
+    p.process_span(&mut sp);
+    get(&sp, "v").to_owned()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn json_values_stay_json_within_the_limit(
+        doc in arb_json(),
+        pretty in any::<bool>(),
+        limit_seed in any::<prop::sample::Index>(),
+    ) {
+        let text = if pretty {
+            serde_json::to_string_pretty(&doc).unwrap()
+        } else {
+            doc.to_string()
+        };
+        let limit = MIN_ATTRIBUTE_BYTES
+            + limit_seed.index(text.len() + 16);
+        let out = cut_through_processor(&text, limit);
+        if text.len() <= limit {
+            prop_assert_eq!(&out, &text);
+        } else {
+            prop_assert!(out.len() <= limit, "{} > {}: {}", out.len(), limit, out);
+            let parsed = serde_json::from_str::<serde_json::Value>(&out);
+            prop_assert!(parsed.is_ok(), "invalid JSON at limit {}: {}", limit, out);
+            // The same kind of document comes out.
+            let parsed = parsed.unwrap();
+            prop_assert_eq!(parsed.is_object(), doc.is_object());
+        }
+    }
+
+    #[test]
+    fn other_strings_become_a_utf8_prefix_within_the_limit(
+        text in "\\PC{0,400}",
+        limit in MIN_ATTRIBUTE_BYTES..600,
+    ) {
+        // Not JSON containers: strings starting with `{`/`[` may be JSON.
+        prop_assume!(!text.trim_start().starts_with(['{', '[']));
+        let out = cut_through_processor(&text, limit);
+        prop_assert!(out.len() <= limit);
+        prop_assert!(text.starts_with(&out));
+        if text.len() > limit {
+            // The longest such prefix: one more char would exceed the limit.
+            let next = text[out.len()..].chars().next().unwrap();
+            prop_assert!(out.len() + next.len_utf8() > limit);
+        } else {
+            prop_assert_eq!(out, text);
+        }
+    }
+
+    #[test]
+    fn broken_json_is_cut_as_text(
+        doc in arb_json(),
+        cut in any::<prop::sample::Index>(),
+        limit in MIN_ATTRIBUTE_BYTES..200,
+    ) {
+        let text = doc.to_string();
+        let broken = &text[..text.floor_char_boundary(cut.index(text.len()))];
+        let out = cut_through_processor(broken, limit);
+        // A strict prefix of a container is never valid JSON: plain cut.
+        prop_assert!(out.len() <= limit);
+        prop_assert!(broken.starts_with(&out));
     }
 }

@@ -26,26 +26,51 @@ struct Server {
     _batches: tokio::task::JoinHandle<()>,
 }
 
-async fn start(addr: ListenAddr, limits: Limits, token: Option<&str>) -> Server {
+/// A server on `addr` whose pipeline side is the test's (it gets the
+/// `Ingested`s), its service set up by `setup`.
+async fn serve(
+    addr: ListenAddr,
+    limits: Limits,
+    setup: impl FnOnce(Ingest) -> Ingest,
+) -> (Server, mpsc::Receiver<Ingested>) {
     let listener = Listener::bind(&addr).await.unwrap();
     let endpoint = match listener.local_addr().unwrap() {
         ListenAddr::Tcp(addr) => format!("http://{addr}"),
         unix @ ListenAddr::Unix(_) => unix.to_string(),
     };
-    let (tx, mut rx) = mpsc::channel(64);
-    let batches = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let (tx, rx) = mpsc::channel(64);
     let stats = Arc::new(ReceiverStats::default());
     let stop = CancellationToken::new();
-    let ingest = Ingest::new(tx, limits, stats.clone(), stop.clone())
-        .with_token(token.map(|t| BearerToken::new(t).unwrap()));
+    let ingest = setup(Ingest::new(tx, limits, stats.clone(), stop.clone()));
     let served = tokio::spawn(ingest.serve(listener, None, stop.clone()));
-    Server {
+    let server = Server {
         endpoint,
         stats,
         stop,
         served,
-        _batches: batches,
-    }
+        _batches: tokio::spawn(async {}),
+    };
+    (server, rx)
+}
+
+/// A server on `addr` that takes every batch, asking for `token` when set.
+async fn start(addr: ListenAddr, limits: Limits, token: Option<&str>) -> Server {
+    let token = token.map(|t| BearerToken::new(t).unwrap());
+    let (mut server, mut rx) = serve(addr, limits, |ingest| ingest.with_token(token)).await;
+    server._batches = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    server
+}
+
+/// A server on loopback TCP that takes every batch, its limits the
+/// defaults changed by `set`.
+async fn start_tcp(set: impl FnOnce(&mut Limits)) -> Server {
+    let mut limits = Limits::default();
+    set(&mut limits);
+    start(loopback(), limits, None).await
+}
+
+fn loopback() -> ListenAddr {
+    ListenAddr::Tcp(([127, 0, 0, 1], 0).into())
 }
 
 async fn client(endpoint: &str) -> EventIngestClient<Channel> {
@@ -69,12 +94,7 @@ fn batch(first_seq: u64, padding: usize) -> EventBatch {
 
 #[tokio::test]
 async fn bearer_token_is_required_and_failures_are_counted() {
-    let server = start(
-        ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
-        Limits::default(),
-        Some("s3cret-token"),
-    )
-    .await;
+    let server = start(loopback(), Limits::default(), Some("s3cret-token")).await;
     let mut client = client(&server.endpoint).await;
 
     let missing = stream_batches(&mut client, None, vec![batch(1, 1)])
@@ -106,11 +126,7 @@ async fn bearer_token_is_required_and_failures_are_counted() {
 
 #[tokio::test]
 async fn oversized_message_is_refused_and_other_streams_go_on() {
-    let limits = Limits {
-        max_message_bytes: 4096,
-        ..Limits::default()
-    };
-    let server = start(ListenAddr::Tcp(([127, 0, 0, 1], 0).into()), limits, None).await;
+    let server = start_tcp(|l| l.max_message_bytes = 4096).await;
     let mut flooder = client(&server.endpoint).await;
     let mut honest = client(&server.endpoint).await;
 
@@ -163,31 +179,16 @@ async fn serves_on_a_unix_socket_and_removes_it_at_shutdown() {
     assert!(!path.exists(), "the socket file is removed at shutdown");
 }
 
-/// A server whose pipeline side is the test's: it gets the `Ingested`s.
+/// A loopback server whose pipeline side is the test's: it gets the
+/// `Ingested`s.
 async fn start_with(
     delivery: Delivery,
     memory: Option<Arc<MemoryLimit>>,
 ) -> (Server, mpsc::Receiver<Ingested>) {
-    let listener = Listener::bind(&ListenAddr::Tcp(([127, 0, 0, 1], 0).into()))
-        .await
-        .unwrap();
-    let endpoint = format!("{}", listener.local_addr().unwrap());
-    let endpoint = format!("http://{endpoint}");
-    let (tx, rx) = mpsc::channel(64);
-    let stats = Arc::new(ReceiverStats::default());
-    let stop = CancellationToken::new();
-    let ingest = Ingest::new(tx, Limits::default(), stats.clone(), stop.clone())
-        .with_delivery(delivery)
-        .with_memory_limit(memory);
-    let served = tokio::spawn(ingest.serve(listener, None, stop.clone()));
-    let server = Server {
-        endpoint,
-        stats,
-        stop,
-        served,
-        _batches: tokio::spawn(async {}),
-    };
-    (server, rx)
+    serve(loopback(), Limits::default(), |ingest| {
+        ingest.with_delivery(delivery).with_memory_limit(memory)
+    })
+    .await
 }
 
 #[tokio::test]
@@ -267,11 +268,7 @@ fn events_batch(instance: &str, first_seq: u64, n: u64) -> EventBatch {
 
 #[tokio::test]
 async fn an_event_above_max_event_bytes_is_refused_naming_the_limit() {
-    let limits = Limits {
-        max_event_bytes: 1000,
-        ..Limits::default()
-    };
-    let server = start(ListenAddr::Tcp(([127, 0, 0, 1], 0).into()), limits, None).await;
+    let server = start_tcp(|l| l.max_event_bytes = 1000).await;
     let mut sender = client(&server.endpoint).await;
 
     // The message is far below max_message_bytes; one event is not.
@@ -301,12 +298,11 @@ async fn an_event_above_max_event_bytes_is_refused_naming_the_limit() {
 #[tokio::test]
 async fn a_stream_over_its_rate_is_read_slower_and_other_streams_are_not() {
     // 100 events/s, bursts of 20: 200 events take about 1.8 s.
-    let limits = Limits {
-        stream_events_per_sec: 100,
-        stream_burst_events: 20,
-        ..Limits::default()
-    };
-    let server = start(ListenAddr::Tcp(([127, 0, 0, 1], 0).into()), limits, None).await;
+    let server = start_tcp(|l| {
+        l.stream_events_per_sec = 100;
+        l.stream_burst_events = 20;
+    })
+    .await;
     let mut flooder = client(&server.endpoint).await;
     let mut honest = client(&server.endpoint).await;
 
@@ -356,11 +352,7 @@ async fn a_stream_over_its_rate_is_read_slower_and_other_streams_are_not() {
 
 #[tokio::test]
 async fn one_connection_gets_at_most_its_stream_limit() {
-    let limits = Limits {
-        max_streams_per_connection: 1,
-        ..Limits::default()
-    };
-    let server = start(ListenAddr::Tcp(([127, 0, 0, 1], 0).into()), limits, None).await;
+    let server = start_tcp(|l| l.max_streams_per_connection = 1).await;
     // Two clients over one connection.
     let mut first = client(&server.endpoint).await;
     let mut second = first.clone();
@@ -389,12 +381,11 @@ async fn one_connection_gets_at_most_its_stream_limit() {
 
 #[tokio::test]
 async fn a_connection_that_answers_no_ping_is_closed() {
-    let limits = Limits {
-        keepalive_interval: Duration::from_millis(100),
-        keepalive_timeout: Duration::from_millis(100),
-        ..Limits::default()
-    };
-    let server = start(ListenAddr::Tcp(([127, 0, 0, 1], 0).into()), limits, None).await;
+    let server = start_tcp(|l| {
+        l.keepalive_interval = Duration::from_millis(100);
+        l.keepalive_timeout = Duration::from_millis(100);
+    })
+    .await;
     let addr = server.endpoint.trim_start_matches("http://").to_owned();
     // A client that says hello in HTTP/2 and then falls silent, as one whose
     // host vanished: it reads, but answers nothing (not even the ping).
@@ -423,12 +414,7 @@ async fn a_connection_that_answers_no_ping_is_closed() {
 /// under its version and logged; a known release is not counted.
 #[tokio::test]
 async fn an_unknown_shim_version_is_accepted_and_counted() {
-    let server = start(
-        ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
-        Limits::default(),
-        None,
-    )
-    .await;
+    let server = start_tcp(|_| {}).await;
     let mut client = client(&server.endpoint).await;
     let from = |version: &str, seq: u64| {
         let mut batch = batch(seq, 1);
@@ -471,12 +457,7 @@ async fn another_wire_protocol_is_refused_with_a_clear_error() {
     use hermes_proto::v1::Ack;
     use tonic::codegen::http::uri::PathAndQuery;
 
-    let server = start(
-        ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
-        Limits::default(),
-        None,
-    )
-    .await;
+    let server = start_tcp(|_| {}).await;
     let channel = Endpoint::from_shared(server.endpoint.clone())
         .unwrap()
         .connect()

@@ -58,10 +58,19 @@ impl Feed {
     }
 
     pub fn spans(&self, name: &str) -> Vec<&Span> {
+        self.spans_where(|s| s.name == name)
+    }
+
+    /// The spans whose name starts with `prefix`, in the order they closed.
+    pub fn spans_starting(&self, prefix: &str) -> Vec<&Span> {
+        self.spans_where(|s| s.name.starts_with(prefix))
+    }
+
+    fn spans_where(&self, keep: impl Fn(&Span) -> bool) -> Vec<&Span> {
         self.out
             .iter()
             .map(|s| &s.span)
-            .filter(|s| s.name == name)
+            .filter(|s| keep(s))
             .collect()
     }
 

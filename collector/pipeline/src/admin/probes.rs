@@ -65,6 +65,10 @@ impl fmt::Debug for QueueProbe {
     }
 }
 
+/// A gauge family of the probed channels: its name, its help and what it
+/// reads of a channel's level.
+type QueueGauge = (&'static str, &'static str, fn(&QueueLevel) -> usize);
+
 /// Every probed channel, encoded as two families labelled `queue`.
 #[derive(Debug)]
 pub struct Queues(pub Vec<QueueProbe>);
@@ -72,19 +76,20 @@ pub struct Queues(pub Vec<QueueProbe>);
 impl StageMetrics for Queues {
     fn encode(&self, m: &mut MetricEncoder<'_>) -> fmt::Result {
         let levels: Vec<(&str, QueueLevel)> = self.0.iter().map(|q| (q.name(), q.read())).collect();
-        m.family(
-            Kind::Gauge,
-            ("queue_size", "Items waiting in a bounded channel.", "queue"),
-            levels
+        let families: [QueueGauge; 2] = [
+            ("queue_size", "Items waiting in a bounded channel.", |l| {
+                l.size
+            }),
+            ("queue_capacity", "Capacity of a bounded channel.", |l| {
+                l.capacity
+            }),
+        ];
+        for (family, help, value) in families {
+            let values = levels
                 .iter()
-                .map(|(name, level)| (*name, level.size as u64)),
-        )?;
-        m.family(
-            Kind::Gauge,
-            ("queue_capacity", "Capacity of a bounded channel.", "queue"),
-            levels
-                .iter()
-                .map(|(name, level)| (*name, level.capacity as u64)),
-        )
+                .map(|(name, level)| (*name, value(level) as u64));
+            m.family(Kind::Gauge, (family, help, "queue"), values)?;
+        }
+        Ok(())
     }
 }
