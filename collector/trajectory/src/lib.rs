@@ -1,0 +1,29 @@
+//! Session trajectories in ATIF, the Agent Trajectory Interchange Format
+//! (schema `ATIF-v1.8`, the `atif` package's models).
+//!
+//! Input: the processed spans (after attribute sets, redaction and
+//! truncation), so a trajectory carries exactly what the span sinks get.
+//! Output: one trajectory per top-level session.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`atif`] | the ATIF document types (serde) |
+//! | [`record`] | a span reduced to what a trajectory needs ([`SpanRecord`]), grouped by session |
+//! | [`build`](mod@build) | records of one session → its [`Trajectory`] (pure) |
+//! | [`time`] | span times as ISO 8601 |
+//!
+//! A crate of its own: the stage crates do not depend on one another, and
+//! the builder is pure data work that the sink, the `view` command and the
+//! tests share.
+
+pub mod atif;
+pub mod build;
+pub mod record;
+pub mod time;
+
+pub use atif::{SCHEMA_VERSION, Trajectory};
+pub use build::{Ending, build};
+pub use record::{AgentInfo, Kind, SessionRecords, SpanRecord, records_of};
+
+#[cfg(test)]
+mod build_tests;
