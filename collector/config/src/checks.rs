@@ -47,6 +47,25 @@ pub fn listens_clash(a: SocketAddr, b: SocketAddr) -> bool {
     a.ip() == b.ip() || covers(a, b) || covers(b, a)
 }
 
+/// Checks a directory the collector writes files into: it exists, is a
+/// directory and can be written. It is not created: a mistyped path is an
+/// error, not a new directory tree.
+pub fn writable_dir(path: &Path) -> Result<(), String> {
+    if path.as_os_str().is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Ok(metadata) if metadata.is_dir() => {
+            writable(path).map_err(|e| format!("{shown} cannot be written: {e}"))
+        }
+        Ok(_) => Err(format!("{shown} is not a directory")),
+        Err(_) => Err(format!(
+            "the directory {shown} does not exist (it is not created)"
+        )),
+    }
+}
+
 /// Checks the span file's path: an existing regular file or character
 /// device (`/dev/null`) that can be written, or a new file in an existing,
 /// writable directory. Parent directories are not created: a mistyped
@@ -165,6 +184,19 @@ mod tests {
         ] {
             assert!(!listens_clash(addr(a), addr(b)), "{a} {b}");
         }
+    }
+
+    #[test]
+    fn writable_dirs() {
+        let dir = tempfile::tempdir().unwrap();
+        writable_dir(dir.path()).unwrap();
+        let e = writable_dir(&dir.path().join("missing")).unwrap_err();
+        assert!(e.contains("does not exist"), "{e}");
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"").unwrap();
+        let e = writable_dir(&file).unwrap_err();
+        assert!(e.contains("not a directory"), "{e}");
+        assert!(writable_dir(Path::new("")).is_err());
     }
 
     #[test]

@@ -24,6 +24,10 @@ pub struct ExportersConfig {
     /// pushed to an OTLP endpoint. Off unless set; setting it does not
     /// replace the embedded default of the span exporters.
     pub otlp_metrics: Option<OtlpMetricsConfig>,
+    /// Each session written as an ATIF trajectory file (needs the agents'
+    /// capture level `content`). Setting it does not replace the embedded
+    /// default of the span exporters.
+    pub atif: Option<crate::atif::AtifConfig>,
 }
 
 /// OTLP transport.

@@ -36,6 +36,7 @@ use serde::Deserialize;
 
 pub use crate::interpolate::Interpolated;
 
+pub mod atif;
 pub mod checks;
 pub mod exporters;
 pub mod files;
@@ -53,6 +54,7 @@ pub mod yaml_depth;
 #[cfg(test)]
 mod tests;
 
+pub use atif::AtifConfig;
 pub use exporters::*;
 pub use listeners::*;
 pub use metrics::*;
@@ -374,6 +376,9 @@ impl Config {
         if let Some(path) = self.span_file() {
             crate::checks::span_file(&path)
                 .map_err(|reason| ConfigError::new("exporters.file.path", reason))?;
+        }
+        if let Some(atif) = &self.exporters.atif {
+            atif.validate()?;
         }
         let otlp_metrics = match &self.exporters.otlp_metrics {
             Some(metrics) => Some(OtlpMetricsExport {

@@ -50,6 +50,18 @@ fn bad_values_name_their_path() {
         ),
         ("shutdown:\n  grace_ms: 60000\n", "shutdown.grace_ms"),
         (
+            "exporters:\n  atif:\n    dir: /nonexistent/trajectories\n",
+            "exporters.atif.dir",
+        ),
+        (
+            "exporters:\n  atif:\n    dir: /tmp\n    idle_ms: 0\n",
+            "exporters.atif.idle_ms",
+        ),
+        (
+            "exporters:\n  atif:\n    dir: /tmp\n    idle: 5\n",
+            "exporters.atif.idle",
+        ),
+        (
             "runtime:\n  worker_threads: 100000\n",
             "runtime.worker_threads",
         ),
@@ -72,6 +84,21 @@ fn bad_values_name_their_path() {
         let e = Config::from_yaml(yaml).unwrap_err();
         assert_eq!(e.path, path, "{yaml} -> {e}");
     }
+}
+
+#[test]
+fn the_atif_exporter_takes_a_directory_and_keeps_the_span_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!("exporters:\n  atif:\n    dir: {}\n", dir.path().display());
+    let c = Config::from_yaml(&yaml).unwrap();
+    let atif = c.exporters.atif.as_ref().unwrap();
+    assert_eq!(atif.dir, dir.path());
+    assert_eq!(atif.idle_ms, 300_000);
+    assert!(
+        c.is_embedded_default(),
+        "trajectories do not replace the span sinks"
+    );
+    c.validate_with(&no_env).unwrap();
 }
 
 fn no_env(_: &str) -> Option<String> {

@@ -1,0 +1,42 @@
+//! `exporters.atif`: each session written as an ATIF trajectory file.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::{ConfigError, positive};
+
+/// The trajectory exporter. Needs the agents' capture level `content`
+/// (`HERMES_COLLECTOR_CAPTURE=content`): a trajectory without messages is
+/// of no use, so an agent without them gets no file (logged once per agent).
+#[derive(Debug, Clone, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AtifConfig {
+    /// Directory the trajectories are written to, one `<session_id>.json`
+    /// per session (the id made safe for a file name), written atomically.
+    /// It must exist and be writable; the sessions in progress are kept
+    /// there too (`<session_id>.partial.json`), so a restart continues them.
+    pub dir: PathBuf,
+    /// A session with no new span for this long is written as it is,
+    /// marked incomplete (its agent was killed or lost its connection).
+    #[serde(default = "default_idle_ms")]
+    pub idle_ms: u64,
+}
+
+fn default_idle_ms() -> u64 {
+    300_000
+}
+
+impl AtifConfig {
+    /// Checks `dir` and `idle_ms`; errors name the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        positive("exporters.atif.idle_ms", self.idle_ms)?;
+        crate::checks::writable_dir(&self.dir)
+            .map_err(|reason| ConfigError::new("exporters.atif.dir", reason))
+    }
+
+    /// The directory written to.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
