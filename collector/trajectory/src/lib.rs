@@ -10,6 +10,8 @@
 //! | [`atif`] | the ATIF document types (serde) |
 //! | [`record`] | a span reduced to what a trajectory needs ([`SpanRecord`]), grouped by session |
 //! | [`build`](mod@build) | records of one session → its [`Trajectory`] (pure) |
+//! | [`files`] | the directory's files (partial, trajectory, continuation segments), atomic writes |
+//! | [`sessions`] | sessions in progress: merged per batch, kept on disk, written when idle |
 //! | [`time`] | span times as ISO 8601 |
 //!
 //! A crate of its own: the stage crates do not depend on one another, and
@@ -18,12 +20,17 @@
 
 pub mod atif;
 pub mod build;
+pub mod files;
 pub mod record;
+pub mod sessions;
 pub mod time;
 
 pub use atif::{SCHEMA_VERSION, Trajectory};
 pub use build::{Ending, build};
 pub use record::{AgentInfo, Kind, SessionRecords, SpanRecord, records_of};
+pub use sessions::{Sessions, TrajectoryStats};
 
 #[cfg(test)]
 mod build_tests;
+#[cfg(test)]
+mod sessions_tests;

@@ -1,0 +1,196 @@
+//! Sessions against real span batches and a real directory: partial files,
+//! the idle write, the restart, agents without messages, resumed sessions.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use hermes_span::Str;
+use hermes_span::common::v1::any_value::Value as Any;
+use hermes_span::common::v1::{AnyValue, KeyValue};
+use hermes_span::resource::v1::Resource;
+use hermes_span::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use serde_json::Value;
+
+use crate::sessions::Sessions;
+
+const IDLE: u64 = 1_000;
+
+fn kv(key: &str, value: Any) -> KeyValue {
+    KeyValue {
+        key: Str::from(key.to_owned()),
+        value: Some(AnyValue { value: Some(value) }),
+    }
+}
+
+fn s(v: &str) -> Any {
+    Any::StringValue(Str::from(v.to_owned()))
+}
+
+fn span(id: u8, start: u64, attrs: Vec<KeyValue>) -> Span {
+    Span {
+        span_id: vec![id; 8],
+        start_time_unix_nano: start,
+        end_time_unix_nano: start + 1,
+        attributes: attrs,
+        ..Span::default()
+    }
+}
+
+/// One turn of `session` (user message, one answer) from an agent at
+/// capture level `capture`.
+fn turn(session: &str, turn: &str, id: u8, capture: &str) -> Vec<ResourceSpans> {
+    let common = |op: &str| {
+        vec![
+            kv("session.id", s(session)),
+            kv("hermes.turn_id", s(turn)),
+            kv("gen_ai.operation.name", s(op)),
+        ]
+    };
+    let mut t = common("invoke_agent");
+    t.push(kv("hermes.turn.user_message", s("hello")));
+    let mut c = common("chat");
+    c.push(kv(
+        "gen_ai.output.messages",
+        s(r#"[{"role":"assistant","parts":[{"type":"text","content":"hi"}]}]"#),
+    ));
+    c.push(kv("gen_ai.usage.input_tokens", Any::IntValue(12)));
+    vec![ResourceSpans {
+        resource: Some(Resource {
+            attributes: vec![
+                kv("service.name", s("hermes-agent")),
+                kv("service.instance.id", s("inst-1")),
+                kv("hermes.capture", s(capture)),
+            ],
+            dropped_attributes_count: 0,
+        }),
+        scope_spans: vec![ScopeSpans {
+            spans: vec![span(id + 1, 20, c), span(id, 10, t)],
+            ..ScopeSpans::default()
+        }],
+        schema_url: String::new(),
+    }]
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn read(dir: &Path, name: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join(name)).unwrap()).unwrap()
+}
+
+#[test]
+fn a_session_is_kept_on_disk_until_idle_then_written_incomplete() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
+    sessions
+        .add(&turn("s1", "t1", 1, "content"), 5_000)
+        .unwrap();
+    assert_eq!(names(dir.path()), ["s1.partial.json"]);
+    assert_eq!(sessions.next_due(), Some(6_000));
+    assert_eq!(sessions.write_idle(5_999).unwrap(), 0);
+    assert_eq!(sessions.write_idle(6_000).unwrap(), 1);
+    assert_eq!(names(dir.path()), ["s1.json"]);
+    let doc = read(dir.path(), "s1.json");
+    assert_eq!(doc["schema_version"], "ATIF-v1.8");
+    assert_eq!(doc["extra"]["incomplete"], true);
+    assert_eq!(doc["steps"][1]["message"], "hi");
+    assert_eq!(doc["steps"][1]["metrics"]["prompt_tokens"], 12);
+    assert_eq!(sessions.stats().incomplete.load(Ordering::Relaxed), 1);
+    assert!(sessions.is_empty());
+}
+
+#[test]
+fn a_restart_continues_the_sessions_in_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Sessions::open(dir.path(), IDLE).unwrap();
+    first.add(&turn("s1", "t1", 1, "content"), 5_000).unwrap();
+    drop(first);
+    let mut again = Sessions::open(dir.path(), IDLE).unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(
+        again.next_due(),
+        Some(6_000),
+        "the idle time counts from the last batch"
+    );
+    again.add(&turn("s1", "t2", 10, "content"), 5_500).unwrap();
+    again.write_idle(7_000).unwrap();
+    let doc = read(dir.path(), "s1.json");
+    assert_eq!(
+        doc["steps"].as_array().unwrap().len(),
+        4,
+        "both turns, one before the restart"
+    );
+}
+
+#[test]
+fn a_span_delivered_twice_is_one_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
+    sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
+    sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
+    sessions.write_idle(IDLE).unwrap();
+    assert_eq!(
+        read(dir.path(), "s1.json")["steps"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn an_agent_without_messages_gets_no_file_and_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
+    sessions.add(&turn("s1", "t1", 1, "metadata"), 0).unwrap();
+    sessions.add(&turn("s2", "t2", 5, "metadata"), 0).unwrap();
+    assert!(sessions.is_empty());
+    assert!(names(dir.path()).is_empty());
+    assert_eq!(
+        sessions
+            .stats()
+            .spans_without_messages
+            .load(Ordering::Relaxed),
+        4
+    );
+}
+
+#[test]
+fn a_resumed_session_continues_in_a_linked_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
+    sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
+    sessions.write_idle(IDLE).unwrap();
+    sessions
+        .add(&turn("s1", "t2", 10, "content"), 10_000)
+        .unwrap();
+    sessions.write_idle(10_000 + IDLE).unwrap();
+    assert_eq!(names(dir.path()), ["s1.2.json", "s1.json"]);
+    assert_eq!(
+        read(dir.path(), "s1.json")["continued_trajectory_ref"],
+        "s1.2.json"
+    );
+    let second = read(dir.path(), "s1.2.json");
+    assert_eq!(second["session_id"], "s1");
+    assert_eq!(second["steps"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn an_unreadable_partial_is_left_in_place_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("bad.partial.json"), b"{not json").unwrap();
+    let sessions = Sessions::open(dir.path(), IDLE).unwrap();
+    assert!(sessions.is_empty());
+    assert_eq!(
+        sessions.stats().unreadable_partials.load(Ordering::Relaxed),
+        1
+    );
+    assert_eq!(names(dir.path()), ["bad.partial.json"]);
+}
