@@ -58,6 +58,15 @@ pub fn build_sinks(validated: &Validated) -> anyhow::Result<Vec<Sink>> {
             ConsoleExporter::stdout(ConsoleExporterConfig::default()),
         ));
     }
+    if let Some(atif) = &config.exporters.atif {
+        let exporter =
+            hermes_trajectory::AtifExporter::new(hermes_trajectory::AtifExporterConfig {
+                dir: atif.dir.clone(),
+                idle_ms: atif.idle_ms,
+            })
+            .context("exporters.atif.dir")?;
+        sinks.push(Sink::new("atif", exporter));
+    }
     for sink in &sinks {
         tracing::info!(exporter = sink.name(), destination = %sink.destination(), "exporting spans");
     }

@@ -12,6 +12,7 @@
 //! | [`build`](mod@build) | records of one session → its [`Trajectory`] (pure) |
 //! | [`files`] | the directory's files (partial, trajectory, continuation segments), atomic writes |
 //! | [`sessions`] | sessions in progress: merged per batch, kept on disk, written when idle |
+//! | [`sink`] | [`AtifExporter`], the `atif` sink of the exporter stage, and its idle timer |
 //! | [`time`] | span times as ISO 8601 |
 //!
 //! A crate of its own: the stage crates do not depend on one another, and
@@ -23,12 +24,14 @@ pub mod build;
 pub mod files;
 pub mod record;
 pub mod sessions;
+pub mod sink;
 pub mod time;
 
 pub use atif::{SCHEMA_VERSION, Trajectory};
 pub use build::{Ending, build};
 pub use record::{AgentInfo, Kind, SessionRecords, SpanRecord, records_of};
 pub use sessions::{Sessions, TrajectoryStats};
+pub use sink::{AtifExporter, AtifExporterConfig};
 
 #[cfg(test)]
 mod build_tests;

@@ -39,7 +39,7 @@ fn span(id: u8, start: u64, attrs: Vec<KeyValue>) -> Span {
 
 /// One turn of `session` (user message, one answer) from an agent at
 /// capture level `capture`.
-fn turn(session: &str, turn: &str, id: u8, capture: &str) -> Vec<ResourceSpans> {
+pub(crate) fn turn(session: &str, turn: &str, id: u8, capture: &str) -> Vec<ResourceSpans> {
     let common = |op: &str| {
         vec![
             kv("session.id", s(session)),
@@ -193,4 +193,38 @@ fn an_unreadable_partial_is_left_in_place_and_counted() {
         1
     );
     assert_eq!(names(dir.path()), ["bad.partial.json"]);
+}
+
+#[tokio::test]
+async fn the_sink_holds_an_exported_batch_on_disk_and_keeps_it_at_the_stop() {
+    use hermes_exporter::{ExportBatch, SpanExporter};
+    use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
+
+    use crate::sink::{AtifExporter, AtifExporterConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = AtifExporterConfig {
+        dir: dir.path().to_owned(),
+        idle_ms: 3_600_000,
+    };
+    let mut sink = AtifExporter::new(config.clone()).unwrap();
+    let request = ExportTraceServiceRequest {
+        resource_spans: turn("s1", "t1", 1, "content"),
+    };
+    sink.export(std::sync::Arc::new(ExportBatch::new(request)))
+        .await
+        .unwrap();
+    assert_eq!(
+        names(dir.path()),
+        ["s1.partial.json"],
+        "on disk when export returns"
+    );
+    sink.shutdown().await.unwrap();
+    assert_eq!(
+        names(dir.path()),
+        ["s1.partial.json"],
+        "kept for the next start"
+    );
+    let again = AtifExporter::new(config).unwrap();
+    assert!(again.destination().contains("ATIF"));
 }

@@ -1,0 +1,161 @@
+//! The `atif` sink: [`AtifExporter`] hands each exported batch to the
+//! [`Sessions`] of the trajectory directory and, on a timer of its own,
+//! writes the sessions that went idle.
+//!
+//! Each batch is merged and its sessions' partial files written on the
+//! blocking pool before `export` returns, so the exporter stage's
+//! `done_through` for this sink means "on disk" (see [`crate::sessions`]).
+//! A failed write is an I/O error the stage retries; merging again is
+//! harmless, a span seen twice replaces its first copy.
+//!
+//! The idle timer is a task started with the exporter and stopped by
+//! [`SpanExporter::shutdown`]; the sessions still in progress at the stop
+//! stay in their partial files for the next start.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hermes_exporter::{ExportBatch, ExportError, ExportFuture, ExportOutcome, SpanExporter};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::sessions::{Sessions, TrajectoryStats};
+
+/// Longest wait between two looks for idle sessions.
+const MAX_TICK: Duration = Duration::from_secs(1);
+
+/// Settings of the trajectory exporter, filled from `exporters.atif`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AtifExporterConfig {
+    /// The directory the trajectories are written to (it exists).
+    pub dir: PathBuf,
+    /// Idle time after which a session is written as incomplete.
+    pub idle_ms: u64,
+}
+
+/// Writes each session as an ATIF trajectory file.
+#[derive(Debug)]
+pub struct AtifExporter {
+    dir: PathBuf,
+    sessions: Arc<Mutex<Sessions>>,
+    stats: Arc<TrajectoryStats>,
+    stop: CancellationToken,
+    timer: Option<JoinHandle<()>>,
+}
+
+impl AtifExporter {
+    /// Opens the directory (reloading the sessions in progress) and starts
+    /// the idle timer on the current tokio runtime.
+    pub fn new(config: AtifExporterConfig) -> Result<Self, ExportError> {
+        let io = |source| ExportError::Io {
+            path: config.dir.clone(),
+            source,
+        };
+        let sessions = Sessions::open(&config.dir, config.idle_ms).map_err(io)?;
+        let stats = sessions.stats();
+        let sessions = Arc::new(Mutex::new(sessions));
+        let stop = CancellationToken::new();
+        let tick = Duration::from_millis((config.idle_ms / 4).max(1)).min(MAX_TICK);
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|e| io(std::io::Error::other(e)))?;
+        let timer = runtime.spawn(idle_timer(
+            sessions.clone(),
+            config.dir.clone(),
+            tick,
+            stop.clone(),
+        ));
+        Ok(Self {
+            dir: config.dir,
+            sessions,
+            stats,
+            stop,
+            timer: Some(timer),
+        })
+    }
+
+    /// The exporter's counters.
+    pub fn stats(&self) -> Arc<TrajectoryStats> {
+        self.stats.clone()
+    }
+}
+
+impl SpanExporter for AtifExporter {
+    fn destination(&self) -> String {
+        format!("ATIF trajectories in {}", self.dir.display())
+    }
+
+    fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
+        Box::pin(async move {
+            let sessions = self.sessions.clone();
+            let dir = self.dir.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut sessions = sessions.lock().map_err(|_| poisoned(&dir))?;
+                sessions
+                    .add(&batch.request().resource_spans, now_ms())
+                    .map_err(|source| ExportError::Io { path: dir, source })
+            })
+            .await
+            .map_err(ExportError::Task)??;
+            Ok(ExportOutcome::default())
+        })
+    }
+
+    fn shutdown(&mut self) -> ExportFuture<'_> {
+        Box::pin(async move {
+            self.stop.cancel();
+            if let Some(timer) = self.timer.take() {
+                let _ = timer.await;
+            }
+            Ok(ExportOutcome::default())
+        })
+    }
+}
+
+impl Drop for AtifExporter {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Writes the idle sessions every `tick` until `stop`. A failed write is
+/// logged; the session stays in progress and the next tick tries again.
+async fn idle_timer(
+    sessions: Arc<Mutex<Sessions>>,
+    dir: PathBuf,
+    tick: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(tick) => {}
+        }
+        let sessions = sessions.clone();
+        let dir = dir.clone();
+        let result = tokio::task::spawn_blocking(move || match sessions.lock() {
+            Ok(mut sessions) => sessions.write_idle(now_ms()).map(|_| ()),
+            Err(_) => Err(std::io::Error::other(poisoned(&dir))),
+        })
+        .await;
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "idle trajectory not written; retried"),
+            Err(error) => tracing::warn!(%error, "idle trajectory task failed; retried"),
+        }
+    }
+}
+
+fn poisoned(dir: &std::path::Path) -> ExportError {
+    ExportError::Io {
+        path: dir.to_owned(),
+        source: std::io::Error::other("the trajectory sessions' lock is poisoned"),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
