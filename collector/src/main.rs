@@ -68,7 +68,8 @@ enum Command {
     /// Print the JSON schema of the configuration file (the checked-in
     /// copy is config/collector.schema.json).
     Schema,
-    /// Show turns from the embedded default's span file as waterfalls.
+    /// Show turns from the embedded default's span file as waterfalls, or
+    /// with --session a session's ATIF trajectory as readable steps.
     View {
         /// The span file (OTLP JSON lines).
         #[arg(long, short, default_value = config::DEFAULT_SPAN_FILE)]
@@ -79,6 +80,12 @@ enum Command {
         /// Only the trace whose hex id starts with this.
         #[arg(long)]
         trace: Option<String>,
+        /// Show this session's trajectory (from `--dir`) instead of spans.
+        #[arg(long)]
+        session: Option<String>,
+        /// The trajectory directory (`exporters.atif.dir`).
+        #[arg(long, short, requires = "session", default_value = ".")]
+        dir: PathBuf,
     },
 }
 
@@ -134,7 +141,23 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Some(Command::View { file, last, trace }) => {
+        Some(Command::View {
+            session: Some(session),
+            dir,
+            ..
+        }) => match view::trajectory(&dir, &session) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("hermes-collector view: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Some(Command::View {
+            file, last, trace, ..
+        }) => {
             match view::read_spans(&file)
                 .and_then(|spans| view::render(&spans, last, trace.as_deref()))
             {

@@ -16,6 +16,24 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
 
+/// The trajectory of `session` in `dir` as readable steps: every written
+/// segment, then the part still in progress.
+pub fn trajectory(dir: &std::path::Path, session: &str) -> Result<String, String> {
+    let segments = hermes_trajectory::files::read_session(dir, session)?;
+    if segments.is_empty() {
+        return Err(format!(
+            "no trajectory of session {session} in {}",
+            dir.display()
+        ));
+    }
+    let mut out = String::new();
+    for (name, t) in segments {
+        let _ = writeln!(out, "== {name}");
+        out.push_str(&hermes_trajectory::render(&t));
+    }
+    Ok(out)
+}
+
 /// Width of the time axis, in characters.
 const BAR: usize = 40;
 /// Widest name column.

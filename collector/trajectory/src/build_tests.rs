@@ -326,3 +326,42 @@ fn turns_follow_in_start_order_whatever_the_record_order() {
             .all(|s| s["source"] != json!(Source::System))
     );
 }
+
+#[test]
+fn the_rendering_shows_calls_results_and_subagents() {
+    let mut sub = rec(
+        Kind::Subagent,
+        "t1",
+        "sub1",
+        32,
+        json!({"hermes.child_session_id": "child-1"}),
+    );
+    sub.parent_span_id = "x1".into();
+    let mut child_turn = turn("ct1", 33, "leaf part");
+    child_turn.own_session = "child-1".into();
+    let records = vec![
+        turn("t1", 10, "delegate"),
+        chat("t1", "c1", 20, calls(&[("d1", "delegate_task")]), (9, 2, 4)),
+        tool("t1", "x1", 30, "d1", "delegate_task", "line1\nline2"),
+        sub,
+        child_turn,
+    ];
+    let text = crate::render::render(&build(S, &agent(), &records, Ending::Ended));
+    assert!(
+        text.contains("#2 agent  m1-2025  tokens 9 in / 2 out (4 cached)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("    → delegate_task [d1] {\"command\":\"echo\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("    ← [d1] line1 line2\n      subagent child-1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  subagent child-1:\n    session child-1"),
+        "{text}"
+    );
+    assert!(!text.contains("INCOMPLETE"), "{text}");
+}

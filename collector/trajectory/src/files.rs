@@ -150,6 +150,47 @@ pub fn load_partials(dir: &Path) -> std::io::Result<(Vec<Partial>, Vec<Unreadabl
     Ok((partials, bad))
 }
 
+/// The trajectory of `session_id` in `dir`, for reading: every written
+/// segment in order, then the session in progress (its partial file, built
+/// as it stands and marked incomplete). Empty when the directory has
+/// nothing of the session.
+pub fn read_session(dir: &Path, session_id: &str) -> Result<Vec<(String, Trajectory)>, String> {
+    let key = stem(session_id);
+    let mut out = Vec::new();
+    let mut segment = 1;
+    loop {
+        let name = segment_name(&key, segment);
+        let path = dir.join(&name);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        let t = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{}: not an ATIF trajectory ({e})", path.display()))?;
+        out.push((name, t));
+        segment += 1;
+    }
+    let partial = dir.join(format!("{key}{PARTIAL_SUFFIX}"));
+    match std::fs::read(&partial) {
+        Ok(bytes) => {
+            let p: Partial = serde_json::from_slice(&bytes)
+                .map_err(|e| format!("{}: not a session in progress ({e})", partial.display()))?;
+            let mut t = crate::build::build(
+                &p.session_id,
+                &p.agent,
+                &p.records,
+                crate::build::Ending::Idle,
+            );
+            t.notes = Some("in progress: the session has not ended yet".to_owned());
+            out.push((format!("{key}{PARTIAL_SUFFIX}"), t));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot read {}: {e}", partial.display())),
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]

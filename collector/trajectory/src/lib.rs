@@ -11,6 +11,7 @@
 //! | [`record`] | a span reduced to what a trajectory needs ([`SpanRecord`]), grouped by session |
 //! | [`build`](mod@build) | records of one session → its [`Trajectory`] (pure) |
 //! | [`files`] | the directory's files (partial, trajectory, continuation segments), atomic writes |
+//! | [`render`] | a trajectory as readable steps (`hermes-collector view --session`) |
 //! | [`sessions`] | sessions in progress: merged per batch, kept on disk, written when idle |
 //! | [`sink`] | [`AtifExporter`], the `atif` sink of the exporter stage, and its idle timer |
 //! | [`time`] | span times as ISO 8601 |
@@ -23,6 +24,7 @@ pub mod atif;
 pub mod build;
 pub mod files;
 pub mod record;
+pub mod render;
 pub mod sessions;
 pub mod sink;
 pub mod time;
@@ -30,6 +32,7 @@ pub mod time;
 pub use atif::{SCHEMA_VERSION, Trajectory};
 pub use build::{Ending, build};
 pub use record::{AgentInfo, Kind, SessionRecords, SpanRecord, records_of};
+pub use render::render;
 pub use sessions::{Sessions, TrajectoryStats};
 pub use sink::{AtifExporter, AtifExporterConfig};
 

@@ -228,3 +228,34 @@ async fn the_sink_holds_an_exported_batch_on_disk_and_keeps_it_at_the_stop() {
     let again = AtifExporter::new(config).unwrap();
     assert!(again.destination().contains("ATIF"));
 }
+
+#[test]
+fn a_session_reads_as_its_segments_then_what_is_in_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
+    sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
+    sessions.write_idle(IDLE).unwrap();
+    sessions
+        .add(&turn("s1", "t2", 10, "content"), 10_000)
+        .unwrap();
+    let read = crate::files::read_session(dir.path(), "s1").unwrap();
+    let names: Vec<&str> = read.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["s1.json", "s1.partial.json"]);
+    let text = crate::render::render(&read[0].1);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("session s1  ATIF-v1.8  agent hermes"),
+        "{text}"
+    );
+    assert!(lines[0].ends_with("INCOMPLETE"), "{text}");
+    assert!(
+        text.contains("#1 user\n    hello\n#2 agent  tokens 12 in / 0 out\n    hi\n"),
+        "{text}"
+    );
+    assert!(crate::render::render(&read[1].1).contains("in progress"));
+    assert!(
+        crate::files::read_session(dir.path(), "other")
+            .unwrap()
+            .is_empty()
+    );
+}
