@@ -61,11 +61,14 @@ fn session(
     seen: &mut BTreeSet<String>,
 ) -> Trajectory {
     seen.insert(session_id.to_owned());
-    let turns: Vec<&SpanRecord> = records
+    let synthesized = unseen_turns(session_id, records);
+    let mut turns: Vec<&SpanRecord> = records
         .iter()
         .copied()
         .filter(|r| r.kind == Kind::Turn && r.own_session == session_id)
+        .chain(synthesized.iter())
         .collect();
+    turns.sort_by(|a, b| (a.start_ns, &a.turn_id).cmp(&(b.start_ns, &b.turn_id)));
     let turn_ids: BTreeSet<&str> = turns.iter().map(|t| t.turn_id.as_str()).collect();
     // Children first: a step can only reference an embedded trajectory.
     let mut children = Vec::new();
@@ -139,6 +142,47 @@ fn session(
         extra: None,
         subagent_trajectories: (!children.is_empty()).then_some(children),
     }
+}
+
+/// A turn record for each turn of `session_id` whose own span has not come
+/// (a turn still open when its agent was killed): it starts with its
+/// first span and has no user message.
+fn unseen_turns(session_id: &str, records: &[&SpanRecord]) -> Vec<SpanRecord> {
+    let known: BTreeSet<&str> = records
+        .iter()
+        .filter(|r| r.kind == Kind::Turn)
+        .map(|r| r.turn_id.as_str())
+        .collect();
+    let mut out: Vec<SpanRecord> = Vec::new();
+    for r in records.iter().filter(|r| {
+        matches!(r.kind, Kind::Chat | Kind::Tool)
+            && r.own_session == session_id
+            && !known.contains(r.turn_id.as_str())
+    }) {
+        match out.iter_mut().find(|t| t.turn_id == r.turn_id) {
+            Some(t) => {
+                t.start_ns = t.start_ns.min(r.start_ns);
+                t.end_ns = t.end_ns.max(r.end_ns);
+            }
+            None => out.push(SpanRecord {
+                kind: Kind::Turn,
+                turn_id: r.turn_id.clone(),
+                own_session: session_id.to_owned(),
+                span_id: String::new(),
+                parent_span_id: String::new(),
+                start_ns: r.start_ns,
+                end_ns: r.end_ns,
+                error: false,
+                attrs: [(
+                    "hermes.incomplete".to_owned(),
+                    serde_json::Value::Bool(true),
+                )]
+                .into_iter()
+                .collect(),
+            }),
+        }
+    }
+    out
 }
 
 /// The steps of one turn: the user's message, then each answered attempt.

@@ -365,3 +365,17 @@ fn the_rendering_shows_calls_results_and_subagents() {
     );
     assert!(!text.contains("INCOMPLETE"), "{text}");
 }
+
+#[test]
+fn a_turn_whose_own_span_never_came_still_gives_its_steps() {
+    let records = vec![
+        chat("t1", "c1", 20, calls(&[("a", "terminal")]), (3, 1, 0)),
+        tool("t1", "x1", 30, "a", "terminal", "one"),
+    ];
+    let doc = serde_json::to_value(build(S, &agent(), &records, Ending::Idle)).unwrap();
+    let steps = doc["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "no user message without the turn span");
+    assert_eq!(steps[0]["source"], "agent");
+    assert_eq!(steps[0]["observation"]["results"][0]["content"], "one");
+    assert_eq!(steps[0]["extra"]["turn_completed"], false);
+}
