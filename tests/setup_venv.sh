@@ -2,7 +2,9 @@
 # Create (idempotently) the Python venv that the end-to-end tests run Hermes in.
 #
 #   venv:   ${HERMES_E2E_VENV:-<repo>/target/e2e-venv}
-#   base:   hermes-agent==${HERMES_E2E_HERMES_VERSION:-0.19.0} and maturin, from PyPI
+#   base:   hermes-agent==${HERMES_E2E_HERMES_VERSION:-0.19.0}, maturin and
+#           atif==1.8.0 (the ATIF models the trajectory tests validate
+#           with), from PyPI
 #   shim:   pip install <repo>/agent-shim (the hermes-collector-shim plugin),
 #           reinstalled whenever a source file of the shim (or of the proto
 #           crate, or the workspace Cargo.toml/Cargo.lock) is newer than the
@@ -26,7 +28,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${HERMES_E2E_VENV:-$REPO/target/e2e-venv}"
 PYTHON="${HERMES_E2E_PYTHON:-python3}"
 HERMES_REQ="hermes-agent==${HERMES_E2E_HERMES_VERSION:-0.19.0}"
-BASE_REQS=("$HERMES_REQ" "maturin>=1.5,<2")
+BASE_REQS=("$HERMES_REQ" "maturin>=1.5,<2" "atif==1.8.0")
 BASE_SPEC="${BASE_REQS[*]}"
 SHIM_DIR="$REPO/agent-shim"
 SHIM_DIST="hermes-collector-shim"
@@ -52,10 +54,15 @@ else
   if [[ ! -x "$VENV/bin/python" ]]; then
     "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 required")'
   fi
+  old_spec="$(cat "$BASE_STAMP" 2>/dev/null || true)"
   venv_create "$VENV" "$PYTHON"
   log "pip install $BASE_SPEC (quiet)"
   "${PIP[@]}" install -q "${BASE_REQS[@]}"
-  rm -f "$SHIM_STAMP" # new base packages: reinstall the shim against them
+  # The shim is built against hermes-agent: reinstall it when that changed
+  # (a test-only package added to the base does not touch it).
+  if [[ " $old_spec " != *" $HERMES_REQ "* ]]; then
+    rm -f "$SHIM_STAMP"
+  fi
   echo "$BASE_SPEC" >"$BASE_STAMP"
 fi
 

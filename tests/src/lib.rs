@@ -32,6 +32,9 @@
 //!   [`basic_turn`]: the basic turn's script, run and expected tree.
 //! - [`span_tree`]: [`SpanTree`] to check parent/child structure and
 //!   attributes of the received spans.
+//! - [`trajectory`]: the `exporters.atif` section, waiting for a
+//!   trajectory file, validating it with the pinned ATIF models, and
+//!   checking its steps against the spans.
 //! - [`process`]: [`ChildGuard`] (kill on drop, captured output, bounded
 //!   waits), [`run_with_timeout`], [`free_port`] and [`cargo_bin`] (builds
 //!   and locates the `hermes-collector` binary).
@@ -57,6 +60,7 @@ pub mod rig;
 pub mod server;
 pub mod span_attrs;
 pub mod span_tree;
+pub mod trajectory;
 pub mod venv;
 
 use std::path::PathBuf;
