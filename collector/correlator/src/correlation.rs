@@ -29,6 +29,11 @@ impl Correlation {
         }
     }
 
+    /// The sessions ended since the last call ([`Correlator::take_session_ends`]).
+    pub fn take_session_ends(&mut self) -> Vec<crate::SessionEnded> {
+        self.correlator.take_session_ends()
+    }
+
     /// Takes the events of one batch of `shim` (acknowledged below
     /// `floor_seq` at the shim, stored at `lsn` in the persistent queue, 0
     /// without one) at wall-clock `now`, and correlates what is in capture

@@ -92,7 +92,13 @@ impl Correlator {
                     }
                 }
             }
-            (hooks::ON_SESSION_FINALIZE | hooks::ON_SESSION_RESET, _) => {
+            (hooks::ON_SESSION_FINALIZE, _) => {
+                self.close_session(&ids.session_id, instance, t, out);
+                self.session_ended(instance, &ids.session_id);
+            }
+            (hooks::ON_SESSION_RESET, _) => {
+                // Carries the new session's id; the old one's end is the
+                // finalize the host fires before it.
                 self.close_session(&ids.session_id, instance, t, out);
             }
             (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => {

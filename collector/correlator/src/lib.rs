@@ -380,6 +380,26 @@ pub struct Correlator {
     lsn: u64,
     /// Wall clock of the last [`Correlator::expire`].
     clock: u64,
+    /// Sessions whose host said they ended (`on_session_finalize`), until
+    /// [`Correlator::take_session_ends`]; at most [`MAX_SESSION_ENDS`].
+    session_ends: std::collections::VecDeque<SessionEnded>,
+}
+
+/// The most session ends kept for a driver that does not take them (the
+/// oldest goes first): a consumer that misses one falls back on its own
+/// idle time.
+pub const MAX_SESSION_ENDS: usize = 4096;
+
+/// A session its host ended (`on_session_finalize`): what the trajectory
+/// sink writes a session's file on. The session's spans were emitted
+/// before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionEnded {
+    /// The shim instance (`service.instance.id`).
+    pub instance_id: String,
+    /// The session; empty when the host did not say which (every session
+    /// of the instance then).
+    pub session_id: String,
 }
 
 impl Correlator {
@@ -397,7 +417,23 @@ impl Correlator {
             stats: Stats::default(),
             lsn: 0,
             clock: 0,
+            session_ends: std::collections::VecDeque::new(),
         }
+    }
+
+    /// The sessions ended since the last call, in event order.
+    pub fn take_session_ends(&mut self) -> Vec<SessionEnded> {
+        self.session_ends.drain(..).collect()
+    }
+
+    fn session_ended(&mut self, instance_id: &str, session_id: &str) {
+        if self.session_ends.len() >= MAX_SESSION_ENDS {
+            self.session_ends.pop_front();
+        }
+        self.session_ends.push_back(SessionEnded {
+            instance_id: instance_id.to_owned(),
+            session_id: session_id.to_owned(),
+        });
     }
 
     pub fn stats(&self) -> &Stats {

@@ -73,6 +73,38 @@ fn finalize_and_reset_close_open_turns_of_the_session() {
 }
 
 #[test]
+fn finalize_ends_its_session_and_reset_does_not() {
+    let mut f = Feed::in_turn();
+    f.ev("on_session_reset", 40, session_ids("new-session"), None);
+    assert!(
+        f.c.take_session_ends().is_empty(),
+        "reset names the new session"
+    );
+    f.ev("on_session_finalize", 50, session_ids(SESSION), None);
+    let ends = f.c.take_session_ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].session_id, SESSION);
+    assert_eq!(ends[0].instance_id, f.shim.instance_id);
+    assert!(f.c.take_session_ends().is_empty(), "taken once");
+}
+
+#[test]
+fn session_ends_nobody_takes_stay_bounded() {
+    let mut f = Feed::new();
+    for i in 0..hermes_correlator::MAX_SESSION_ENDS + 10 {
+        f.ev(
+            "on_session_finalize",
+            1,
+            session_ids(&format!("s{i}")),
+            None,
+        );
+    }
+    let ends = f.c.take_session_ends();
+    assert_eq!(ends.len(), hermes_correlator::MAX_SESSION_ENDS);
+    assert_eq!(ends[0].session_id, "s10", "the oldest went first");
+}
+
+#[test]
 fn next_turn_of_the_session_closes_a_turn_that_never_ended() {
     let mut f = Feed::in_turn();
     f.api_start(10, API1, 1, 10);
