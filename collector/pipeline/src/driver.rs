@@ -59,6 +59,9 @@ pub struct Driver<C> {
     /// New sampling policies (a live change of the configuration), taken
     /// before the next batch is sampled.
     pub policies: Option<watch::Receiver<Vec<Policy>>>,
+    /// Where the sessions their host ended go (the trajectory sink), after
+    /// the spans finished with them were sent on.
+    pub session_ends: Option<crate::sinks::SessionEnds>,
 }
 
 /// What the stage hands back when it ends: its ledger and the lowest lsn
@@ -66,6 +69,22 @@ pub struct Driver<C> {
 pub struct Ended {
     pub ledger: Ledger,
     pub open: Option<u64>,
+}
+
+/// Hands the sessions ended since the last pass to `to` (never waiting: a
+/// full channel loses the end, and the session is written at its idle
+/// time instead); without a receiver they are dropped.
+fn report_session_ends(correlation: &mut Correlation, to: Option<&crate::sinks::SessionEnds>) {
+    for end in correlation.take_session_ends() {
+        let Some(to) = to else { continue };
+        let end = hermes_trajectory::SessionEnd {
+            instance_id: end.instance_id,
+            session_id: end.session_id,
+        };
+        if to.try_send(end).is_err() {
+            tracing::debug!("session end not handed to the trajectory sink; its idle time applies");
+        }
+    }
 }
 
 /// The lower of two optional lsns.
@@ -90,6 +109,7 @@ impl<C: Clock> Driver<C> {
             ledger: Ledger::Memory,
             clock,
             policies: None,
+            session_ends: None,
         }
     }
 
@@ -117,6 +137,7 @@ impl<C: Clock> Driver<C> {
             mut ledger,
             clock,
             mut policies,
+            session_ends,
         } = self;
         let mut timer = tokio::time::interval(tick);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -217,6 +238,7 @@ impl<C: Clock> Driver<C> {
                     }
                 }
             }
+            report_session_ends(&mut correlation, session_ends.as_ref());
             // Settle only once what the tick released is ingested and what
             // it closed is counted as sent (else the watermark could pass
             // records of spans not exported yet).

@@ -58,15 +58,18 @@ fn start(ledger: Ledger, events: &[Event]) -> Stage {
         events,
         Sampler::keep_all(),
         DerivedMetrics::default(),
+        None,
     )
 }
 
-/// [`start`] with `sampler` and the derived metrics `derived`.
+/// [`start`] with `sampler`, the derived metrics `derived` and the
+/// receiver of session ends `session_ends`.
 fn start_sampling(
     ledger: Ledger,
     events: &[Event],
     sampler: Sampler,
     derived: DerivedMetrics,
+    session_ends: Option<crate::sinks::SessionEnds>,
 ) -> Stage {
     let last = events.last().map_or(0, |e| e.time_unix_nano);
     let correlation = Correlation::new(
@@ -88,6 +91,7 @@ fn start_sampling(
     };
     driver.steps.sampler = sampler;
     driver.steps.derived = derived;
+    driver.session_ends = session_ends;
     let (ingest, ingest_rx) = mpsc::channel(64);
     let (export_tx, export) = mpsc::channel(64);
     let stop = CancellationToken::new();
@@ -306,7 +310,7 @@ async fn a_dropped_turn_is_counted_exports_nothing_and_frees_its_records() {
         ..Default::default()
     });
     let sampling = errors_only.stats();
-    let mut stage = start_sampling(ledger, &events, errors_only, derived.clone());
+    let mut stage = start_sampling(ledger, &events, errors_only, derived.clone(), None);
     feed(&stage, events).await;
     let spans = exported_within(&mut stage.export, GRACE + 4 * TICK).await;
     assert!(spans.is_empty(), "a clean turn is dropped whole: {spans:?}");
@@ -326,4 +330,38 @@ async fn a_dropped_turn_is_counted_exports_nothing_and_frees_its_records() {
     assert_eq!(below, n + 1, "the dropped turn's records may go");
     drop(stage.ingest);
     assert_eq!(stage.task.await.unwrap().open, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_finalized_session_is_reported_after_its_spans_were_sent() {
+    let events = basic_events();
+    let session = events
+        .iter()
+        .find(|e| e.hook == "on_session_finalize")
+        .and_then(|e| e.ids.as_ref())
+        .map(|ids| ids.session_id.clone())
+        .unwrap();
+    let (ends_tx, mut ends) = mpsc::channel(4);
+    let mut stage = start_sampling(
+        Ledger::Memory,
+        &events,
+        Sampler::keep_all(),
+        DerivedMetrics::default(),
+        Some(ends_tx),
+    );
+    feed(&stage, events).await;
+    let end = ends.recv().await.unwrap();
+    assert_eq!(end.session_id, session);
+    assert_eq!(end.instance_id, "agent-1");
+    // The turn the finalize closed was already in the export channel.
+    let mut sent = Vec::new();
+    while let Ok(batch) = stage.export.try_recv() {
+        sent.extend(
+            batch
+                .into_iter()
+                .flat_map(|rs| rs.scope_spans)
+                .flat_map(|ss| ss.spans),
+        );
+    }
+    one_root(&sent, "sent before the end was reported");
 }

@@ -7,8 +7,13 @@ use hermes_config as config;
 use hermes_config::Validated;
 use hermes_exporter::Sink;
 
-/// Builds the sinks the configuration names (the embedded default when none).
-pub fn build_sinks(validated: &Validated) -> anyhow::Result<Vec<Sink>> {
+/// How many session ends may wait for the trajectory sink.
+const SESSION_ENDS: usize = 1024;
+
+/// Builds the sinks the configuration names (the embedded default when
+/// none), and with `exporters.atif` the sender of the session ends its
+/// trajectory sink takes.
+pub fn build_sinks(validated: &Validated) -> anyhow::Result<(Vec<Sink>, Option<SessionEnds>)> {
     let config = &validated.config;
     use hermes_exporter::{
         ConsoleExporter, ConsoleExporterConfig, FileExporter, FileExporterConfig,
@@ -58,17 +63,25 @@ pub fn build_sinks(validated: &Validated) -> anyhow::Result<Vec<Sink>> {
             ConsoleExporter::stdout(ConsoleExporterConfig::default()),
         ));
     }
+    let mut session_ends = None;
     if let Some(atif) = &config.exporters.atif {
-        let exporter =
-            hermes_trajectory::AtifExporter::new(hermes_trajectory::AtifExporterConfig {
+        let (tx, rx) = tokio::sync::mpsc::channel(SESSION_ENDS);
+        let exporter = hermes_trajectory::AtifExporter::new(
+            hermes_trajectory::AtifExporterConfig {
                 dir: atif.dir.clone(),
                 idle_ms: atif.idle_ms,
-            })
-            .context("exporters.atif.dir")?;
+            },
+            Some(rx),
+        )
+        .context("exporters.atif.dir")?;
         sinks.push(Sink::new("atif", exporter));
+        session_ends = Some(tx);
     }
     for sink in &sinks {
         tracing::info!(exporter = sink.name(), destination = %sink.destination(), "exporting spans");
     }
-    Ok(sinks)
+    Ok((sinks, session_ends))
 }
+
+/// Where the correlation stage reports the sessions their host ended.
+pub type SessionEnds = tokio::sync::mpsc::Sender<hermes_trajectory::SessionEnd>;

@@ -89,7 +89,7 @@ impl Topology {
     /// already read): opens the persistent queue and the span file, binds
     /// the ingest and admin listeners. Call it inside the runtime.
     pub async fn build(validated: Validated) -> anyhow::Result<Self> {
-        let sinks = build_sinks(&validated)?;
+        let (sinks, session_ends) = build_sinks(&validated)?;
         let Validated {
             config,
             listen,
@@ -141,7 +141,7 @@ impl Topology {
         let (metrics_export, derived) = derived_metrics(config, otlp_metrics)?;
 
         let mut stage_metrics = Vec::new();
-        let (correlation, writer, policies) = correlation_part(
+        let (mut correlation, writer, policies) = correlation_part(
             config,
             Steps {
                 correlation: Correlation::new(
@@ -157,6 +157,7 @@ impl Topology {
             &exporter_stats,
             (&mut probes, &mut stage_metrics),
         );
+        correlation.driver.session_ends = session_ends;
         let receiver = receiver_part(config, listen, listener, token, receiver_tls, ingest_tx)?;
 
         stage_metrics.extend([
@@ -294,6 +295,7 @@ fn correlation_part(
         ledger,
         clock: WallClock,
         policies: Some(updates),
+        session_ends: None,
     };
     let part = CorrelationPart {
         driver,

@@ -35,6 +35,9 @@ pub struct Partial {
     pub segment: u32,
     /// Wall-clock milliseconds of the last batch that touched the session.
     pub last_seen_ms: u64,
+    /// Wall-clock milliseconds when its host said it ended, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<u64>,
     pub records: Vec<SpanRecord>,
 }
 

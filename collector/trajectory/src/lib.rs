@@ -12,7 +12,7 @@
 //! | [`build`](mod@build) | records of one session → its [`Trajectory`] (pure) |
 //! | [`files`] | the directory's files (partial, trajectory, continuation segments), atomic writes |
 //! | [`render`] | a trajectory as readable steps (`hermes-collector view --session`) |
-//! | [`sessions`] | sessions in progress: merged per batch, kept on disk, written when idle |
+//! | [`sessions`] | sessions in progress: merged per batch, kept on disk, written when ended or idle |
 //! | [`sink`] | [`AtifExporter`], the `atif` sink of the exporter stage, and its idle timer |
 //! | [`time`] | span times as ISO 8601 |
 //!
@@ -33,7 +33,7 @@ pub use atif::{SCHEMA_VERSION, Trajectory};
 pub use build::{Ending, build};
 pub use record::{AgentInfo, Kind, SessionRecords, SpanRecord, records_of};
 pub use render::render;
-pub use sessions::{Sessions, TrajectoryStats};
+pub use sessions::{END_GRACE_MS, SessionEnd, Sessions, TrajectoryStats};
 pub use sink::{AtifExporter, AtifExporterConfig};
 
 #[cfg(test)]

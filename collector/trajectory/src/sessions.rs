@@ -3,8 +3,10 @@
 //! Owns: merging each batch's records into its session (a span seen again,
 //! after a replay or a retry, replaces the first copy), keeping every
 //! session in progress on disk after every batch (`<stem>.partial.json`,
-//! see [`crate::files`]), and writing a session's trajectory once it is
-//! idle for `idle_ms`, marked incomplete.
+//! see [`crate::files`]), and writing a session's trajectory once its host
+//! ended it ([`Sessions::end`], then [`END_GRACE_MS`] for its last spans to
+//! come through the exporter stage's batch), or once it is idle for
+//! `idle_ms`, marked incomplete.
 //!
 //! Durability: a batch counts as exported once the partial files it touched
 //! are written, so the persistent queue may delete its records; what the
@@ -27,6 +29,21 @@ use crate::files::{
     write_atomic, write_trajectory,
 };
 use crate::record::records_of;
+
+/// After its host ended a session, how long its last spans may take to
+/// reach the sink (they left the correlation stage before the end did, and
+/// wait in the exporter stage's batch, `batch.timeout_ms`).
+pub const END_GRACE_MS: u64 = 2_000;
+
+/// A session its host ended (`on_session_finalize`), as the correlation
+/// stage reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionEnd {
+    /// The shim instance (`service.instance.id`).
+    pub instance_id: String,
+    /// The session; empty: every session of the instance.
+    pub session_id: String,
+}
 
 /// What the trajectory exporter did; all monotonic.
 #[derive(Debug, Default)]
@@ -123,6 +140,7 @@ impl Sessions {
                 agent: session.agent.clone(),
                 segment: next_segment(dir, &key),
                 last_seen_ms: now_ms,
+                ended_ms: None,
                 records: Vec::new(),
             });
             partial.last_seen_ms = now_ms;
@@ -138,7 +156,12 @@ impl Sessions {
             }
             touched.insert(key);
         }
-        for key in touched {
+        self.save(touched)
+    }
+
+    /// Rewrites the partial files of the sessions `keys`.
+    fn save(&self, keys: BTreeSet<String>) -> std::io::Result<()> {
+        for key in keys {
             if let Some(partial) = self.open.get(&key) {
                 let bytes = serde_json::to_vec(partial).map_err(std::io::Error::other)?;
                 write_atomic(&self.dir.join(format!("{key}{PARTIAL_SUFFIX}")), &bytes)?;
@@ -147,25 +170,54 @@ impl Sessions {
         Ok(())
     }
 
-    /// When the first session in progress becomes idle (wall-clock ms).
-    pub fn next_due(&self) -> Option<u64> {
-        self.open
-            .values()
-            .map(|p| p.last_seen_ms.saturating_add(self.idle_ms))
-            .min()
+    /// Marks the sessions `end` names as ended at `now_ms` (kept in their
+    /// partial files): they are written [`END_GRACE_MS`] later. An end of a
+    /// session this sink does not hold is ignored.
+    pub fn end(&mut self, end: &SessionEnd, now_ms: u64) -> std::io::Result<()> {
+        let mut ended = BTreeSet::new();
+        for (key, partial) in &mut self.open {
+            let named = end.session_id.is_empty() || partial.session_id == end.session_id;
+            if named && partial.agent.instance == end.instance_id && partial.ended_ms.is_none() {
+                partial.ended_ms = Some(now_ms);
+                ended.insert(key.clone());
+            }
+        }
+        self.save(ended)
     }
 
-    /// Writes the trajectory of every session idle for `idle_ms` at `now_ms`,
-    /// marked incomplete. Returns how many were written.
-    pub fn write_idle(&mut self, now_ms: u64) -> std::io::Result<usize> {
-        let due: Vec<String> = self
+    /// When a session in progress is written: its end plus the grace, or
+    /// its last batch plus the idle time, whichever comes first.
+    fn due_at(&self, partial: &Partial) -> u64 {
+        let idle = partial.last_seen_ms.saturating_add(self.idle_ms);
+        match partial.ended_ms {
+            Some(ended) => idle.min(ended.saturating_add(END_GRACE_MS)),
+            None => idle,
+        }
+    }
+
+    /// When the first session in progress is due (wall-clock ms).
+    pub fn next_due(&self) -> Option<u64> {
+        self.open.values().map(|p| self.due_at(p)).min()
+    }
+
+    /// Writes the trajectory of every session due at `now_ms`: ended ones
+    /// as complete, idle ones marked incomplete. Returns how many were
+    /// written.
+    pub fn write_due(&mut self, now_ms: u64) -> std::io::Result<usize> {
+        let due: Vec<(String, Ending)> = self
             .open
             .iter()
-            .filter(|(_, p)| p.last_seen_ms.saturating_add(self.idle_ms) <= now_ms)
-            .map(|(k, _)| k.clone())
+            .filter(|(_, p)| self.due_at(p) <= now_ms)
+            .map(|(k, p)| {
+                let ending = match p.ended_ms {
+                    Some(_) => Ending::Ended,
+                    None => Ending::Idle,
+                };
+                (k.clone(), ending)
+            })
             .collect();
-        for key in &due {
-            self.finish(key, Ending::Idle)?;
+        for (key, ending) in &due {
+            self.finish(key, *ending)?;
         }
         Ok(due.len())
     }

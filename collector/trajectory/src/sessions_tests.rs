@@ -94,8 +94,8 @@ fn a_session_is_kept_on_disk_until_idle_then_written_incomplete() {
         .unwrap();
     assert_eq!(names(dir.path()), ["s1.partial.json"]);
     assert_eq!(sessions.next_due(), Some(6_000));
-    assert_eq!(sessions.write_idle(5_999).unwrap(), 0);
-    assert_eq!(sessions.write_idle(6_000).unwrap(), 1);
+    assert_eq!(sessions.write_due(5_999).unwrap(), 0);
+    assert_eq!(sessions.write_due(6_000).unwrap(), 1);
     assert_eq!(names(dir.path()), ["s1.json"]);
     let doc = read(dir.path(), "s1.json");
     assert_eq!(doc["schema_version"], "ATIF-v1.8");
@@ -120,7 +120,7 @@ fn a_restart_continues_the_sessions_in_progress() {
         "the idle time counts from the last batch"
     );
     again.add(&turn("s1", "t2", 10, "content"), 5_500).unwrap();
-    again.write_idle(7_000).unwrap();
+    again.write_due(7_000).unwrap();
     let doc = read(dir.path(), "s1.json");
     assert_eq!(
         doc["steps"].as_array().unwrap().len(),
@@ -135,7 +135,7 @@ fn a_span_delivered_twice_is_one_step() {
     let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
     sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
     sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
-    sessions.write_idle(IDLE).unwrap();
+    sessions.write_due(IDLE).unwrap();
     assert_eq!(
         read(dir.path(), "s1.json")["steps"]
             .as_array()
@@ -167,11 +167,11 @@ fn a_resumed_session_continues_in_a_linked_segment() {
     let dir = tempfile::tempdir().unwrap();
     let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
     sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
-    sessions.write_idle(IDLE).unwrap();
+    sessions.write_due(IDLE).unwrap();
     sessions
         .add(&turn("s1", "t2", 10, "content"), 10_000)
         .unwrap();
-    sessions.write_idle(10_000 + IDLE).unwrap();
+    sessions.write_due(10_000 + IDLE).unwrap();
     assert_eq!(names(dir.path()), ["s1.2.json", "s1.json"]);
     assert_eq!(
         read(dir.path(), "s1.json")["continued_trajectory_ref"],
@@ -207,7 +207,7 @@ async fn the_sink_holds_an_exported_batch_on_disk_and_keeps_it_at_the_stop() {
         dir: dir.path().to_owned(),
         idle_ms: 3_600_000,
     };
-    let mut sink = AtifExporter::new(config.clone()).unwrap();
+    let mut sink = AtifExporter::new(config.clone(), None).unwrap();
     let request = ExportTraceServiceRequest {
         resource_spans: turn("s1", "t1", 1, "content"),
     };
@@ -225,7 +225,7 @@ async fn the_sink_holds_an_exported_batch_on_disk_and_keeps_it_at_the_stop() {
         ["s1.partial.json"],
         "kept for the next start"
     );
-    let again = AtifExporter::new(config).unwrap();
+    let again = AtifExporter::new(config, None).unwrap();
     assert!(again.destination().contains("ATIF"));
 }
 
@@ -234,7 +234,7 @@ fn a_session_reads_as_its_segments_then_what_is_in_progress() {
     let dir = tempfile::tempdir().unwrap();
     let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
     sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
-    sessions.write_idle(IDLE).unwrap();
+    sessions.write_due(IDLE).unwrap();
     sessions
         .add(&turn("s1", "t2", 10, "content"), 10_000)
         .unwrap();
@@ -258,4 +258,44 @@ fn a_session_reads_as_its_segments_then_what_is_in_progress() {
             .unwrap()
             .is_empty()
     );
+}
+
+#[test]
+fn an_ended_session_is_written_complete_after_the_grace() {
+    use crate::sessions::{END_GRACE_MS, SessionEnd};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Sessions::open(dir.path(), 60_000).unwrap();
+    sessions
+        .add(&turn("s1", "t1", 1, "content"), 1_000)
+        .unwrap();
+    sessions
+        .add(&turn("s2", "t2", 10, "content"), 1_000)
+        .unwrap();
+    let other = SessionEnd {
+        instance_id: "another-instance".into(),
+        session_id: "s1".into(),
+    };
+    sessions.end(&other, 2_000).unwrap();
+    assert_eq!(
+        sessions.next_due(),
+        Some(61_000),
+        "another agent's session of that id"
+    );
+    let end = SessionEnd {
+        instance_id: "inst-1".into(),
+        session_id: "s1".into(),
+    };
+    sessions.end(&end, 2_000).unwrap();
+    assert_eq!(sessions.next_due(), Some(2_000 + END_GRACE_MS));
+    // The end survives a restart.
+    drop(sessions);
+    let mut sessions = Sessions::open(dir.path(), 60_000).unwrap();
+    assert_eq!(sessions.write_due(2_000 + END_GRACE_MS - 1).unwrap(), 0);
+    assert_eq!(sessions.write_due(2_000 + END_GRACE_MS).unwrap(), 1);
+    let doc = read(dir.path(), "s1.json");
+    assert!(doc.get("extra").is_none(), "complete: {doc:#}");
+    assert!(doc.get("notes").is_none(), "{doc:#}");
+    assert_eq!(names(dir.path()), ["s1.json", "s2.partial.json"]);
+    assert_eq!(sessions.stats().incomplete.load(Ordering::Relaxed), 0);
 }

@@ -8,9 +8,12 @@
 //! A failed write is an I/O error the stage retries; merging again is
 //! harmless, a span seen twice replaces its first copy.
 //!
-//! The idle timer is a task started with the exporter and stopped by
-//! [`SpanExporter::shutdown`]; the sessions still in progress at the stop
-//! stay in their partial files for the next start.
+//! The timer is a task started with the exporter and stopped by
+//! [`SpanExporter::shutdown`]: it takes the session ends the correlation
+//! stage reports (a bounded channel; an end lost there leaves the session
+//! to its idle time) and writes the sessions that are due. The sessions
+//! still in progress at the stop stay in their partial files for the next
+//! start.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -20,7 +23,7 @@ use hermes_exporter::{ExportBatch, ExportError, ExportFuture, ExportOutcome, Spa
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::sessions::{Sessions, TrajectoryStats};
+use crate::sessions::{SessionEnd, Sessions, TrajectoryStats};
 
 /// Longest wait between two looks for idle sessions.
 const MAX_TICK: Duration = Duration::from_secs(1);
@@ -46,8 +49,12 @@ pub struct AtifExporter {
 
 impl AtifExporter {
     /// Opens the directory (reloading the sessions in progress) and starts
-    /// the idle timer on the current tokio runtime.
-    pub fn new(config: AtifExporterConfig) -> Result<Self, ExportError> {
+    /// the timer on the current tokio runtime, taking session ends from
+    /// `ends` when given.
+    pub fn new(
+        config: AtifExporterConfig,
+        ends: Option<tokio::sync::mpsc::Receiver<SessionEnd>>,
+    ) -> Result<Self, ExportError> {
         let io = |source| ExportError::Io {
             path: config.dir.clone(),
             source,
@@ -59,10 +66,11 @@ impl AtifExporter {
         let tick = Duration::from_millis((config.idle_ms / 4).max(1)).min(MAX_TICK);
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|e| io(std::io::Error::other(e)))?;
-        let timer = runtime.spawn(idle_timer(
+        let timer = runtime.spawn(timer(
             sessions.clone(),
             config.dir.clone(),
             tick,
+            ends,
             stop.clone(),
         ));
         Ok(Self {
@@ -118,30 +126,49 @@ impl Drop for AtifExporter {
     }
 }
 
-/// Writes the idle sessions every `tick` until `stop`. A failed write is
-/// logged; the session stays in progress and the next tick tries again.
-async fn idle_timer(
+/// Until `stop`: marks the sessions `ends` names as ended, and every
+/// `tick` writes those that are due. A failed write is logged; the session
+/// stays in progress and the next tick tries again.
+async fn timer(
     sessions: Arc<Mutex<Sessions>>,
     dir: PathBuf,
     tick: Duration,
+    mut ends: Option<tokio::sync::mpsc::Receiver<SessionEnd>>,
     stop: CancellationToken,
 ) {
     loop {
-        tokio::select! {
+        let end = async {
+            match ends.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let ended = tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(tick) => {}
-        }
+            () = tokio::time::sleep(tick) => None,
+            end = end => match end {
+                Some(end) => Some(end),
+                None => {
+                    // The correlation stage is gone: no more ends.
+                    ends = None;
+                    continue;
+                }
+            },
+        };
         let sessions = sessions.clone();
         let dir = dir.clone();
         let result = tokio::task::spawn_blocking(move || match sessions.lock() {
-            Ok(mut sessions) => sessions.write_idle(now_ms()).map(|_| ()),
+            Ok(mut sessions) => match ended {
+                Some(end) => sessions.end(&end, now_ms()),
+                None => sessions.write_due(now_ms()).map(|_| ()),
+            },
             Err(_) => Err(std::io::Error::other(poisoned(&dir))),
         })
         .await;
         match result {
             Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "idle trajectory not written; retried"),
-            Err(error) => tracing::warn!(%error, "idle trajectory task failed; retried"),
+            Ok(Err(error)) => tracing::warn!(%error, "trajectory not written; retried"),
+            Err(error) => tracing::warn!(%error, "trajectory task failed; retried"),
         }
     }
 }
