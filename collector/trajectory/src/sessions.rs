@@ -45,6 +45,12 @@ pub struct SessionEnd {
     pub session_id: String,
 }
 
+/// Whether `end` names the session `partial`.
+fn names(end: &SessionEnd, partial: &Partial) -> bool {
+    partial.agent.instance == end.instance_id
+        && (end.session_id.is_empty() || partial.session_id == end.session_id)
+}
+
 /// What the trajectory exporter did; all monotonic.
 #[derive(Debug, Default)]
 pub struct TrajectoryStats {
@@ -67,8 +73,15 @@ pub struct Sessions {
     /// Agents (`service.name`, `service.instance.id`) already logged as
     /// sending no messages.
     warned: BTreeSet<(String, String)>,
+    /// Ends of sessions not held yet, with when they came: the end can
+    /// overtake the session's spans, which wait in the exporter stage's
+    /// batch. Kept for [`END_GRACE_MS`], at most [`MAX_EARLY_ENDS`].
+    early_ends: Vec<(SessionEnd, u64)>,
     stats: Arc<TrajectoryStats>,
 }
+
+/// The most early ends kept (the oldest goes first).
+const MAX_EARLY_ENDS: usize = 1024;
 
 impl Sessions {
     /// The sessions of `dir`, those in progress reloaded from their partial
@@ -90,6 +103,7 @@ impl Sessions {
             idle_ms,
             open,
             warned: BTreeSet::new(),
+            early_ends: Vec::new(),
             stats,
         })
     }
@@ -144,6 +158,13 @@ impl Sessions {
                 records: Vec::new(),
             });
             partial.last_seen_ms = now_ms;
+            if partial.ended_ms.is_none()
+                && let Some((_, at)) = self.early_ends.iter().find(|(end, at)| {
+                    names(end, partial) && at.saturating_add(END_GRACE_MS) > now_ms
+                })
+            {
+                partial.ended_ms = Some(*at);
+            }
             for record in session.records {
                 match partial
                     .records
@@ -176,11 +197,18 @@ impl Sessions {
     pub fn end(&mut self, end: &SessionEnd, now_ms: u64) -> std::io::Result<()> {
         let mut ended = BTreeSet::new();
         for (key, partial) in &mut self.open {
-            let named = end.session_id.is_empty() || partial.session_id == end.session_id;
-            if named && partial.agent.instance == end.instance_id && partial.ended_ms.is_none() {
+            if names(end, partial) && partial.ended_ms.is_none() {
                 partial.ended_ms = Some(now_ms);
                 ended.insert(key.clone());
             }
+        }
+        self.early_ends
+            .retain(|(_, at)| at.saturating_add(END_GRACE_MS) > now_ms);
+        if ended.is_empty() || end.session_id.is_empty() {
+            if self.early_ends.len() >= MAX_EARLY_ENDS {
+                self.early_ends.remove(0);
+            }
+            self.early_ends.push((end.clone(), now_ms));
         }
         self.save(ended)
     }

@@ -299,3 +299,38 @@ fn an_ended_session_is_written_complete_after_the_grace() {
     assert_eq!(names(dir.path()), ["s1.json", "s2.partial.json"]);
     assert_eq!(sessions.stats().incomplete.load(Ordering::Relaxed), 0);
 }
+
+#[test]
+fn an_end_that_overtakes_the_sessions_spans_still_ends_it() {
+    use crate::sessions::{END_GRACE_MS, SessionEnd};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Sessions::open(dir.path(), 60_000).unwrap();
+    let end = SessionEnd {
+        instance_id: "inst-1".into(),
+        session_id: "s1".into(),
+    };
+    sessions.end(&end, 1_000).unwrap();
+    sessions
+        .add(&turn("s1", "t1", 1, "content"), 1_200)
+        .unwrap();
+    assert_eq!(sessions.next_due(), Some(1_000 + END_GRACE_MS));
+    sessions.write_due(1_000 + END_GRACE_MS).unwrap();
+    assert!(read(dir.path(), "s1.json").get("extra").is_none());
+    // Past the grace, an early end is forgotten: a later session of that
+    // id waits for its own end.
+    sessions.end(&end, 10_000).unwrap();
+    sessions
+        .end(
+            &SessionEnd {
+                session_id: "other".into(),
+                ..end.clone()
+            },
+            10_000 + END_GRACE_MS,
+        )
+        .unwrap();
+    sessions
+        .add(&turn("s1", "t2", 10, "content"), 10_000 + END_GRACE_MS)
+        .unwrap();
+    assert_eq!(sessions.next_due(), Some(10_000 + END_GRACE_MS + 60_000));
+}
