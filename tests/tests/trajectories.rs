@@ -3,8 +3,10 @@
 //! tool calls, parallel tools, a subagent and a resumed session each give a
 //! trajectory file that the pinned ATIF models (`atif==1.8.0`) validate and
 //! whose steps, tool calls, observations and token counts are those of the
-//! spans the hooks made; an agent killed with SIGKILL mid-session still
-//! yields its trajectory after the idle time, marked incomplete.
+//! spans the hooks made. A `hermes chat` session ends with its finalize
+//! and is complete; `hermes -z` fires no finalize, so its session is
+//! written after the idle time, marked incomplete, as is the session of an
+//! agent killed with SIGKILL mid-turn.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -21,24 +23,19 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 /// Idle time after which a session's trajectory is written: longer than
-/// the pauses inside a turn of these scripts.
-const IDLE_MS: u64 = 2_000;
-/// As [`IDLE_MS`] for a turn that retries: Hermes waits about 2 s (with
-/// jitter) before retrying a server error, and the turn must stay one
-/// segment.
-const RETRY_IDLE_MS: u64 = 8_000;
+/// the pauses of these runs (Hermes waits about 2 s, with jitter, before
+/// retrying a server error; the CLI's finalize comes as it exits, a few
+/// seconds after the turn's last span), so only a session that never ends
+/// cleanly is written by it.
+const IDLE_MS: u64 = 8_000;
 const CONTENT: (&str, &str) = ("HERMES_COLLECTOR_CAPTURE", "content");
 
 fn rig(script: Value) -> (AgentRig, TempDir) {
-    rig_idle(script, IDLE_MS)
-}
-
-fn rig_idle(script: Value, idle_ms: u64) -> (AgentRig, TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let rig = AgentRig::start_configured(
         script,
         DEFAULT_HERMES_VERSION,
-        &atif_section(dir.path(), idle_ms),
+        &atif_section(dir.path(), IDLE_MS),
     );
     (rig, dir)
 }
@@ -47,7 +44,7 @@ fn rig_idle(script: Value, idle_ms: u64) -> (AgentRig, TempDir) {
 /// models and returns it.
 fn trajectory(rig: &AgentRig, dir: &Path, session: &str, segment: u32) -> Value {
     let path = trajectory_path(dir, session, segment);
-    let wait = WAIT + Duration::from_millis(RETRY_IDLE_MS);
+    let wait = WAIT + Duration::from_millis(IDLE_MS);
     let doc = wait_for_trajectory(&path, wait, &|| rig.report());
     println!("{}:\n{doc:#}", path.display());
     if let Err(e) = validate_atif(rig.home.venv(), &path) {
@@ -56,6 +53,11 @@ fn trajectory(rig: &AgentRig, dir: &Path, session: &str, segment: u32) -> Value 
     assert_eq!(doc["schema_version"], "ATIF-v1.8");
     assert_eq!(doc["session_id"], session);
     doc
+}
+
+/// Whether `doc` is marked incomplete (written after the idle time).
+fn incomplete(doc: &Value) -> bool {
+    doc["extra"]["incomplete"] == true
 }
 
 fn chat(rig: &AgentRig, query: &str, toolsets: &str, args: &[&str]) -> String {
@@ -73,25 +75,23 @@ fn retries_and_parallel_tools_give_valid_trajectories_of_their_hooks() {
     let b = files.path().join("beta.txt");
     std::fs::write(&a, "alpha contents\n").unwrap();
     std::fs::write(&b, "beta contents\n").unwrap();
-    let (rig, dir) = rig_idle(
-        json!([
-            {"error": 500},
-            {"error": 429, "retry_after": 0.1},
-            {"content": "Recovered after two failures.",
-             "usage": {"prompt_tokens": 321, "completion_tokens": 12}},
-            {"tool_calls": [
-                {"name": "read_file", "arguments": {"path": a.to_string_lossy()}},
-                {"name": "read_file", "arguments": {"path": b.to_string_lossy()}}
-             ],
-             "usage": {"prompt_tokens": 500, "completion_tokens": 40}},
-            {"content": "Both files read.", "usage": {"prompt_tokens": 700, "completion_tokens": 9}}
-        ]),
-        RETRY_IDLE_MS,
-    );
+    let (rig, dir) = rig(json!([
+        {"error": 500},
+        {"error": 429, "retry_after": 0.1},
+        {"content": "Recovered after two failures.",
+         "usage": {"prompt_tokens": 321, "completion_tokens": 12}},
+        {"tool_calls": [
+            {"name": "read_file", "arguments": {"path": a.to_string_lossy()}},
+            {"name": "read_file", "arguments": {"path": b.to_string_lossy()}}
+         ],
+         "usage": {"prompt_tokens": 500, "completion_tokens": 40}},
+        {"content": "Both files read.", "usage": {"prompt_tokens": 700, "completion_tokens": 9}}
+    ]));
     let retried = chat(&rig, "Say hello", "terminal", &[]);
     let parallel = chat(&rig, "Read alpha.txt and beta.txt", "file", &[]);
 
     let doc = trajectory(&rig, dir.path(), &retried, 1);
+    assert!(!incomplete(&doc), "ended by its finalize: {doc:#}");
     let spans = rig.receiver.spans();
     assert_matches_spans(&doc, &own_spans(&spans, &retried));
     let steps = doc["steps"].as_array().unwrap();
@@ -102,6 +102,7 @@ fn retries_and_parallel_tools_give_valid_trajectories_of_their_hooks() {
     assert_eq!(failed.len(), 2, "both failed attempts named: {doc:#}");
 
     let doc = trajectory(&rig, dir.path(), &parallel, 1);
+    assert!(!incomplete(&doc), "ended by its finalize: {doc:#}");
     assert_matches_spans(&doc, &own_spans(&spans, &parallel));
     let steps = doc["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 3, "{doc:#}");
@@ -165,6 +166,7 @@ fn a_subagent_is_embedded_and_referenced_from_delegate_task() {
     let child = sub.str_attr("hermes.child_session_id").unwrap().to_owned();
 
     let doc = trajectory(&rig, dir.path(), &session, 1);
+    assert!(incomplete(&doc), "hermes -z fires no finalize: {doc:#}");
     let spans = rig.receiver.spans();
     assert_matches_spans(&doc, &own_spans(&spans, &session));
     let subs = doc["subagent_trajectories"].as_array().unwrap();
@@ -222,6 +224,7 @@ fn a_resumed_session_continues_in_a_linked_segment() {
     let session = chat(&rig, "Say one", "terminal", &[]);
     let first = trajectory(&rig, dir.path(), &session, 1);
     assert_eq!(first["steps"].as_array().unwrap().len(), 2, "{first:#}");
+    assert!(!incomplete(&first), "{first:#}");
     let resumed = chat(&rig, "Say two", "terminal", &["--resume", &session]);
     assert_eq!(resumed, session, "resumed the same session");
 
@@ -231,6 +234,7 @@ fn a_resumed_session_continues_in_a_linked_segment() {
     assert_eq!(steps[0]["message"], "Say two");
     assert_eq!(steps[1]["message"], "Resumed answer.");
     assert_eq!(steps[1]["metrics"]["prompt_tokens"], 220);
+    assert!(!incomplete(&second), "{second:#}");
     let first = trajectory(&rig, dir.path(), &session, 1);
     assert_eq!(
         first["continued_trajectory_ref"],
@@ -269,7 +273,7 @@ fn a_killed_agent_still_yields_its_trajectory_marked_incomplete() {
         .to_owned();
 
     let doc = trajectory(&rig, dir.path(), &session, 1);
-    assert_eq!(doc["extra"]["incomplete"], true, "{doc:#}");
+    assert!(incomplete(&doc), "{doc:#}");
     assert!(doc["notes"].as_str().unwrap().contains("incomplete"));
     let spans = rig.receiver.spans();
     assert_matches_spans_without_turn(&doc, &own_spans(&spans, &session));
