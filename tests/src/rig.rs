@@ -1,8 +1,8 @@
 //! The scaffolding of a real-agent test: a scripted OpenAI server, an OTLP
 //! receiver, a collector exporting to it and an isolated Hermes home
 //! configured for the server ([`AgentRig`]), waiting for the spans of a run
-//! ([`AgentRig::collect_when`]), and the session id a Hermes run printed
-//! ([`session_id`]).
+//! ([`AgentRig::collect_when`]), the session id a Hermes run printed
+//! ([`session_id`]), and the scripted delegation ([`subagent_script`]).
 
 use std::process::Output;
 use std::time::Duration;
@@ -148,4 +148,22 @@ pub fn session_id(out: &Output) -> String {
         .find_map(|l| l.split("session_id: ").nth(1))
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|| panic!("no session id printed:\n{stdout}\n{stderr}"))
+}
+
+/// Parent asks for `delegate_task`; the child (same server) runs `echo`
+/// and answers; the parent answers. Script entries are consumed in this
+/// order because the delegation is synchronous (`hermes -z`, or the Python
+/// API with a stateless channel).
+pub fn subagent_script() -> Value {
+    serde_json::json!([
+        {"tool_calls": [{"name": "delegate_task",
+                         "arguments": {"goal": "Run echo from-child and report its output"}}],
+         "usage": {"prompt_tokens": 111, "completion_tokens": 11}},
+        {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo from-child"}}],
+         "usage": {"prompt_tokens": 200, "completion_tokens": 20}},
+        {"content": "The child printed from-child.",
+         "usage": {"prompt_tokens": 300, "completion_tokens": 30}},
+        {"content": "Parent done: the subagent printed from-child.",
+         "usage": {"prompt_tokens": 444, "completion_tokens": 44}}
+    ])
 }

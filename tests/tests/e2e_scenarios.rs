@@ -17,7 +17,7 @@ mod scenario;
 
 use std::collections::BTreeSet;
 
-use hermes_e2e::rig::AgentRig;
+use hermes_e2e::rig::{AgentRig, subagent_script};
 use hermes_e2e::{AttrsExt, SpanExt, SpanTree};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
@@ -170,24 +170,6 @@ fn parallel_tool_calls_become_sibling_tool_spans() {
 // ---------------------------------------------------------------------------
 // 3. Subagent
 // ---------------------------------------------------------------------------
-
-/// Parent asks for `delegate_task`; the child (same server) runs `echo`
-/// and answers; the parent answers. Script entries are consumed in this
-/// order because the delegation is synchronous (`hermes -z`, or the Python
-/// API with a stateless channel).
-fn subagent_script() -> Value {
-    json!([
-        {"tool_calls": [{"name": "delegate_task",
-                         "arguments": {"goal": "Run echo from-child and report its output"}}],
-         "usage": {"prompt_tokens": 111, "completion_tokens": 11}},
-        {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo from-child"}}],
-         "usage": {"prompt_tokens": 200, "completion_tokens": 20}},
-        {"content": "The child printed from-child.",
-         "usage": {"prompt_tokens": 300, "completion_tokens": 30}},
-        {"content": "Parent done: the subagent printed from-child.",
-         "usage": {"prompt_tokens": 444, "completion_tokens": 44}}
-    ])
-}
 
 /// The tree of [`subagent_script`]: returns the top-level session id.
 ///

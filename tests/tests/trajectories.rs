@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use hermes_e2e::rig::{AgentRig, WAIT, session_id};
+use hermes_e2e::rig::{AgentRig, WAIT, session_id, subagent_script};
 use hermes_e2e::trajectory::{
     assert_matches_spans, atif_section, own_spans, trajectory_path, validate_atif,
     wait_for_trajectory,
@@ -132,17 +132,7 @@ fn retries_and_parallel_tools_give_valid_trajectories_of_their_hooks() {
 
 #[test]
 fn a_subagent_is_embedded_and_referenced_from_delegate_task() {
-    let (rig, dir) = rig(json!([
-        {"tool_calls": [{"name": "delegate_task",
-                         "arguments": {"goal": "Run echo from-child and report its output"}}],
-         "usage": {"prompt_tokens": 111, "completion_tokens": 11}},
-        {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo from-child"}}],
-         "usage": {"prompt_tokens": 200, "completion_tokens": 20}},
-        {"content": "The child printed from-child.",
-         "usage": {"prompt_tokens": 300, "completion_tokens": 30}},
-        {"content": "Parent done: the subagent printed from-child.",
-         "usage": {"prompt_tokens": 444, "completion_tokens": 44}}
-    ]));
+    let (rig, dir) = rig(subagent_script());
     let out = rig.home.hermes(
         &[
             "-z",

@@ -162,15 +162,22 @@ fn an_agent_without_messages_gets_no_file_and_is_counted() {
     );
 }
 
-#[test]
-fn a_resumed_session_continues_in_a_linked_segment() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
+/// Session `s1` in `dir`: one turn written when idle, then a second turn
+/// at 10 s, in progress.
+fn resumed(dir: &Path) -> Sessions {
+    let mut sessions = Sessions::open(dir, IDLE).unwrap();
     sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
     sessions.write_due(IDLE).unwrap();
     sessions
         .add(&turn("s1", "t2", 10, "content"), 10_000)
         .unwrap();
+    sessions
+}
+
+#[test]
+fn a_resumed_session_continues_in_a_linked_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = resumed(dir.path());
     sessions.write_due(10_000 + IDLE).unwrap();
     assert_eq!(names(dir.path()), ["s1.2.json", "s1.json"]);
     assert_eq!(
@@ -232,12 +239,7 @@ async fn the_sink_holds_an_exported_batch_on_disk_and_keeps_it_at_the_stop() {
 #[test]
 fn a_session_reads_as_its_segments_then_what_is_in_progress() {
     let dir = tempfile::tempdir().unwrap();
-    let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
-    sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
-    sessions.write_due(IDLE).unwrap();
-    sessions
-        .add(&turn("s1", "t2", 10, "content"), 10_000)
-        .unwrap();
+    resumed(dir.path());
     let read = crate::files::read_session(dir.path(), "s1").unwrap();
     let names: Vec<&str> = read.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["s1.json", "s1.partial.json"]);
