@@ -1,5 +1,6 @@
-//! The collector binary's command line: `validate`, and bad configuration
-//! refused with exit code 64 naming the key, before any port is bound.
+//! The collector binary's command line: `validate`, bad configuration
+//! refused with exit code 64 naming the key, before any port is bound, and
+//! `view --session` showing a trajectory.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -42,6 +43,10 @@ fn invalid_configs_exit_64_naming_the_key() {
             "exporters:\n  otlp:\n    endpoint: ${HERMES_TEST_SURELY_UNSET_VAR}\n",
             "line 3 (endpoint)",
         ),
+        (
+            "exporters:\n  atif:\n    dir: /nonexistent/trajectories\n",
+            "exporters.atif.dir",
+        ),
     ];
     for (i, (yaml, key)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("bad{i}.yaml"));
@@ -49,6 +54,49 @@ fn invalid_configs_exit_64_naming_the_key() {
         let out = collector(&["validate", "--config", path.to_str().unwrap()], &[]);
         out.assert_refused_naming(yaml, key);
     }
+}
+
+#[test]
+fn view_session_shows_a_trajectory_as_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = serde_json::json!({
+        "schema_version": "ATIF-v1.8",
+        "session_id": "s1",
+        "agent": {"name": "hermes", "version": "0.1.0", "model_name": "m"},
+        "steps": [
+            {"step_id": 1, "source": "user", "message": "list files"},
+            {"step_id": 2, "source": "agent", "message": "",
+             "tool_calls": [{"tool_call_id": "c1", "function_name": "terminal",
+                             "arguments": {"command": "ls"}}],
+             "observation": {"results": [{"source_call_id": "c1", "content": "a\nb"}]},
+             "metrics": {"prompt_tokens": 10, "completion_tokens": 2}}
+        ],
+        "final_metrics": {"total_prompt_tokens": 10, "total_completion_tokens": 2, "total_steps": 2}
+    });
+    std::fs::write(dir.path().join("s1.json"), doc.to_string()).unwrap();
+    let shown = dir.path().to_str().unwrap();
+    let out = collector(&["view", "--session", "s1", "--dir", shown], &[]);
+    assert!(out.success(), "{}", out.describe());
+    let text = out.stdout();
+    for line in [
+        "== s1.json",
+        "session s1  ATIF-v1.8  agent hermes 0.1.0  model m",
+        "#1 user",
+        "    list files",
+        "#2 agent  tokens 10 in / 2 out",
+        "    → terminal [c1] {\"command\":\"ls\"}",
+        "    ← [c1] a b",
+        "totals: 2 steps, 10 prompt tokens (0 cached), 2 completion tokens",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in:\n{text}");
+    }
+    let missing = collector(&["view", "--session", "s2", "--dir", shown], &[]);
+    assert!(!missing.success());
+    assert!(
+        missing.stderr().contains("no trajectory of session s2"),
+        "{}",
+        missing.describe()
+    );
 }
 
 #[test]
