@@ -128,6 +128,16 @@ fn retries_and_parallel_tools_give_valid_trajectories_of_their_hooks() {
     );
     assert_eq!(steps[2]["message"], "Both files read.");
     assert_eq!(doc["final_metrics"]["total_prompt_tokens"], 1200);
+    assert_eq!(
+        rig.collector
+            .metric("hermes_collector_trajectories_written_total"),
+        2.0
+    );
+    assert_eq!(
+        rig.collector
+            .metric("hermes_collector_trajectories_incomplete_total"),
+        0.0
+    );
 }
 
 #[test]
@@ -264,6 +274,11 @@ fn a_killed_agent_still_yields_its_trajectory_marked_incomplete() {
 
     let doc = trajectory(&rig, dir.path(), &session, 1);
     assert!(incomplete(&doc), "{doc:#}");
+    assert_eq!(
+        rig.collector
+            .metric("hermes_collector_trajectories_incomplete_total"),
+        1.0
+    );
     assert!(doc["notes"].as_str().unwrap().contains("incomplete"));
     let spans = rig.receiver.spans();
     assert_matches_spans_without_turn(&doc, &own_spans(&spans, &session));

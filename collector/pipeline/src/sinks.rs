@@ -10,10 +10,17 @@ use hermes_exporter::Sink;
 /// How many session ends may wait for the trajectory sink.
 const SESSION_ENDS: usize = 1024;
 
+/// What the rest of the topology connects to the trajectory sink.
+pub struct TrajectorySink {
+    /// The sender of the session ends the sink takes.
+    pub ends: SessionEnds,
+    /// Its counters, for `/metrics`.
+    pub stats: std::sync::Arc<hermes_trajectory::TrajectoryStats>,
+}
+
 /// Builds the sinks the configuration names (the embedded default when
-/// none), and with `exporters.atif` the sender of the session ends its
-/// trajectory sink takes.
-pub fn build_sinks(validated: &Validated) -> anyhow::Result<(Vec<Sink>, Option<SessionEnds>)> {
+/// none), and with `exporters.atif` what connects to its trajectory sink.
+pub fn build_sinks(validated: &Validated) -> anyhow::Result<(Vec<Sink>, Option<TrajectorySink>)> {
     let config = &validated.config;
     use hermes_exporter::{
         ConsoleExporter, ConsoleExporterConfig, FileExporter, FileExporterConfig,
@@ -63,7 +70,7 @@ pub fn build_sinks(validated: &Validated) -> anyhow::Result<(Vec<Sink>, Option<S
             ConsoleExporter::stdout(ConsoleExporterConfig::default()),
         ));
     }
-    let mut session_ends = None;
+    let mut trajectories = None;
     if let Some(atif) = &config.exporters.atif {
         let (tx, rx) = tokio::sync::mpsc::channel(SESSION_ENDS);
         let exporter = hermes_trajectory::AtifExporter::new(
@@ -74,13 +81,16 @@ pub fn build_sinks(validated: &Validated) -> anyhow::Result<(Vec<Sink>, Option<S
             Some(rx),
         )
         .context("exporters.atif.dir")?;
+        trajectories = Some(TrajectorySink {
+            ends: tx,
+            stats: exporter.stats(),
+        });
         sinks.push(Sink::new("atif", exporter));
-        session_ends = Some(tx);
     }
     for sink in &sinks {
         tracing::info!(exporter = sink.name(), destination = %sink.destination(), "exporting spans");
     }
-    Ok((sinks, session_ends))
+    Ok((sinks, trajectories))
 }
 
 /// Where the correlation stage reports the sessions their host ended.

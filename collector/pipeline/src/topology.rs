@@ -89,7 +89,7 @@ impl Topology {
     /// already read): opens the persistent queue and the span file, binds
     /// the ingest and admin listeners. Call it inside the runtime.
     pub async fn build(validated: Validated) -> anyhow::Result<Self> {
-        let (sinks, session_ends) = build_sinks(&validated)?;
+        let (sinks, trajectories) = build_sinks(&validated)?;
         let Validated {
             config,
             listen,
@@ -157,9 +157,12 @@ impl Topology {
             &exporter_stats,
             (&mut probes, &mut stage_metrics),
         );
-        correlation.driver.session_ends = session_ends;
         let receiver = receiver_part(config, listen, listener, token, receiver_tls, ingest_tx)?;
 
+        if let Some(trajectories) = trajectories {
+            correlation.driver.session_ends = Some(trajectories.ends);
+            stage_metrics.push(collector(trajectories.stats));
+        }
         stage_metrics.extend([
             collector(receiver.stats.clone()),
             collector(correlation.stats.clone()),

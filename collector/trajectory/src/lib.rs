@@ -8,6 +8,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`atif`] | the ATIF document types (serde) |
+//! | `metrics` | the sink's counters on `/metrics` ([`TrajectoryStats`]) |
 //! | [`record`] | a span reduced to what a trajectory needs ([`SpanRecord`]), grouped by session |
 //! | [`build`](mod@build) | records of one session → its [`Trajectory`] (pure) |
 //! | [`files`] | the directory's files (partial, trajectory, continuation segments), atomic writes |
@@ -23,6 +24,7 @@
 pub mod atif;
 pub mod build;
 pub mod files;
+mod metrics;
 pub mod record;
 pub mod render;
 pub mod sessions;

@@ -62,6 +62,8 @@ pub struct TrajectoryStats {
     pub spans_without_messages: AtomicU64,
     /// Partial files found at start that did not parse, left in place.
     pub unreadable_partials: AtomicU64,
+    /// Sessions in progress now (a gauge).
+    pub in_progress: AtomicU64,
 }
 
 /// The sessions in progress of one trajectory directory.
@@ -94,10 +96,13 @@ impl Sessions {
             tracing::warn!(path = %path.display(), %error, "trajectory in progress cannot be read; left in place");
             stats.unreadable_partials.fetch_add(1, Ordering::Relaxed);
         }
-        let open = partials
+        let open: BTreeMap<String, Partial> = partials
             .into_iter()
             .map(|p| (stem(&p.session_id), p))
             .collect();
+        stats
+            .in_progress
+            .store(open.len() as u64, Ordering::Relaxed);
         Ok(Self {
             dir: dir.to_owned(),
             idle_ms,
@@ -177,6 +182,9 @@ impl Sessions {
             }
             touched.insert(key);
         }
+        self.stats
+            .in_progress
+            .store(self.open.len() as u64, Ordering::Relaxed);
         self.save(touched)
     }
 
@@ -275,6 +283,9 @@ impl Sessions {
             Err(e) => return Err(e),
         }
         self.open.remove(key);
+        self.stats
+            .in_progress
+            .store(self.open.len() as u64, Ordering::Relaxed);
         self.stats.written.fetch_add(1, Ordering::Relaxed);
         if ending == Ending::Idle {
             self.stats.incomplete.fetch_add(1, Ordering::Relaxed);

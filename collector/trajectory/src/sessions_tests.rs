@@ -93,6 +93,7 @@ fn a_session_is_kept_on_disk_until_idle_then_written_incomplete() {
         .add(&turn("s1", "t1", 1, "content"), 5_000)
         .unwrap();
     assert_eq!(names(dir.path()), ["s1.partial.json"]);
+    assert_eq!(sessions.stats().in_progress.load(Ordering::Relaxed), 1);
     assert_eq!(sessions.next_due(), Some(6_000));
     assert_eq!(sessions.write_due(5_999).unwrap(), 0);
     assert_eq!(sessions.write_due(6_000).unwrap(), 1);
@@ -103,6 +104,7 @@ fn a_session_is_kept_on_disk_until_idle_then_written_incomplete() {
     assert_eq!(doc["steps"][1]["message"], "hi");
     assert_eq!(doc["steps"][1]["metrics"]["prompt_tokens"], 12);
     assert_eq!(sessions.stats().incomplete.load(Ordering::Relaxed), 1);
+    assert_eq!(sessions.stats().in_progress.load(Ordering::Relaxed), 0);
     assert!(sessions.is_empty());
 }
 
