@@ -6,7 +6,8 @@
 //! see [`crate::files`]), and writing a session's trajectory once its host
 //! ended it ([`Sessions::end`], then [`END_GRACE_MS`] for its last spans to
 //! come through the exporter stage's batch), or once it is idle for
-//! `idle_ms`, marked incomplete.
+//! `idle_ms`, marked incomplete. At most [`MAX_SESSIONS`] are held; past
+//! it the least recently active is written as it is, marked incomplete.
 //!
 //! Durability: a batch counts as exported once the partial files it touched
 //! are written, so the persistent queue may delete its records; what the
@@ -79,8 +80,14 @@ pub struct Sessions {
     /// overtake the session's spans, which wait in the exporter stage's
     /// batch. Kept for [`END_GRACE_MS`], at most [`MAX_EARLY_ENDS`].
     early_ends: Vec<(SessionEnd, u64)>,
+    /// [`MAX_SESSIONS`], lower in tests.
+    max_sessions: usize,
     stats: Arc<TrajectoryStats>,
 }
+
+/// The most sessions held in progress (memory and partial files); past it
+/// the least recently active is written as incomplete.
+pub const MAX_SESSIONS: usize = 10_000;
 
 /// The most early ends kept (the oldest goes first).
 const MAX_EARLY_ENDS: usize = 1024;
@@ -103,14 +110,25 @@ impl Sessions {
         stats
             .in_progress
             .store(open.len() as u64, Ordering::Relaxed);
-        Ok(Self {
+        let mut sessions = Self {
             dir: dir.to_owned(),
             idle_ms,
             open,
             warned: BTreeSet::new(),
             early_ends: Vec::new(),
+            max_sessions: MAX_SESSIONS,
             stats,
-        })
+        };
+        sessions.bound()?;
+        Ok(sessions)
+    }
+
+    /// As [`Sessions::open`], holding at most `max` sessions in progress.
+    pub fn open_bounded(dir: &Path, idle_ms: u64, max: usize) -> std::io::Result<Self> {
+        let mut sessions = Self::open(dir, idle_ms)?;
+        sessions.max_sessions = max.max(1);
+        sessions.bound()?;
+        Ok(sessions)
     }
 
     /// The exporter's counters.
@@ -185,7 +203,29 @@ impl Sessions {
         self.stats
             .in_progress
             .store(self.open.len() as u64, Ordering::Relaxed);
-        self.save(touched)
+        self.save(touched)?;
+        self.bound()
+    }
+
+    /// Past [`MAX_SESSIONS`] in progress, writes the least recently active
+    /// ones as they are, marked incomplete (counted as such).
+    fn bound(&mut self) -> std::io::Result<()> {
+        while self.open.len() > self.max_sessions {
+            let Some(oldest) = self
+                .open
+                .iter()
+                .min_by_key(|(_, p)| p.last_seen_ms)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            tracing::warn!(
+                max = self.max_sessions,
+                "too many trajectories in progress: the least recently active is written as incomplete"
+            );
+            self.finish(&oldest, Ending::Idle)?;
+        }
+        Ok(())
     }
 
     /// Rewrites the partial files of the sessions `keys`.

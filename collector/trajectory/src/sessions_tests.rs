@@ -338,3 +338,20 @@ fn an_end_that_overtakes_the_sessions_spans_still_ends_it() {
         .unwrap();
     assert_eq!(sessions.next_due(), Some(10_000 + END_GRACE_MS + 60_000));
 }
+
+#[test]
+fn past_the_bound_the_least_recently_active_session_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Sessions::open_bounded(dir.path(), 60_000, 2).unwrap();
+    sessions.add(&turn("s1", "t1", 1, "content"), 100).unwrap();
+    sessions.add(&turn("s2", "t2", 10, "content"), 200).unwrap();
+    sessions.add(&turn("s1", "t3", 20, "content"), 300).unwrap();
+    sessions.add(&turn("s3", "t4", 30, "content"), 400).unwrap();
+    assert_eq!(sessions.len(), 2);
+    assert_eq!(
+        names(dir.path()),
+        ["s1.partial.json", "s2.json", "s3.partial.json"]
+    );
+    assert_eq!(read(dir.path(), "s2.json")["extra"]["incomplete"], true);
+    assert_eq!(sessions.stats().incomplete.load(Ordering::Relaxed), 1);
+}
