@@ -679,4 +679,6 @@ mod tests;
 #[cfg(test)]
 mod tests_reach;
 #[cfg(test)]
+mod tests_spool;
+#[cfg(test)]
 mod tests_supervise;

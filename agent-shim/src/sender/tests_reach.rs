@@ -3,8 +3,9 @@
 
 use std::sync::Mutex;
 
-use super::tests::{TestCollector, config, free_port};
+use super::tests::{config, free_port};
 use super::*;
+use crate::fake_collector::FakeCollector;
 
 /// Passes events through and records the notices it is handed.
 #[derive(Clone, Default)]
@@ -77,7 +78,7 @@ fn an_outage_is_said_once_and_its_end_once() {
     std::thread::sleep(Duration::from_millis(800));
     assert_eq!(recorder.texts().len(), 1, "{:?}", recorder.texts());
 
-    let collector = TestCollector::start(port, None);
+    let collector = FakeCollector::start(port);
     let texts = recorder.wait_for(2);
     assert_eq!(texts.len(), 2, "{texts:?}");
     assert!(
