@@ -16,6 +16,9 @@
 //! - [`server`]: what those servers share (their thread and runtime, TLS
 //!   with [`ServerTls`], request bodies).
 //! - [`pki`]: a CA and the certificates it signs, made at test time.
+//! - [`access`]: what the access-control tests share (a collector from a
+//!   configuration file exporting to a receiver, the basic turn arriving
+//!   whole, the installed shim replaying the basic fixture).
 //! - [`ingest`]: agents' events over the wire protocol without the real
 //!   agent (fixture turns converted as the shim does, one stream exchange).
 //! - [`events`]: hand-built wire events (ids, bodies, API calls) for the
@@ -39,6 +42,7 @@
 //! bounded by a timeout. Setup failures panic with context: this crate is
 //! only used from tests, where a failed step must fail the test loudly.
 
+pub mod access;
 pub mod basic_turn;
 pub mod collector;
 pub mod events;
