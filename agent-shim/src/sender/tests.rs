@@ -92,6 +92,13 @@ impl Harness {
         assert!(self.tx.push(self.event(hook, api_request_id)).is_ok());
     }
 
+    /// Pushes `n` events of `hook`.
+    pub(super) fn push_n(&self, n: usize, hook: &str) {
+        for _ in 0..n {
+            self.push(hook, "");
+        }
+    }
+
     pub(super) fn push_and_wake(&self, hook: &str) {
         assert!(self.tx.push_and_wake(self.event(hook, "")).is_ok());
     }
@@ -130,9 +137,7 @@ impl Harness {
 fn delivers_in_order_and_settles() {
     let collector = FakeCollector::start(0);
     let harness = Harness::start(config(collector.endpoint()), Passthrough);
-    for _ in 0..2_000 {
-        harness.push("post_tool_call", "");
-    }
+    harness.push_n(2_000, "post_tool_call");
     assert!(harness.shared.wait_settled(2_000, Duration::from_secs(10)));
     let stats = harness.shared.stats();
     assert_eq!(stats.acked_events, 2_000);
@@ -179,9 +184,7 @@ fn numbers_attempts() {
 fn collector_down_flush_is_bounded_then_reconnects_and_resends() {
     let port = free_port();
     let harness = Harness::start(config(format!("http://127.0.0.1:{port}")), Passthrough);
-    for _ in 0..10 {
-        harness.push("pre_tool_call", "");
-    }
+    harness.push_n(10, "pre_tool_call");
     let started = StdInstant::now();
     assert!(!harness.shared.wait_settled(10, Duration::from_millis(300)));
     let waited = started.elapsed();
@@ -211,13 +214,9 @@ fn lost_stream_resends_unacked_batches() {
         (d.stream == 0).then(|| tonic::Status::unavailable("injected"))
     });
     let harness = Harness::start(config(collector.endpoint()), Passthrough);
-    for _ in 0..5 {
-        harness.push("pre_tool_call", "");
-    }
+    harness.push_n(5, "pre_tool_call");
     assert!(harness.shared.wait_settled(5, Duration::from_secs(10)));
-    for _ in 0..5 {
-        harness.push("post_tool_call", "");
-    }
+    harness.push_n(5, "post_tool_call");
     assert!(harness.shared.wait_settled(10, Duration::from_secs(10)));
     assert!(collector.streams() >= 2);
     let seqs = collector.seqs();
@@ -235,9 +234,7 @@ fn eviction_when_buffer_is_full_counts_and_reports() {
     config.max_unacked_batches = 2;
     config.max_batch_events = 10;
     let harness = Harness::start(config, Passthrough);
-    for _ in 0..100 {
-        harness.push("pre_tool_call", "");
-    }
+    harness.push_n(100, "pre_tool_call");
     // Nothing can be delivered: 80 of 100 events get evicted, and those
     // settle a flush.
     assert!(!harness.shared.wait_settled(100, Duration::from_millis(300)));
@@ -258,9 +255,7 @@ fn eviction_when_buffer_is_full_counts_and_reports() {
 fn discarded_items_settle() {
     let collector = FakeCollector::start(0);
     let harness = Harness::start(config(collector.endpoint()), LosesHalf);
-    for _ in 0..10 {
-        harness.push("pre_tool_call", "");
-    }
+    harness.push_n(10, "pre_tool_call");
     assert!(harness.shared.wait_settled(10, Duration::from_secs(10)));
     let stats = harness.shared.stats();
     assert_eq!((stats.acked_events, stats.discarded_events), (5, 5));
@@ -371,9 +366,7 @@ fn an_idle_sender_stops_its_timer_and_the_next_push_wakes_it() {
 fn closed_queue_ends_sender_after_delivery() {
     let collector = FakeCollector::start(0);
     let harness = Harness::start(config(collector.endpoint()), Passthrough);
-    for _ in 0..3 {
-        harness.push("pre_tool_call", "");
-    }
+    harness.push_n(3, "pre_tool_call");
     let shared = harness.close();
     assert_eq!(shared.stats().acked_events, 3);
     assert_eq!(collector.seqs(), [1, 2, 3]);

@@ -23,6 +23,15 @@ impl Recorder {
             .collect()
     }
 
+    /// Waits (bounded) until `n` notices were handed; asserts that exactly
+    /// `n` were, the last starting with `prefix`.
+    fn wait_for_notice(&self, n: usize, prefix: &str) -> Vec<String> {
+        let texts = self.wait_for(n);
+        assert_eq!(texts.len(), n, "{texts:?}");
+        assert!(texts[n - 1].starts_with(prefix), "{texts:?}");
+        texts
+    }
+
     /// Waits (bounded) until `n` notices were handed.
     fn wait_for(&self, n: usize) -> Vec<String> {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -64,13 +73,9 @@ fn an_outage_is_said_once_and_its_end_once() {
     for seq in 1..=5 {
         assert!(tx.push(event(seq)).is_ok());
     }
-    let texts = recorder.wait_for(1);
-    assert_eq!(texts.len(), 1, "{texts:?}");
-    assert!(
-        texts[0].starts_with(&format!(
-            "hermes_collector: cannot reach the collector at {endpoint} for 0."
-        )),
-        "{texts:?}"
+    let texts = recorder.wait_for_notice(
+        1,
+        &format!("hermes_collector: cannot reach the collector at {endpoint} for 0."),
     );
     assert!(texts[0].contains("Connection refused"), "{texts:?}");
     assert!(texts[0].contains("kept in memory"), "{texts:?}");
@@ -79,13 +84,9 @@ fn an_outage_is_said_once_and_its_end_once() {
     assert_eq!(recorder.texts().len(), 1, "{:?}", recorder.texts());
 
     let collector = FakeCollector::start(port);
-    let texts = recorder.wait_for(2);
-    assert_eq!(texts.len(), 2, "{texts:?}");
-    assert!(
-        texts[1].starts_with(&format!(
-            "hermes_collector: the collector at {endpoint} is reachable again after "
-        )),
-        "{texts:?}"
+    recorder.wait_for_notice(
+        2,
+        &format!("hermes_collector: the collector at {endpoint} is reachable again after "),
     );
     assert!(shared.wait_settled(5, Duration::from_secs(10)));
     // Everything delivered: the exit says nothing.

@@ -50,6 +50,14 @@ fn spool_config(endpoint: String, instance_id: &str, dir: &std::path::Path) -> S
     config
 }
 
+/// Where a test's spool goes (not created yet), and the temporary
+/// directory holding it.
+fn spool_dir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("spool");
+    (tmp, dir)
+}
+
 fn spool_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     std::fs::read_dir(dir)
         .map(|entries| {
@@ -77,14 +85,11 @@ fn received_by_instance(collector: &FakeCollector) -> BTreeSet<(String, u64)> {
 fn exit_spool_is_replayed_by_a_later_sender_under_its_instance_and_seqs() {
     let port = free_port();
     let endpoint = format!("http://127.0.0.1:{port}");
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("spool");
+    let (_tmp, dir) = spool_dir();
 
     // Process 1: the collector is down at exit.
     let first = Harness::start(spool_config(endpoint.clone(), "aaaa", &dir), Passthrough);
-    for _ in 0..10 {
-        first.push("pre_tool_call", "");
-    }
+    first.push_n(10, "pre_tool_call");
     assert!(!first.shared.wait_settled(10, Duration::from_millis(100)));
     let started = StdInstant::now();
     assert!(first.shared.spool_and_wait(Duration::from_secs(5)));
@@ -104,9 +109,7 @@ fn exit_spool_is_replayed_by_a_later_sender_under_its_instance_and_seqs() {
     // stream, then its own events.
     let collector = FakeCollector::start(port);
     let second = Harness::start(spool_config(endpoint, "bbbb", &dir), Passthrough);
-    for _ in 0..3 {
-        second.push("post_tool_call", "");
-    }
+    second.push_n(3, "post_tool_call");
     assert!(second.shared.wait_settled(3, Duration::from_secs(10)));
     let stats = second.shared.stats();
     assert_eq!((stats.replayed_events, stats.replayed_files), (10, 1));
@@ -129,15 +132,12 @@ fn exit_spool_is_replayed_by_a_later_sender_under_its_instance_and_seqs() {
 fn hooks_after_the_exit_spool_go_to_a_second_file_that_continues_the_seqs() {
     let port = free_port();
     let endpoint = format!("http://127.0.0.1:{port}");
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("spool");
+    let (_tmp, dir) = spool_dir();
 
     let first = Harness::start(spool_config(endpoint.clone(), "late", &dir), Passthrough);
     // Its look for earlier spool files is done (else it could claim its own).
     assert!(first.shared.wait_settled(0, Duration::from_secs(5)));
-    for _ in 0..4 {
-        first.push("pre_tool_call", "");
-    }
+    first.push_n(4, "pre_tool_call");
     assert!(first.shared.spool_and_wait(Duration::from_secs(5)));
     // Late hooks (converted on their threads) and the marker, woken at once.
     for _ in 0..2 {
@@ -178,15 +178,12 @@ fn hooks_after_the_exit_spool_go_to_a_second_file_that_continues_the_seqs() {
 #[test]
 fn closed_queue_spools_what_close_grace_could_not_deliver() {
     let port = free_port();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("spool");
+    let (_tmp, dir) = spool_dir();
     let harness = Harness::start(
         spool_config(format!("http://127.0.0.1:{port}"), "cccc", &dir),
         Passthrough,
     );
-    for _ in 0..5 {
-        harness.push("pre_tool_call", "");
-    }
+    harness.push_n(5, "pre_tool_call");
     let shared = harness.close();
     assert_eq!(shared.stats().spooled_events, 5);
     let files = spool_files(&dir);
@@ -203,17 +200,14 @@ fn closed_queue_spools_what_close_grace_could_not_deliver() {
 #[test]
 fn a_full_spool_drops_and_counts() {
     let port = free_port();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("spool");
+    let (_tmp, dir) = spool_dir();
     let mut config = spool_config(format!("http://127.0.0.1:{port}"), "dddd", &dir);
     config.spool = Some(SpoolConfig {
         dir: dir.clone(),
         max_bytes: 4,
     });
     let harness = Harness::start(config, Passthrough);
-    for _ in 0..5 {
-        harness.push("pre_tool_call", "");
-    }
+    harness.push_n(5, "pre_tool_call");
     assert!(harness.shared.spool_and_wait(Duration::from_secs(5)));
     let stats = harness.shared.stats();
     assert_eq!((stats.spooled_events, stats.spool_dropped_events), (0, 5));
@@ -225,20 +219,9 @@ fn a_full_spool_drops_and_counts() {
 
 #[test]
 fn replay_resends_after_a_lost_stream_and_skips_a_refused_batch() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("spool");
+    let (_tmp, dir) = spool_dir();
     let batches: Vec<EventBatch> = (0..6)
-        .map(|i| EventBatch {
-            shim: Some(shim_named("eeee")),
-            events: (i * 5 + 1..=i * 5 + 5)
-                .map(|seq| Event {
-                    seq,
-                    hook: "pre_tool_call".into(),
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        })
+        .map(|i| test_batch(Some(shim_named("eeee")), i * 5 + 1..=i * 5 + 5))
         .collect();
     let spool_cfg = SpoolConfig {
         dir: dir.clone(),
