@@ -92,6 +92,16 @@ impl Harness {
         assert!(self.tx.push(self.event(hook, api_request_id)).is_ok());
     }
 
+    /// Waits (bounded) until `n` events are settled; fails the test
+    /// otherwise.
+    pub(super) fn settle(&self, n: u64) {
+        assert!(
+            self.shared.wait_settled(n, Duration::from_secs(10)),
+            "{n} events not settled: {:?}",
+            self.shared.stats()
+        );
+    }
+
     /// Pushes `n` events of `hook`.
     pub(super) fn push_n(&self, n: usize, hook: &str) {
         for _ in 0..n {
@@ -138,7 +148,7 @@ fn delivers_in_order_and_settles() {
     let collector = FakeCollector::start(0);
     let harness = Harness::start(config(collector.endpoint()), Passthrough);
     harness.push_n(2_000, "post_tool_call");
-    assert!(harness.shared.wait_settled(2_000, Duration::from_secs(10)));
+    harness.settle(2_000);
     let stats = harness.shared.stats();
     assert_eq!(stats.acked_events, 2_000);
     assert_eq!(stats.evicted_events, 0);
@@ -167,7 +177,7 @@ fn numbers_attempts() {
     harness.push("pre_api_request", "a");
     harness.push("post_api_request", "a");
     harness.push("post_api_request", "b");
-    assert!(harness.shared.wait_settled(5, Duration::from_secs(10)));
+    harness.settle(5);
     let batches = collector.batches();
     let attempts: Vec<u32> = batches
         .iter()
@@ -199,7 +209,7 @@ fn collector_down_flush_is_bounded_then_reconnects_and_resends() {
     assert!(!stats.last_error.is_empty());
 
     let collector = FakeCollector::start(port);
-    assert!(harness.shared.wait_settled(10, Duration::from_secs(10)));
+    harness.settle(10);
     let seqs: BTreeSet<u64> = collector.seqs().into_iter().collect();
     assert_eq!(seqs, (1..=10).collect());
     assert_eq!(harness.enqueued(), 10);
@@ -215,9 +225,9 @@ fn lost_stream_resends_unacked_batches() {
     });
     let harness = Harness::start(config(collector.endpoint()), Passthrough);
     harness.push_n(5, "pre_tool_call");
-    assert!(harness.shared.wait_settled(5, Duration::from_secs(10)));
+    harness.settle(5);
     harness.push_n(5, "post_tool_call");
-    assert!(harness.shared.wait_settled(10, Duration::from_secs(10)));
+    harness.settle(10);
     assert!(collector.streams() >= 2);
     let seqs = collector.seqs();
     // The first batch arrived twice (unacked, resent); every seq arrived.
@@ -240,7 +250,7 @@ fn eviction_when_buffer_is_full_counts_and_reports() {
     assert!(!harness.shared.wait_settled(100, Duration::from_millis(300)));
     assert_eq!(harness.shared.stats().evicted_events, 80);
     let collector = FakeCollector::start(port);
-    assert!(harness.shared.wait_settled(100, Duration::from_secs(10)));
+    harness.settle(100);
     let batches = collector.batches();
     let seqs: Vec<u64> = batches
         .iter()
@@ -256,7 +266,7 @@ fn discarded_items_settle() {
     let collector = FakeCollector::start(0);
     let harness = Harness::start(config(collector.endpoint()), LosesHalf);
     harness.push_n(10, "pre_tool_call");
-    assert!(harness.shared.wait_settled(10, Duration::from_secs(10)));
+    harness.settle(10);
     let stats = harness.shared.stats();
     assert_eq!((stats.acked_events, stats.discarded_events), (5, 5));
 }
@@ -285,7 +295,7 @@ fn a_push_waits_for_the_senders_timer_and_a_wake_sends_at_once() {
     assert_eq!(collector.seqs(), [1, 2]);
     // A flush makes the sender look too.
     harness.push("pre_tool_call", "");
-    assert!(harness.shared.wait_settled(3, Duration::from_secs(10)));
+    harness.settle(3);
     // Closing the queue wakes the sender, which ends without waiting a minute.
     let started = StdInstant::now();
     harness.close();

@@ -110,7 +110,7 @@ fn exit_spool_is_replayed_by_a_later_sender_under_its_instance_and_seqs() {
     let collector = FakeCollector::start(port);
     let second = Harness::start(spool_config(endpoint, "bbbb", &dir), Passthrough);
     second.push_n(3, "post_tool_call");
-    assert!(second.shared.wait_settled(3, Duration::from_secs(10)));
+    second.settle(3);
     let stats = second.shared.stats();
     assert_eq!((stats.replayed_events, stats.replayed_files), (10, 1));
     assert_eq!(stats.acked_events, 3);
@@ -158,7 +158,7 @@ fn hooks_after_the_exit_spool_go_to_a_second_file_that_continues_the_seqs() {
 
     let collector = FakeCollector::start(port);
     let second = Harness::start(spool_config(endpoint, "next", &dir), Passthrough);
-    assert!(second.shared.wait_settled(0, Duration::from_secs(10)));
+    second.settle(0);
     assert_eq!(second.shared.stats().replayed_events, 7);
     let received: Vec<(u64, String)> = collector
         .batches()
@@ -240,7 +240,7 @@ fn replay_resends_after_a_lost_stream_and_skips_a_refused_batch() {
         spool_config(collector.endpoint(), "ffff", &dir),
         Passthrough,
     );
-    assert!(harness.shared.wait_settled(0, Duration::from_secs(10)));
+    harness.settle(0);
     let stats = harness.shared.stats();
     assert_eq!(stats.replayed_files, 1);
     assert_eq!(stats.replay_lost_events, 5);
