@@ -33,13 +33,19 @@ impl Convert for LosesHalf {
 /// A port nothing listens on, from below Linux' ephemeral range so that no
 /// outgoing connection (the sender's own included) can take it meanwhile;
 /// probed by connecting (a probe listener could leak into a forked child).
-pub(super) fn free_port() -> u16 {
+fn free_port() -> u16 {
     static CURSOR: AtomicU16 = AtomicU16::new(0);
     let base = (std::process::id() % 8_000) as u16;
     (0..8_000)
         .map(|_| 22_000 + (base + CURSOR.fetch_add(1, Ordering::Relaxed)) % 8_000)
         .find(|&port| std::net::TcpStream::connect(("127.0.0.1", port)).is_err())
         .unwrap()
+}
+
+/// A [`free_port`] and its `http://` endpoint.
+pub(super) fn free_endpoint() -> (u16, String) {
+    let port = free_port();
+    (port, format!("http://127.0.0.1:{port}"))
 }
 
 pub(super) fn shim() -> ShimInfo {
@@ -192,8 +198,8 @@ fn numbers_attempts() {
 
 #[test]
 fn collector_down_flush_is_bounded_then_reconnects_and_resends() {
-    let port = free_port();
-    let harness = Harness::start(config(format!("http://127.0.0.1:{port}")), Passthrough);
+    let (port, endpoint) = free_endpoint();
+    let harness = Harness::start(config(endpoint), Passthrough);
     harness.push_n(10, "pre_tool_call");
     let started = StdInstant::now();
     assert!(!harness.shared.wait_settled(10, Duration::from_millis(300)));
@@ -239,8 +245,8 @@ fn lost_stream_resends_unacked_batches() {
 
 #[test]
 fn eviction_when_buffer_is_full_counts_and_reports() {
-    let port = free_port();
-    let mut config = config(format!("http://127.0.0.1:{port}"));
+    let (port, endpoint) = free_endpoint();
+    let mut config = config(endpoint);
     config.max_unacked_batches = 2;
     config.max_batch_events = 10;
     let harness = Harness::start(config, Passthrough);

@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use super::tests::{config, free_port};
+use super::tests::{config, free_endpoint};
 use super::*;
 use crate::fake_collector::FakeCollector;
 
@@ -64,8 +64,7 @@ fn event(seq: u64) -> Event {
 
 #[test]
 fn an_outage_is_said_once_and_its_end_once() {
-    let port = free_port();
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let (port, endpoint) = free_endpoint();
     let mut config = config(endpoint.clone());
     config.report_unreachable_after = Duration::from_millis(300);
     let recorder = Recorder::default();
@@ -99,8 +98,8 @@ fn an_outage_is_said_once_and_its_end_once() {
 
 #[test]
 fn an_exit_before_the_delay_says_the_outage_and_what_is_lost() {
-    let port = free_port();
-    let mut config = config(format!("http://127.0.0.1:{port}"));
+    let (_, endpoint) = free_endpoint();
+    let mut config = config(endpoint);
     config.report_unreachable_after = Duration::from_secs(60);
     let recorder = Recorder::default();
     let Started { tx, shared, thread } = start(recorder.clone(), config, 1_000).unwrap();

@@ -8,7 +8,7 @@ use std::time::Instant as StdInstant;
 use hermes_proto::v1::EventBatch;
 use tonic::Status;
 
-use super::tests::{Harness, Passthrough, config, free_port, shim_named};
+use super::tests::{Harness, Passthrough, config, free_endpoint, shim_named};
 use super::*;
 use crate::fake_collector::FakeCollector;
 
@@ -83,8 +83,7 @@ fn received_by_instance(collector: &FakeCollector) -> BTreeSet<(String, u64)> {
 
 #[test]
 fn exit_spool_is_replayed_by_a_later_sender_under_its_instance_and_seqs() {
-    let port = free_port();
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let (port, endpoint) = free_endpoint();
     let (_tmp, dir) = spool_dir();
 
     // Process 1: the collector is down at exit.
@@ -130,8 +129,7 @@ fn exit_spool_is_replayed_by_a_later_sender_under_its_instance_and_seqs() {
 /// replay gives the collector one gapless run of the instance.
 #[test]
 fn hooks_after_the_exit_spool_go_to_a_second_file_that_continues_the_seqs() {
-    let port = free_port();
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let (port, endpoint) = free_endpoint();
     let (_tmp, dir) = spool_dir();
 
     let first = Harness::start(spool_config(endpoint.clone(), "late", &dir), Passthrough);
@@ -177,12 +175,9 @@ fn hooks_after_the_exit_spool_go_to_a_second_file_that_continues_the_seqs() {
 
 #[test]
 fn closed_queue_spools_what_close_grace_could_not_deliver() {
-    let port = free_port();
+    let (_, endpoint) = free_endpoint();
     let (_tmp, dir) = spool_dir();
-    let harness = Harness::start(
-        spool_config(format!("http://127.0.0.1:{port}"), "cccc", &dir),
-        Passthrough,
-    );
+    let harness = Harness::start(spool_config(endpoint, "cccc", &dir), Passthrough);
     harness.push_n(5, "pre_tool_call");
     let shared = harness.close();
     assert_eq!(shared.stats().spooled_events, 5);
@@ -199,9 +194,9 @@ fn closed_queue_spools_what_close_grace_could_not_deliver() {
 
 #[test]
 fn a_full_spool_drops_and_counts() {
-    let port = free_port();
+    let (_, endpoint) = free_endpoint();
     let (_tmp, dir) = spool_dir();
-    let mut config = spool_config(format!("http://127.0.0.1:{port}"), "dddd", &dir);
+    let mut config = spool_config(endpoint, "dddd", &dir);
     config.spool = Some(SpoolConfig {
         dir: dir.clone(),
         max_bytes: 4,
@@ -264,8 +259,8 @@ fn replay_resends_after_a_lost_stream_and_skips_a_refused_batch() {
 
 #[test]
 fn without_a_spool_a_spool_request_is_acknowledged() {
-    let port = free_port();
-    let harness = Harness::start(config(format!("http://127.0.0.1:{port}")), Passthrough);
+    let (_, endpoint) = free_endpoint();
+    let harness = Harness::start(config(endpoint), Passthrough);
     harness.push("pre_tool_call", "");
     assert!(harness.shared.spool_and_wait(Duration::from_secs(5)));
     assert_eq!(harness.shared.stats().spooled_events, 0);
