@@ -33,8 +33,7 @@ fn non_retryable_error_fails_the_turn_without_dangling_spans() {
     let OneTurn { tree, model, tid } =
         sc.collect_turn(2, &run.session, &TurnExpect::failed("format_error", 1));
     let root = only_root(&tree);
-    let chats = tree.children(root);
-    assert_eq!(chats.len(), 1, "{}", tree.render());
+    let chats = tree.expect_children(root, 1);
     assert_chat_error(
         &tree,
         chats[0],
@@ -65,8 +64,7 @@ fn exhausted_retries_fail_the_turn_with_one_span_per_attempt() {
     let OneTurn { tree, model, tid } =
         sc.collect_turn(4, &run.session, &TurnExpect::failed("rate_limit", 3));
     let root = only_root(&tree);
-    let chats = tree.children(root);
-    assert_eq!(chats.len(), 3, "{}", tree.render());
+    let chats = tree.expect_children(root, 3);
     for (i, chat) in chats.iter().enumerate() {
         assert_chat_error(
             &tree,
@@ -114,35 +112,15 @@ print("E2E " + json.dumps({"session": agent.session_id,
     let roots = tree.roots();
     let model = sc.model().to_string();
     let port = sc.server.port();
-    assert_turn(
-        &tree,
-        roots[0],
-        TOP_TURN,
-        &model,
-        &TurnExpect::failed("format_error", 1),
-    );
-    let t1 = turn_id(roots[0]);
-    let chats = tree.children(roots[0]);
-    assert_eq!(chats.len(), 1, "{}", tree.render());
-    assert_chat_error(
-        &tree,
-        chats[0],
-        &ChatExpect::first(&model, port, &t1, 1, (0, 0), ""),
-        &BAD_REQUEST,
-    );
-    assert_turn(
-        &tree,
-        roots[1],
-        TOP_TURN,
-        &model,
-        &TurnExpect::completed(1, 0, (130, 3)),
-    );
-    let t2 = turn_id(roots[1]);
-    let chats = tree.children(roots[1]);
-    assert_eq!(chats.len(), 1, "{}", tree.render());
+    let failed = TurnExpect::failed("format_error", 1);
+    let (chat, t1) = assert_top_turn_with_one_chat(&tree, roots[0], &model, &failed);
+    let first = ChatExpect::first(&model, port, &t1, 1, (0, 0), "");
+    assert_chat_error(&tree, chat, &first, &BAD_REQUEST);
+    let completed = TurnExpect::completed(1, 0, (130, 3));
+    let (chat, t2) = assert_top_turn_with_one_chat(&tree, roots[1], &model, &completed);
     assert_chat_ok(
         &tree,
-        chats[0],
+        chat,
         &ChatExpect::first(&model, port, &t2, 1, (130, 3), "stop"),
     );
     assert!(roots[0].end_time_unix_nano <= roots[1].start_time_unix_nano);
@@ -204,8 +182,7 @@ print("E2E " + json.dumps({"session": agent.session_id, "completed": r.get("comp
         },
     );
     let root = only_root(&tree);
-    let chats = tree.children(root);
-    assert_eq!(chats.len(), 1, "{}", tree.render());
+    let chats = tree.expect_children(root, 1);
     let chat = chats[0];
     assert_chat_common(
         &tree,

@@ -53,8 +53,7 @@ fn retried_request_gives_one_chat_span_per_attempt() {
         &TurnExpect::completed(3, 0, (321, 12)).first_of_session(),
     );
     let root = only_root(&tree);
-    let chats = tree.children_named(root, &format!("chat {model}"));
-    assert_eq!(chats.len(), 3, "{}", tree.render());
+    let chats = tree.expect_children_named(root, &format!("chat {model}"), 3);
     assert_eq!(tree.children(root).len(), 3, "{}", tree.render());
     let base = |attempt| {
         ChatExpect::first(&model, sc.server.port(), &tid, 1, (321, 12), "stop").attempt(attempt)
@@ -127,10 +126,8 @@ fn parallel_tool_calls_become_sibling_tool_spans() {
         &TurnExpect::completed(2, 2, (1200, 49)).first_of_session(),
     );
     let root = only_root(&tree);
-    let chats = tree.children_named(root, &format!("chat {model}"));
-    assert_eq!(chats.len(), 2, "{}", tree.render());
-    let tools = tree.children_named(root, "execute_tool read_file");
-    assert_eq!(tools.len(), 2, "{}", tree.render());
+    let chats = tree.expect_children_named(root, &format!("chat {model}"), 2);
+    let tools = tree.expect_children_named(root, "execute_tool read_file", 2);
     assert_eq!(tree.children(root).len(), 4, "{}", tree.render());
     let ids: BTreeSet<&str> = tools
         .iter()
@@ -249,8 +246,7 @@ fn assert_subagent_tree(tree: &SpanTree, sc: &AgentRig, platform: Option<&str>) 
     assert_tool(tree, delegate, "delegate_task", "call_1", &tid);
 
     // Subagent span, under the delegate_task tool span.
-    let subs = tree.children(delegate);
-    assert_eq!(subs.len(), 1, "{}", tree.render());
+    let subs = tree.expect_children(delegate, 1);
     let sub = subs[0];
     assert_eq!(sub.name, "invoke_agent leaf", "{}", tree.render());
     assert_eq!(sub.kind(), SpanKind::Internal);
@@ -286,8 +282,7 @@ fn assert_subagent_tree(tree: &SpanTree, sc: &AgentRig, platform: Option<&str>) 
     assert_ne!(child_session, session);
 
     // Child turn, under the subagent span.
-    let child_turns = tree.children(sub);
-    assert_eq!(child_turns.len(), 1, "{}", tree.render());
+    let child_turns = tree.expect_children(sub, 1);
     let child = child_turns[0];
     assert_turn(
         tree,
@@ -564,8 +559,7 @@ print("E2E " + json.dumps({"session": agent.session_id, "asked": asked,
     );
     let tool = tree.children_named(root, "execute_tool terminal")[0];
     assert_tool(&tree, tool, "terminal", "call_1", &tid);
-    let approvals = tree.children(tool);
-    assert_eq!(approvals.len(), 2, "{}", tree.render());
+    let approvals = tree.expect_children(tool, 2);
     let smart = approvals
         .iter()
         .find(|a| a.str_attr("hermes.approval.surface") == Some("smart"))
@@ -660,8 +654,7 @@ fn resumed_session_continues_in_a_second_trace() {
     for (root, usage) in roots.iter().zip([(120, 6), (220, 7)]) {
         assert_eq!(root.str_attr("hermes.platform"), Some("cli"));
         let tid = turn_id(root);
-        let children = tree.children(root);
-        assert_eq!(children.len(), 1, "{}", tree.render());
+        let children = tree.expect_children(root, 1);
         assert_chat_ok(
             &tree,
             children[0],

@@ -542,6 +542,18 @@ pub fn assert_one_turn<'t>(
     (root, turn_id(root))
 }
 
+/// Checks `turn` as the top-level turn `exp` describes, with one child: a
+/// chat span. Returns the chat and the turn's id.
+pub fn assert_top_turn_with_one_chat<'t>(
+    tree: &'t SpanTree,
+    turn: &Span,
+    model: &str,
+    exp: &TurnExpect,
+) -> (&'t Span, String) {
+    assert_turn(tree, turn, TOP_TURN, model, exp);
+    (tree.expect_children(turn, 1)[0], turn_id(turn))
+}
+
 /// The only root of the tree (panics otherwise).
 pub fn only_root(tree: &SpanTree) -> &Span {
     let roots = tree.roots();
