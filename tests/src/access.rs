@@ -1,13 +1,15 @@
-//! What the access-control tests (`tests/security.rs`,
-//! `tests/security_tls.rs`) share: a collector binary from a configuration
-//! file exporting to an in-test OTLP receiver, the basic fixture's turn
-//! arriving whole, and the installed shim replaying the basic fixture.
+//! What the access-control and hostile-input tests (`tests/security*.rs`,
+//! `tests/hostile_*.rs`) share: a collector binary from a configuration
+//! file exporting to an in-test OTLP receiver, in a working directory of
+//! its own ([`exporting`]), the basic fixture's turn arriving whole, and the
+//! installed shim replaying the basic fixture.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value as Json;
+use tempfile::TempDir;
 
 use crate::collector::Collector;
 use crate::ingest::fixture;
@@ -22,6 +24,25 @@ pub const BASIC_SPANS: [&str; 4] = [
     "execute_tool terminal",
     "invoke_agent hermes",
 ];
+
+/// A working directory, a receiver, and the collector `start` starts with
+/// them, as `(work, otlp, collector)`: bound in that order
+/// (`let (_work, otlp, collector) = …`), they drop in reverse, the
+/// collector first and its directory last.
+pub fn exporting(
+    start: impl FnOnce(&Path, &OtlpReceiver) -> Collector,
+) -> (TempDir, OtlpReceiver, Collector) {
+    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let otlp = OtlpReceiver::start();
+    let collector = start(work.path(), &otlp);
+    (work, otlp, collector)
+}
+
+/// [`start_tcp_collector`] in a working directory of its own, exporting to
+/// a receiver of its own ([`exporting`]).
+pub fn tcp_collector(receiver: &str, env: &[(&str, &str)]) -> (TempDir, OtlpReceiver, Collector) {
+    exporting(|work, otlp| start_tcp_collector(work, receiver, otlp, env))
+}
 
 /// A collector binary with `receiver` as its receiver section, exporting to
 /// `otlp`; started and listening when this returns.

@@ -16,9 +16,10 @@
 //! - [`server`]: what those servers share (their thread and runtime, TLS
 //!   with [`ServerTls`], request bodies).
 //! - [`pki`]: a CA and the certificates it signs, made at test time.
-//! - [`access`]: what the access-control tests share (a collector from a
-//!   configuration file exporting to a receiver, the basic turn arriving
-//!   whole, the installed shim replaying the basic fixture).
+//! - [`access`]: what the access-control and hostile-input tests share (a
+//!   collector from a configuration file exporting to a receiver of its
+//!   own, the basic turn arriving whole, the installed shim replaying the
+//!   basic fixture).
 //! - [`ingest`]: agents' events over the wire protocol without the real
 //!   agent (fixture turns converted as the shim does, one stream exchange).
 //! - [`events`]: hand-built wire events (ids, bodies, API calls) for the

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use hermes_e2e::access::{
     assert_basic_turn_arrives, shim_replays_basic, start_collector, start_tcp_collector,
+    tcp_collector,
 };
 use hermes_e2e::collector::counter as metric;
 use hermes_e2e::ingest::{basic_events, batch_of, exchange, send_basic_turn};
@@ -97,12 +98,8 @@ fn ingest_requires_the_bearer_token() {
 
 #[test]
 fn shim_with_the_right_token_delivers_and_with_a_wrong_one_does_not() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    let collector = start_tcp_collector(
-        work.path(),
+    let (work, otlp, collector) = tcp_collector(
         "  auth:\n    token_env: SECURITY_TEST_INGEST_TOKEN",
-        &otlp,
         &[("SECURITY_TEST_INGEST_TOKEN", TOKEN)],
     );
     let endpoint = collector.endpoint.clone();
@@ -191,9 +188,7 @@ fn unix_socket_is_private_and_carries_the_shim() {
 
 #[test]
 fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    let collector = start_tcp_collector(work.path(), "  max_message_bytes: 65536", &otlp, &[]);
+    let (_work, otlp, collector) = tcp_collector("  max_message_bytes: 65536", &[]);
     let endpoint = collector.endpoint.clone();
     let addr = endpoint.trim_start_matches("http://").to_owned();
 
@@ -273,9 +268,7 @@ fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
 
 #[test]
 fn an_event_above_max_event_bytes_is_refused_and_counted() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    let collector = start_tcp_collector(work.path(), "  max_event_bytes: 4096", &otlp, &[]);
+    let (_work, otlp, collector) = tcp_collector("  max_event_bytes: 4096", &[]);
     let endpoint = collector.endpoint.clone();
 
     // 10 KiB in one event: far below max_message_bytes, above the event limit.
@@ -316,13 +309,9 @@ fn an_event_above_max_event_bytes_is_refused_and_counted() {
 
 #[test]
 fn a_flooding_connection_is_paced_while_another_ones_turn_arrives() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
     // 200 events/s after a burst of 200 per stream.
-    let collector = start_tcp_collector(
-        work.path(),
+    let (_work, otlp, collector) = tcp_collector(
         "  stream_events_per_sec: 200\n  stream_burst_events: 200",
-        &otlp,
         &[],
     );
     let endpoint = collector.endpoint.clone();
