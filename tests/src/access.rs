@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value as Json;
 use tempfile::TempDir;
 
-use crate::collector::Collector;
+use crate::collector::{Collector, write_config};
 use crate::ingest::fixture;
 use crate::rig::WAIT;
 use crate::{ChildGuard, OtlpReceiver, ensure_venv, free_port, run_with_timeout, venv_bin};
@@ -77,8 +77,7 @@ pub fn start_tcp_collector(
 /// A collector binary with the configuration `yaml`; started and ready
 /// when this returns.
 pub fn start_collector_with(work: &Path, yaml: &str, env: &[(&str, &str)]) -> Collector {
-    let config = work.join("collector.yaml");
-    std::fs::write(&config, yaml).unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
+    let config = write_config(work, yaml);
     let mut cmd = Collector::command();
     cmd.arg("--config")
         .arg(&config)
