@@ -176,9 +176,9 @@ impl Collector {
 
 /// Writes `yaml` as `collector.yaml` in `dir`; returns its path.
 pub fn write_config(dir: &Path, yaml: &str) -> String {
-    let path = dir.join("collector.yaml");
-    std::fs::write(&path, yaml).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-    path.to_string_lossy().into_owned()
+    crate::write_file(dir, "collector.yaml", yaml)
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// The value of the unlabelled counter `name` on the `/metrics` of a

@@ -62,7 +62,7 @@ pub mod span_attrs;
 pub mod span_tree;
 pub mod venv;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use fake_openai::FakeOpenAi;
@@ -74,6 +74,13 @@ pub use process::{ChildGuard, RunOutput, cargo_bin, free_port, run_with_timeout}
 pub use server::ServerTls;
 pub use span_tree::{AttrsExt, SpanExt, SpanTree};
 pub use venv::{DEFAULT_HERMES_VERSION, ensure_venv, ensure_venv_for, venv_bin};
+
+/// Writes `contents` to the file `name` in `dir`; returns its path.
+pub fn write_file(dir: &Path, name: &str, contents: impl AsRef<[u8]>) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    path
+}
 
 /// The repository root (the workspace directory holding `Cargo.toml`).
 pub fn repo_root() -> PathBuf {

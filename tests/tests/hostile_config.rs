@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use hermes_e2e::collector::Collector;
 use hermes_e2e::fault::{loadgen_summary, run_loadgen};
-use hermes_e2e::{RunOutput, cargo_bin, free_port, run_with_timeout};
+use hermes_e2e::{RunOutput, cargo_bin, free_port, run_with_timeout, write_file};
 
 /// Only a guard against a hang: every refusal here takes milliseconds.
 const HANG_GUARD: Duration = Duration::from_secs(20);
@@ -71,11 +71,9 @@ fn files_that_are_not_regular_or_too_large_are_refused_at_once() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path();
     let fifo = fifo_in(dir, "fifo");
-    let huge = dir.join("huge.pem");
-    std::fs::write(&huge, vec![b'A'; 2 * 1024 * 1024]).unwrap();
+    let huge = write_file(dir, "huge.pem", vec![b'A'; 2 * 1024 * 1024]);
     let pem = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
-    let cert = dir.join("cert.pem");
-    std::fs::write(&cert, pem).unwrap();
+    let cert = write_file(dir, "cert.pem", pem);
     let sub = dir.join("case");
     std::fs::create_dir(&sub).unwrap();
     for bad in [
@@ -165,8 +163,7 @@ fn files_that_are_not_regular_or_too_large_are_refused_at_once() {
 #[test]
 fn a_parse_error_does_not_echo_a_huge_value() {
     let work = tempfile::tempdir().unwrap();
-    let path = work.path().join("collector.yaml");
-    std::fs::write(&path, "A".repeat(2 * 1024 * 1024)).unwrap();
+    let path = write_file(work.path(), "collector.yaml", "A".repeat(2 * 1024 * 1024));
     let out = collector(
         work.path(),
         &["validate", "--config", path.to_str().unwrap()],

@@ -13,7 +13,7 @@ use hermes_e2e::collector::{Collector, write_config};
 use hermes_e2e::ingest::{FIXTURES, fixture};
 use hermes_e2e::{
     AttrsExt, MetricsReceiver, OtlpReceiver, ReceivedHistogram, cargo_bin, run_with_timeout,
-    wait_until,
+    wait_until, write_file,
 };
 use opentelemetry_proto::tonic::trace::v1::Span;
 
@@ -490,11 +490,8 @@ fn derived_metrics_over_tls_with_a_custom_ca_and_a_client_certificate() {
     for (receiver, protocol, mutual) in &receivers {
         assert!(receiver.endpoint().starts_with("https://"));
         let work = tempfile::tempdir().unwrap();
-        let write = |name: &str, text: &str| {
-            let path = work.path().join(name);
-            std::fs::write(&path, text).unwrap();
-            path.display().to_string()
-        };
+        let write =
+            |name: &str, text: &str| write_file(work.path(), name, text).display().to_string();
         let mut tls_yaml = format!("    tls:\n      ca_file: {}\n", write("ca.crt", &ca.pem));
         if *mutual {
             tls_yaml += &format!(

@@ -31,7 +31,7 @@ use hermes_e2e::access::{
 };
 use hermes_e2e::collector::counter as metric;
 use hermes_e2e::ingest::{basic_events, batch_of, exchange, send_basic_turn};
-use hermes_e2e::{AttrsExt as _, OtlpReceiver, cargo_bin, run_with_timeout};
+use hermes_e2e::{AttrsExt as _, OtlpReceiver, cargo_bin, run_with_timeout, write_file};
 use hermes_proto::v1::Event;
 use serde_json::Value as Json;
 
@@ -41,8 +41,7 @@ const TOKEN: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f0-test-token";
 #[test]
 fn ingest_requires_the_bearer_token() {
     let work = tempfile::tempdir().unwrap();
-    let token_file = work.path().join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let token_file = write_file(work.path(), "token", format!("{TOKEN}\n"));
     let otlp = OtlpReceiver::start();
     let mut collector = start_tcp_collector(
         work.path(),
@@ -127,8 +126,7 @@ fn shim_with_the_right_token_delivers_and_with_a_wrong_one_does_not() {
     );
     assert_eq!(otlp.store().span_count(), 0);
 
-    let token_file = work.path().join("shim-token");
-    std::fs::write(&token_file, TOKEN).unwrap();
+    let token_file = write_file(work.path(), "shim-token", TOKEN);
     let right = shim_replays_basic(
         &[
             ("HERMES_COLLECTOR_ENDPOINT", &endpoint),
@@ -378,8 +376,7 @@ fn a_flooding_connection_is_paced_while_another_ones_turn_arrives() {
 #[test]
 fn bad_access_control_settings_exit_64_naming_the_key() {
     let work = tempfile::tempdir().unwrap();
-    let empty = work.path().join("empty-token");
-    std::fs::write(&empty, "\n").unwrap();
+    let empty = write_file(work.path(), "empty-token", "\n");
     let cases = [
         (
             format!(
@@ -441,8 +438,7 @@ fn bad_access_control_settings_exit_64_naming_the_key() {
         ),
     ];
     for (i, (yaml, key)) in cases.iter().enumerate() {
-        let config = work.path().join(format!("bad-{i}.yaml"));
-        std::fs::write(&config, yaml).unwrap();
+        let config = write_file(work.path(), &format!("bad-{i}.yaml"), yaml);
         let out = run_with_timeout(
             Command::new(cargo_bin("hermes-collector", "hermes-collector"))
                 .arg("--config")

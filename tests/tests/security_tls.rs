@@ -21,7 +21,7 @@ use hermes_e2e::access::{
 };
 use hermes_e2e::ingest::{basic_events, batch_of, exchange};
 use hermes_e2e::rig::WAIT;
-use hermes_e2e::{OtlpReceiver, ServerTls, free_port};
+use hermes_e2e::{OtlpReceiver, ServerTls, free_port, write_file};
 use hermes_proto::v1::EventBatch;
 use serde_json::Value as Json;
 
@@ -54,11 +54,7 @@ fn make_pki(dir: &Path) -> Pki {
     let expired = ca.expired_client("agent-2");
     let other = ca.client("agent-3");
     let stranger = Ca::new("another CA").client("stranger");
-    let write = |name: &str, text: &str| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    };
+    let write = |name: &str, text: &str| write_file(dir, name, text);
     Pki {
         ca: write("ca.crt", &ca.pem),
         server_cert: write("server.crt", &server.cert_pem),
@@ -255,8 +251,7 @@ fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
     // Requires a client certificate from the test CA.
     let receiver = OtlpReceiver::start_tls(&pki.receiver_tls);
     const SECRET: &str = "Basic c2VjcmV0LWZyb20tYS1maWxl";
-    let secret_file = work.path().join("otlp-authorization");
-    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    let secret_file = write_file(work.path(), "otlp-authorization", format!("{SECRET}\n"));
     let port = free_port();
     let config = |ca: &Path| {
         format!(
