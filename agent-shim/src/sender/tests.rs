@@ -80,6 +80,14 @@ pub(super) struct Harness {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// A fake collector, and a harness whose sender (`converter`, the test
+/// [`config`]) delivers to it.
+fn delivering<C: Convert<Item = Event> + Send + 'static>(converter: C) -> (FakeCollector, Harness) {
+    let collector = FakeCollector::start(0);
+    let harness = Harness::start(config(collector.endpoint()), converter);
+    (collector, harness)
+}
+
 impl Harness {
     pub(super) fn start<C: Convert<Item = Event> + Send + 'static>(
         config: SenderConfig,
@@ -151,8 +159,7 @@ impl Harness {
 
 #[test]
 fn delivers_in_order_and_settles() {
-    let collector = FakeCollector::start(0);
-    let harness = Harness::start(config(collector.endpoint()), Passthrough);
+    let (collector, harness) = delivering(Passthrough);
     harness.push_n(2_000, "post_tool_call");
     harness.settle(2_000);
     let stats = harness.shared.stats();
@@ -176,8 +183,7 @@ fn delivers_in_order_and_settles() {
 
 #[test]
 fn numbers_attempts() {
-    let collector = FakeCollector::start(0);
-    let harness = Harness::start(config(collector.endpoint()), Passthrough);
+    let (collector, harness) = delivering(Passthrough);
     harness.push("pre_api_request", "a");
     harness.push("api_request_error", "a");
     harness.push("pre_api_request", "a");
@@ -257,20 +263,14 @@ fn eviction_when_buffer_is_full_counts_and_reports() {
     assert_eq!(harness.shared.stats().evicted_events, 80);
     let collector = FakeCollector::start(port);
     harness.settle(100);
-    let batches = collector.batches();
-    let seqs: Vec<u64> = batches
-        .iter()
-        .flat_map(|b| b.events.iter().map(|e| e.seq))
-        .collect();
-    assert_eq!(seqs, (81..=100).collect::<Vec<_>>());
-    assert!(batches.iter().all(|b| b.dropped_events >= 60));
+    assert_eq!(collector.seqs(), (81..=100).collect::<Vec<_>>());
+    assert!(collector.batches().iter().all(|b| b.dropped_events >= 60));
     harness.close();
 }
 
 #[test]
 fn discarded_items_settle() {
-    let collector = FakeCollector::start(0);
-    let harness = Harness::start(config(collector.endpoint()), LosesHalf);
+    let (_collector, harness) = delivering(LosesHalf);
     harness.push_n(10, "pre_tool_call");
     harness.settle(10);
     let stats = harness.shared.stats();
@@ -380,8 +380,7 @@ fn an_idle_sender_stops_its_timer_and_the_next_push_wakes_it() {
 
 #[test]
 fn closed_queue_ends_sender_after_delivery() {
-    let collector = FakeCollector::start(0);
-    let harness = Harness::start(config(collector.endpoint()), Passthrough);
+    let (collector, harness) = delivering(Passthrough);
     harness.push_n(3, "pre_tool_call");
     let shared = harness.close();
     assert_eq!(shared.stats().acked_events, 3);
