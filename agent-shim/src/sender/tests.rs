@@ -123,6 +123,14 @@ impl Harness {
         }
     }
 
+    /// Pushes `n` events of `hook`, waits (bounded) until every event
+    /// pushed so far is settled, and returns the counters then.
+    pub(super) fn push_settled(&self, n: usize, hook: &str) -> SenderStats {
+        self.push_n(n, hook);
+        self.settle(self.enqueued());
+        self.shared.stats()
+    }
+
     pub(super) fn push_and_wake(&self, hook: &str) {
         assert!(self.tx.push_and_wake(self.event(hook, "")).is_ok());
     }
@@ -160,9 +168,7 @@ impl Harness {
 #[test]
 fn delivers_in_order_and_settles() {
     let (collector, harness) = delivering(Passthrough);
-    harness.push_n(2_000, "post_tool_call");
-    harness.settle(2_000);
-    let stats = harness.shared.stats();
+    let stats = harness.push_settled(2_000, "post_tool_call");
     assert_eq!(stats.acked_events, 2_000);
     assert_eq!(stats.evicted_events, 0);
     assert!(stats.connected);
@@ -236,10 +242,8 @@ fn lost_stream_resends_unacked_batches() {
         (d.stream == 0).then(|| tonic::Status::unavailable("injected"))
     });
     let harness = Harness::start(config(collector.endpoint()), Passthrough);
-    harness.push_n(5, "pre_tool_call");
-    harness.settle(5);
-    harness.push_n(5, "post_tool_call");
-    harness.settle(10);
+    harness.push_settled(5, "pre_tool_call");
+    harness.push_settled(5, "post_tool_call");
     assert!(collector.streams() >= 2);
     let seqs = collector.seqs();
     // The first batch arrived twice (unacked, resent); every seq arrived.
@@ -271,9 +275,7 @@ fn eviction_when_buffer_is_full_counts_and_reports() {
 #[test]
 fn discarded_items_settle() {
     let (_collector, harness) = delivering(LosesHalf);
-    harness.push_n(10, "pre_tool_call");
-    harness.settle(10);
-    let stats = harness.shared.stats();
+    let stats = harness.push_settled(10, "pre_tool_call");
     assert_eq!((stats.acked_events, stats.discarded_events), (5, 5));
 }
 
