@@ -212,10 +212,7 @@ def main() -> None:
             backend_stats[name] = b.stop()
 
     result = {
-        "benchmark": "agent_stall",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "rounds": args.rounds,
-        "sessions_per_process": args.sessions_per_process,
+        **sc.result_header("agent_stall", args),
         "conditions": conditions,
         "slow_s": args.slow_s,
         "queries": sc.QUERIES,

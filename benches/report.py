@@ -59,6 +59,26 @@ def fmt_rate(per_s: Optional[float]) -> str:
     return f"{per_s:.0f} /s"
 
 
+def read_json(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load_jsons(pattern: str) -> List[Dict[str, Any]]:
+    """Every result matching `pattern`, in path order."""
+    return [read_json(path) for path in sorted(glob.glob(pattern))]
+
+
+def load_json(path: str) -> Optional[Dict[str, Any]]:
+    """The result at `path`; None where it is missing or not JSON."""
+    if not os.path.exists(path):
+        return None
+    try:
+        return read_json(path)
+    except json.JSONDecodeError:
+        return None
+
+
 # ---------------------------------------------------------------- criterion
 
 
@@ -168,14 +188,6 @@ def criterion_tables(c: Dict[str, Dict[str, Any]], spans_per_event: float) -> Li
 
 
 # ---------------------------------------------------------------- hook cost
-
-
-def load_jsons(pattern: str) -> List[Dict[str, Any]]:
-    out = []
-    for path in sorted(glob.glob(pattern)):
-        with open(path, encoding="utf-8") as f:
-            out.append(json.load(f))
-    return out
 
 
 def hook_stat(runs: List[Dict[str, Any]], variant: str, hook: str, stat: str) -> Optional[float]:
@@ -722,16 +734,6 @@ def stall_tables(d: Dict[str, Any]) -> List[str]:
         )
     lines.append("")
     return lines
-
-
-def load_json(path: str) -> Optional[Dict[str, Any]]:
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError:
-            return None
 
 
 def main() -> None:

@@ -889,6 +889,17 @@ def parse_common_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
     return args
 
 
+def result_header(benchmark: str, args: argparse.Namespace) -> Dict[str, Any]:
+    """The first fields of session_cost.py's and agent_stall.py's result:
+    which benchmark, when, and the shared run shape."""
+    return {
+        "benchmark": benchmark,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rounds": args.rounds,
+        "sessions_per_process": args.sessions_per_process,
+    }
+
+
 def work_dirs(prefix: str, logdir: Optional[str]) -> Tuple[str, str]:
     """A fresh work directory, and the log directory (--logdir or one in it)."""
     work = tempfile.mkdtemp(prefix=prefix)
@@ -939,10 +950,7 @@ def driver_main() -> None:
         coll = collector.stop()
         otlp_counts = otlp.stop()
     result = {
-        "benchmark": "session_cost",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "rounds": args.rounds,
-        "sessions_per_process": args.sessions_per_process,
+        **result_header("session_cost", args),
         "variants": variants,
         "queries": QUERIES,
         "script": SESSION_SCRIPT,

@@ -161,17 +161,33 @@ impl AttemptTracker {
 mod tests {
     use super::*;
 
+    /// `pre_api_request` opens an attempt; `post_api_request` and
+    /// `api_request_error` end one.
+    #[derive(Clone, Copy)]
+    enum Call {
+        Pre,
+        End,
+    }
+    use Call::{End, Pre};
+
+    /// The attempt numbers request `id` of turn `t` gets for `calls`.
+    fn attempts(t: &mut AttemptTracker, id: &str, calls: &[Call]) -> Vec<u32> {
+        calls
+            .iter()
+            .map(|call| match call {
+                Pre => t.open(id, "t"),
+                End => t.close(id, "t"),
+            })
+            .collect()
+    }
+
     #[test]
     fn retry_sequence() {
         let mut t = AttemptTracker::default();
-        // pre, error(500), pre, post: attempts 1, 1, 2, 2.
-        assert_eq!(t.open("a", "t"), 1);
-        assert_eq!(t.close("a", "t"), 1);
-        assert_eq!(t.open("a", "t"), 2);
-        assert_eq!(t.close("a", "t"), 2);
+        // pre, error(500), pre, post.
+        assert_eq!(attempts(&mut t, "a", &[Pre, End, Pre, End]), [1, 1, 2, 2]);
         // Another id starts at 1.
-        assert_eq!(t.open("b", "t"), 1);
-        assert_eq!(t.close("b", "t"), 1);
+        assert_eq!(attempts(&mut t, "b", &[Pre, End]), [1, 1]);
         t.end_turn("t");
         assert!(t.is_empty());
     }
@@ -179,9 +195,7 @@ mod tests {
     #[test]
     fn lean_mode_without_pre() {
         let mut t = AttemptTracker::default();
-        assert_eq!(t.close("a", "t"), 1);
-        assert_eq!(t.close("a", "t"), 2);
-        assert_eq!(t.close("a", "t"), 3);
+        assert_eq!(attempts(&mut t, "a", &[End, End, End]), [1, 2, 3]);
     }
 
     #[test]

@@ -22,6 +22,9 @@ use std::fmt;
 
 use hermes_proto::hooks;
 
+mod bounded;
+use bounded::{EXIT_FLUSH_MS, QUEUE_EVENTS, SPOOL_MAX_BYTES};
+
 /// `HERMES_COLLECTOR_ENDPOINT`.
 pub const ENV_ENDPOINT: &str = "HERMES_COLLECTOR_ENDPOINT";
 /// `HERMES_COLLECTOR_SERVICE_NAME`.
@@ -465,28 +468,8 @@ impl ShimConfig {
                 ),
             }
         }
-        if let Some(value) = get(ENV_QUEUE_EVENTS) {
-            match value.trim().parse::<usize>() {
-                Ok(n) if (1..=MAX_QUEUE_EVENTS).contains(&n) => config.queue_events = n,
-                _ => warn(
-                    ENV_QUEUE_EVENTS,
-                    &value,
-                    "expected an integer in 1..=16777216",
-                    DEFAULT_QUEUE_EVENTS.to_string(),
-                ),
-            }
-        }
-        if let Some(value) = get(ENV_EXIT_FLUSH_MS) {
-            match value.trim().parse::<u64>() {
-                Ok(n) if n <= MAX_EXIT_FLUSH_MS => config.exit_flush_ms = n,
-                _ => warn(
-                    ENV_EXIT_FLUSH_MS,
-                    &value,
-                    "expected an integer in 0..=60000",
-                    DEFAULT_EXIT_FLUSH_MS.to_string(),
-                ),
-            }
-        }
+        config.queue_events = QUEUE_EVENTS.read(ENV_QUEUE_EVENTS, &get, &mut warn);
+        config.exit_flush_ms = EXIT_FLUSH_MS.read(ENV_EXIT_FLUSH_MS, &get, &mut warn);
         if let Some(value) = get(ENV_SPOOL_DIR) {
             let path = std::path::PathBuf::from(value.trim());
             if path.is_absolute() {
@@ -500,17 +483,7 @@ impl ShimConfig {
                 );
             }
         }
-        if let Some(value) = get(ENV_SPOOL_MAX_BYTES) {
-            match value.trim().parse::<u64>() {
-                Ok(n) if (1..=MAX_SPOOL_MAX_BYTES).contains(&n) => config.spool_max_bytes = n,
-                _ => warn(
-                    ENV_SPOOL_MAX_BYTES,
-                    &value,
-                    "expected an integer in 1..=1099511627776",
-                    DEFAULT_SPOOL_MAX_BYTES.to_string(),
-                ),
-            }
-        }
+        config.spool_max_bytes = SPOOL_MAX_BYTES.read(ENV_SPOOL_MAX_BYTES, &get, &mut warn);
         (config, warnings)
     }
 }
@@ -566,6 +539,12 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         ShimConfig::from_lookup(|k| env.get(k).cloned())
+    }
+
+    /// `var=value` alone gives exactly one warning.
+    fn assert_one_warning(var: &str, value: &str) {
+        let (_, warnings) = parse(&[(var, value)]);
+        assert_eq!(warnings.len(), 1, "{var}={value:?}: {warnings:?}");
     }
 
     #[test]
@@ -650,10 +629,8 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("metadata"), "{text}");
-        let (_, warnings) = parse(&[(ENV_ENDPOINT, "not a uri")]);
-        assert_eq!(warnings.len(), 1);
-        let (_, warnings) = parse(&[(ENV_QUEUE_EVENTS, "99999999999")]);
-        assert_eq!(warnings.len(), 1);
+        assert_one_warning(ENV_ENDPOINT, "not a uri");
+        assert_one_warning(ENV_QUEUE_EVENTS, "99999999999");
     }
 
     #[test]
@@ -661,8 +638,7 @@ mod tests {
         let (config, warnings) = parse(&[(ENV_ENDPOINT, " unix:/run/hermes/ingest.sock ")]);
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(config.endpoint.url, "unix:/run/hermes/ingest.sock");
-        let (_, warnings) = parse(&[(ENV_ENDPOINT, "unix:")]);
-        assert_eq!(warnings.len(), 1);
+        assert_one_warning(ENV_ENDPOINT, "unix:");
     }
 
     #[test]

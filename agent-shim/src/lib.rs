@@ -15,6 +15,8 @@
 //! - [`sender`]: the sender thread: batching, unacknowledged-batch buffer,
 //!   gRPC stream with reconnect and resend, flush.
 //! - [`clock`]: capture timestamps.
+//! - `fake_collector` (feature `test-support`, and in unit tests): an
+//!   in-process collector that records and acknowledges batches.
 //! - `python` (feature `python`): the PyO3 extension module
 //!   `hermes_collector._core` (hook callables, process-wide core, fork and
 //!   exit handling).
@@ -30,6 +32,9 @@ pub mod config;
 pub mod convert;
 pub mod queue;
 pub mod sender;
+
+#[cfg(any(test, feature = "test-support"))]
+pub mod fake_collector;
 
 #[cfg(feature = "python")]
 mod python;

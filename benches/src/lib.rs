@@ -2,8 +2,10 @@
 //! (`tests/fixtures/hermes-0.19.0`), converted exactly as the shim's sender
 //! converts them, and the spans the correlator builds from them.
 //!
-//! Used by the criterion benches (`benches/pipeline.rs`) and by the helper
-//! binaries of the load runs (`hermes-bench-sink`, `hermes-bench-driver`).
+//! Used by the criterion benches (`benches/pipeline.rs`), by the helper
+//! binaries of the load runs (`hermes-bench-sink`, `hermes-bench-driver`)
+//! and by the load generator (`hermes-loadgen`): the fixture templates and
+//! the ingest stream.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,8 +16,10 @@ use hermes_collector_shim::attempts::AttemptTracker;
 use hermes_collector_shim::config::CaptureLevel;
 use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_correlator::{Config, Correlator, FinishedSpan, to_resource_spans};
-use hermes_proto::v1::{Event, ShimInfo, event::Body};
+use hermes_proto::v1::event_ingest_client::EventIngestClient;
+use hermes_proto::v1::{Ack, Event, EventBatch, ShimInfo, event::Body};
 use hermes_span::trace::v1::ResourceSpans;
+use tokio::sync::mpsc;
 
 /// The fixture files, in the order the load generator rotates them.
 pub const FIXTURES: [&str; 4] = [
@@ -182,7 +186,12 @@ pub struct Template {
 impl Template {
     /// The template of fixture `name` at `level`.
     pub fn load(name: &str, level: CaptureLevel) -> anyhow::Result<Arc<Template>> {
-        let events = convert(&load_fixture(name)?, level);
+        Template::from_file(&fixtures_dir().join(name), level).map(Arc::new)
+    }
+
+    /// The template of the fixture file `path` at `level`.
+    pub fn from_file(path: &Path, level: CaptureLevel) -> anyhow::Result<Template> {
+        let events = convert(&load_calls(path)?, level);
         let mut sessions: Vec<String> = Vec::new();
         for event in &events {
             if let Some(ids) = &event.ids {
@@ -197,7 +206,7 @@ impl Template {
                 }
             }
         }
-        Ok(Arc::new(Template { events, sessions }))
+        Ok(Template { events, sessions })
     }
 
     /// Capture time of the first event.
@@ -207,6 +216,12 @@ impl Template {
 
     /// `event` with every session id replaced by one derived from `tag`.
     pub fn fresh(&self, event: &Event, tag: &str) -> Event {
+        self.renamed(event, &format!("b{tag}"))
+    }
+
+    /// `event` with the template's session id `i` replaced by
+    /// `{prefix}s{i}` in every id that holds it.
+    pub fn renamed(&self, event: &Event, prefix: &str) -> Event {
         let mut e = event.clone();
         if let Some(ids) = e.ids.as_mut() {
             for s in [
@@ -220,7 +235,7 @@ impl Template {
             ] {
                 for (i, old) in self.sessions.iter().enumerate() {
                     if s.contains(old.as_str()) {
-                        *s = s.replace(old.as_str(), &format!("b{tag}s{i}"));
+                        *s = s.replace(old.as_str(), &format!("{prefix}s{i}"));
                     }
                 }
             }
@@ -251,6 +266,23 @@ pub fn restamp(event: &mut Event, now: u64) {
         shift(&mut api.ended_at_unix_nano);
     }
     event.time_unix_nano = now;
+}
+
+/// Opens `EventIngest/Stream` on `endpoint`: where to send batches, and
+/// the acknowledgements.
+pub async fn open_stream(
+    endpoint: &str,
+) -> anyhow::Result<(mpsc::Sender<EventBatch>, tonic::Streaming<Ack>)> {
+    let mut client = EventIngestClient::connect(endpoint.to_owned())
+        .await
+        .context("connect")?;
+    let (tx, rx) = mpsc::channel::<EventBatch>(16);
+    let acks = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .context("open stream")?
+        .into_inner();
+    Ok((tx, acks))
 }
 
 #[cfg(test)]

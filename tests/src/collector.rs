@@ -131,8 +131,7 @@ impl Collector {
         yaml: &str,
         env: &[(&str, &str)],
     ) -> Collector {
-        let config = cwd.join("collector.yaml");
-        std::fs::write(&config, yaml).unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
+        let config = write_config(cwd, yaml);
         let mut cmd = Command::new(cargo_bin("hermes-collector", "hermes-collector"));
         cmd.current_dir(cwd)
             .arg("--config")
@@ -173,6 +172,13 @@ impl Collector {
     pub fn metric(&self, name: &str) -> f64 {
         crate::fault::metric_sum(&self.admin_get("/metrics"), name)
     }
+}
+
+/// Writes `yaml` as `collector.yaml` in `dir`; returns its path.
+pub fn write_config(dir: &Path, yaml: &str) -> String {
+    crate::write_file(dir, "collector.yaml", yaml)
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// The value of the unlabelled counter `name` on the `/metrics` of a

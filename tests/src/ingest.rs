@@ -199,3 +199,29 @@ pub fn exchange_tls(
             .map_err(|status| format!("stream: {status:?}"))
     })
 }
+
+/// What a rate limit test sees: the flooding stream's `flood` (its
+/// acknowledgements, and how long it took) was paced, never refused: one
+/// acknowledgement per batch of `batches`, the last `last_seq`, no sooner
+/// than `at_least`; and a stream beside it that took `honest_took` was not
+/// (under half the flood's time).
+pub fn assert_paced(
+    flood: (Result<Vec<u64>, tonic::Status>, Duration),
+    batches: usize,
+    last_seq: u64,
+    at_least: Duration,
+    honest_took: Duration,
+) {
+    let (acks, flood_took) = flood;
+    let acks = acks.unwrap_or_else(|status| panic!("paced, never refused: {status:?}"));
+    assert_eq!(acks.len(), batches, "one ack a batch: {acks:?}");
+    assert_eq!(acks.last(), Some(&last_seq));
+    assert!(
+        flood_took >= at_least,
+        "the flood took {flood_took:?}, under {at_least:?}"
+    );
+    assert!(
+        honest_took < flood_took / 2,
+        "{honest_took:?} vs {flood_took:?}"
+    );
+}

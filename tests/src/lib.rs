@@ -16,6 +16,10 @@
 //! - [`server`]: what those servers share (their thread and runtime, TLS
 //!   with [`ServerTls`], request bodies).
 //! - [`pki`]: a CA and the certificates it signs, made at test time.
+//! - [`access`]: what the access-control and hostile-input tests share (a
+//!   collector from a configuration file exporting to a receiver of its
+//!   own, the basic turn arriving whole, the installed shim replaying the
+//!   basic fixture).
 //! - [`ingest`]: agents' events over the wire protocol without the real
 //!   agent (fixture turns converted as the shim does, one stream exchange).
 //! - [`events`]: hand-built wire events (ids, bodies, API calls) for the
@@ -43,6 +47,7 @@
 //! bounded by a timeout. Setup failures panic with context: this crate is
 //! only used from tests, where a failed step must fail the test loudly.
 
+pub mod access;
 pub mod basic_turn;
 pub mod collector;
 pub mod events;
@@ -63,7 +68,7 @@ pub mod span_tree;
 pub mod trajectory;
 pub mod venv;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use fake_openai::FakeOpenAi;
@@ -75,6 +80,13 @@ pub use process::{ChildGuard, RunOutput, cargo_bin, free_port, run_with_timeout}
 pub use server::ServerTls;
 pub use span_tree::{AttrsExt, SpanExt, SpanTree};
 pub use venv::{DEFAULT_HERMES_VERSION, ensure_venv, ensure_venv_for, venv_bin};
+
+/// Writes `contents` to the file `name` in `dir`; returns its path.
+pub fn write_file(dir: &Path, name: &str, contents: impl AsRef<[u8]>) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    path
+}
 
 /// The repository root (the workspace directory holding `Cargo.toml`).
 pub fn repo_root() -> PathBuf {

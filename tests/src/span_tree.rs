@@ -418,6 +418,29 @@ impl SpanTree {
             .collect()
     }
 
+    /// The direct children of `span`; panics (listing the tree) unless
+    /// there are `n`.
+    pub fn expect_children(&self, span: &Span, n: usize) -> Vec<&Span> {
+        self.expect_count(self.children(span), n, &span.name, "children")
+    }
+
+    /// The direct children of `span` named `name`; panics (listing the
+    /// tree) unless there are `n`.
+    pub fn expect_children_named(&self, span: &Span, name: &str, n: usize) -> Vec<&Span> {
+        self.expect_count(self.children_named(span, name), n, &span.name, name)
+    }
+
+    fn expect_count<'t>(
+        &self,
+        found: Vec<&'t Span>,
+        n: usize,
+        parent: &str,
+        what: &str,
+    ) -> Vec<&'t Span> {
+        assert_eq!(found.len(), n, "{what} of {parent:?}:\n{}", self.render());
+        found
+    }
+
     /// All descendants of `span`, depth first, children by start time.
     pub fn descendants(&self, span: &Span) -> Vec<&Span> {
         let mut out = Vec::new();

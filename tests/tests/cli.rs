@@ -7,6 +7,7 @@
 use std::process::Command;
 use std::time::Duration;
 
+use hermes_e2e::collector::write_config;
 use hermes_e2e::{cargo_bin, free_port, repo_root, run_with_timeout};
 
 fn collector(args: &[&str], env: &[(&str, &str)]) -> hermes_e2e::RunOutput {
@@ -48,10 +49,9 @@ fn invalid_configs_exit_64_naming_the_key() {
             "exporters.atif.dir",
         ),
     ];
-    for (i, (yaml, key)) in cases.iter().enumerate() {
-        let path = dir.path().join(format!("bad{i}.yaml"));
-        std::fs::write(&path, yaml).unwrap();
-        let out = collector(&["validate", "--config", path.to_str().unwrap()], &[]);
+    for (yaml, key) in cases {
+        let path = write_config(dir.path(), yaml);
+        let out = collector(&["validate", "--config", &path], &[]);
         out.assert_refused_naming(yaml, key);
     }
 }
@@ -103,13 +103,11 @@ fn view_session_shows_a_trajectory_as_steps() {
 fn bad_config_at_start_exits_64_before_binding() {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.yaml");
-    std::fs::write(
-        &path,
-        format!("receiver:\n  listen: 127.0.0.1:{port}\nshutdown:\n  grace_ms: 45000\n"),
-    )
-    .unwrap();
-    let out = collector(&["--config", path.to_str().unwrap()], &[]);
+    let path = write_config(
+        dir.path(),
+        &format!("receiver:\n  listen: 127.0.0.1:{port}\nshutdown:\n  grace_ms: 45000\n"),
+    );
+    let out = collector(&["--config", &path], &[]);
     out.assert_refused_naming("grace_ms over the limit", "shutdown.grace_ms");
     assert!(
         std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
@@ -120,14 +118,16 @@ fn bad_config_at_start_exits_64_before_binding() {
 #[test]
 fn environment_references_are_interpolated() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("c.yaml");
-    std::fs::write(&path, "exporters:\n  otlp:\n    endpoint: ${HERMES_TEST_OTLP:-http://127.0.0.1:4317}\n    headers:\n      authorization: \"Bearer ${HERMES_TEST_TOKEN}\"\n").unwrap();
+    let path = write_config(
+        dir.path(),
+        "exporters:\n  otlp:\n    endpoint: ${HERMES_TEST_OTLP:-http://127.0.0.1:4317}\n    headers:\n      authorization: \"Bearer ${HERMES_TEST_TOKEN}\"\n",
+    );
     let out = collector(
-        &["validate", "--config", path.to_str().unwrap()],
+        &["validate", "--config", &path],
         &[("HERMES_TEST_TOKEN", "abc")],
     );
     assert!(out.success(), "{}", out.describe());
-    let out = collector(&["validate", "--config", path.to_str().unwrap()], &[]);
+    let out = collector(&["validate", "--config", &path], &[]);
     out.assert_refused_naming("unset variable", "HERMES_TEST_TOKEN");
 }
 

@@ -2,10 +2,11 @@
 //! API) with our shim, against the scripted OpenAI server, streaming to the
 //! real `hermes-collector`, which exports to an in-test OTLP receiver. Each
 //! test drives one situation Hermes really produces (retries, parallel tools,
-//! a subagent, several turns, an approval, `--resume`, failed and interrupted
-//! turns) and checks the exact span tree that `docs/TRACE_MODEL.md` and
-//! `shared/docs/SPAN_MODEL.md` require: names, parents, counts, key
-//! attributes, statuses and `session.id` on every span.
+//! a subagent, several turns, an approval, `--resume`; failed and
+//! interrupted turns are in `e2e_failures.rs`) and checks the exact span
+//! tree that `docs/TRACE_MODEL.md` and `shared/docs/SPAN_MODEL.md` require:
+//! names, parents, counts, key attributes, statuses and `session.id` on
+//! every span.
 //!
 //! A test marked `#[ignore = "collector bug: …"]` (or shim bug) asserts the
 //! correct trace, which the current collector/shim does not produce yet; run
@@ -46,16 +47,13 @@ fn retried_request_gives_one_chat_span_per_attempt() {
     assert!(run.stdout().contains("Recovered after two failures."));
     assert_eq!(sc.server.main_requests().len(), 3);
 
-    let tree = sc.collect(1, 4);
-    let model = sc.model().to_string();
-    let (root, tid) = assert_one_turn(
-        &tree,
+    let OneTurn { tree, model, tid } = sc.collect_turn(
+        4,
         &run.session,
-        &model,
         &TurnExpect::completed(3, 0, (321, 12)).first_of_session(),
     );
-    let chats = tree.children_named(root, &format!("chat {model}"));
-    assert_eq!(chats.len(), 3, "{}", tree.render());
+    let root = only_root(&tree);
+    let chats = tree.expect_children_named(root, &format!("chat {model}"), 3);
     assert_eq!(tree.children(root).len(), 3, "{}", tree.render());
     let base = |attempt| {
         ChatExpect::first(&model, sc.server.port(), &tid, 1, (321, 12), "stop").attempt(attempt)
@@ -122,18 +120,14 @@ fn parallel_tool_calls_become_sibling_tool_spans() {
     let results = hermes_e2e::fake_openai::tool_messages(&requests[1]);
     assert_eq!(results.len(), 2, "{results:?}");
 
-    let tree = sc.collect(1, 5);
-    let model = sc.model().to_string();
-    let (root, tid) = assert_one_turn(
-        &tree,
+    let OneTurn { tree, model, tid } = sc.collect_turn(
+        5,
         &run.session,
-        &model,
         &TurnExpect::completed(2, 2, (1200, 49)).first_of_session(),
     );
-    let chats = tree.children_named(root, &format!("chat {model}"));
-    assert_eq!(chats.len(), 2, "{}", tree.render());
-    let tools = tree.children_named(root, "execute_tool read_file");
-    assert_eq!(tools.len(), 2, "{}", tree.render());
+    let root = only_root(&tree);
+    let chats = tree.expect_children_named(root, &format!("chat {model}"), 2);
+    let tools = tree.expect_children_named(root, "execute_tool read_file", 2);
     assert_eq!(tree.children(root).len(), 4, "{}", tree.render());
     let ids: BTreeSet<&str> = tools
         .iter()
@@ -234,8 +228,7 @@ fn assert_subagent_tree(tree: &SpanTree, sc: &AgentRig, platform: Option<&str>) 
     assert_tool(tree, delegate, "delegate_task", "call_1", &tid);
 
     // Subagent span, under the delegate_task tool span.
-    let subs = tree.children(delegate);
-    assert_eq!(subs.len(), 1, "{}", tree.render());
+    let subs = tree.expect_children(delegate, 1);
     let sub = subs[0];
     assert_eq!(sub.name, "invoke_agent leaf", "{}", tree.render());
     assert_eq!(sub.kind(), SpanKind::Internal);
@@ -271,8 +264,7 @@ fn assert_subagent_tree(tree: &SpanTree, sc: &AgentRig, platform: Option<&str>) 
     assert_ne!(child_session, session);
 
     // Child turn, under the subagent span.
-    let child_turns = tree.children(sub);
-    assert_eq!(child_turns.len(), 1, "{}", tree.render());
+    let child_turns = tree.expect_children(sub, 1);
     let child = child_turns[0];
     assert_turn(
         tree,
@@ -530,14 +522,12 @@ print("E2E " + json.dumps({"session": agent.session_id, "asked": asked,
     // Hermes 0.19 asks its smart review first (`surface: smart`), which
     // escalates to the callback (`surface: cli`): two requests, one
     // response, so two approval spans.
-    let tree = sc.collect(1, 6);
-    let model = sc.model().to_string();
-    let (root, tid) = assert_one_turn(
-        &tree,
+    let OneTurn { tree, model, tid } = sc.collect_turn(
+        6,
         &session,
-        &model,
         &TurnExpect::completed(2, 1, (400, 40)).first_of_session(),
     );
+    let root = only_root(&tree);
     let chat_name = format!("chat {model}");
     assert_eq!(
         child_names(&tree, root),
@@ -551,8 +541,7 @@ print("E2E " + json.dumps({"session": agent.session_id, "asked": asked,
     );
     let tool = tree.children_named(root, "execute_tool terminal")[0];
     assert_tool(&tree, tool, "terminal", "call_1", &tid);
-    let approvals = tree.children(tool);
-    assert_eq!(approvals.len(), 2, "{}", tree.render());
+    let approvals = tree.expect_children(tool, 2);
     let smart = approvals
         .iter()
         .find(|a| a.str_attr("hermes.approval.surface") == Some("smart"))
@@ -647,8 +636,7 @@ fn resumed_session_continues_in_a_second_trace() {
     for (root, usage) in roots.iter().zip([(120, 6), (220, 7)]) {
         assert_eq!(root.str_attr("hermes.platform"), Some("cli"));
         let tid = turn_id(root);
-        let children = tree.children(root);
-        assert_eq!(children.len(), 1, "{}", tree.render());
+        let children = tree.expect_children(root, 1);
         assert_chat_ok(
             &tree,
             children[0],
@@ -663,228 +651,4 @@ fn resumed_session_continues_in_a_second_trace() {
     };
     assert!(instance(roots[0]).is_some());
     assert_ne!(instance(roots[0]), instance(roots[1]));
-}
-
-// ---------------------------------------------------------------------------
-// 7. Failed and interrupted turns
-// ---------------------------------------------------------------------------
-
-/// A non-retryable 400: Hermes gives up after one attempt and returns
-/// `failed` without firing `post_llm_call` or `on_session_end` (it returns
-/// before its turn finalizer); the CLI then fires `on_session_finalize`,
-/// which closes the turn as incomplete. One ERROR chat span under a turn
-/// that is not marked completed, nothing dangling.
-#[test]
-fn non_retryable_error_fails_the_turn_without_dangling_spans() {
-    let mut sc = scenario(json!([
-        {"error": 400, "message": BAD_REQUEST_MESSAGE}
-    ]));
-    let run = sc.chat("Say hello", "terminal", &[]);
-    assert!(!run.out.status.success(), "{}", run.describe());
-    assert_eq!(sc.server.main_requests().len(), 1, "no retry of a 400");
-
-    let tree = sc.collect(1, 2);
-    let model = sc.model().to_string();
-    // Neither completed nor interrupted is known (no on_session_end): the
-    // turn was closed by on_session_finalize, as incomplete.
-    let (root, tid) = assert_one_turn(
-        &tree,
-        &run.session,
-        &model,
-        &TurnExpect::failed("format_error", 1),
-    );
-    let chats = tree.children(root);
-    assert_eq!(chats.len(), 1, "{}", tree.render());
-    assert_chat_error(
-        &tree,
-        chats[0],
-        &ChatExpect::first(&model, sc.server.port(), &tid, 1, (0, 0), ""),
-        &BAD_REQUEST,
-    );
-}
-
-/// Three 429s: Hermes' retries (3 attempts) are exhausted and the turn
-/// fails. Three ERROR chat spans of one request, attempts 1..3, under a
-/// turn closed (incomplete) by `on_session_finalize`.
-#[test]
-fn exhausted_retries_fail_the_turn_with_one_span_per_attempt() {
-    let mut sc = scenario(json!([
-        {"error": 429, "retry_after": 0.1},
-        {"error": 429, "retry_after": 0.1},
-        {"error": 429, "retry_after": 0.1}
-    ]));
-    let run = sc.chat("Say hello", "terminal", &[]);
-    assert!(!run.out.status.success(), "{}", run.describe());
-    assert!(
-        run.stdout().contains("failed after 3 retries"),
-        "{}",
-        run.describe()
-    );
-    assert_eq!(sc.server.main_requests().len(), 3);
-
-    let tree = sc.collect(1, 4);
-    let model = sc.model().to_string();
-    let (root, tid) = assert_one_turn(
-        &tree,
-        &run.session,
-        &model,
-        &TurnExpect::failed("rate_limit", 3),
-    );
-    let chats = tree.children(root);
-    assert_eq!(chats.len(), 3, "{}", tree.render());
-    for (i, chat) in chats.iter().enumerate() {
-        assert_chat_error(
-            &tree,
-            chat,
-            &ChatExpect::first(&model, sc.server.port(), &tid, 1, (0, 0), "").attempt(i as i64 + 1),
-            &RATE_LIMITED,
-        );
-    }
-}
-
-/// The same non-retryable 400 from the Python API, then a second, successful
-/// turn on the same agent. No host fires `on_session_finalize` here (nor
-/// does the messaging gateway after each turn), and Hermes skips
-/// `on_session_end` on its failure paths, so nothing ends the failed turn
-/// explicitly. It must still be exported once the agent has moved on (the
-/// session's next turn started, or its process exited), not only at
-/// `correlator.state_ttl_secs` (1 h by default).
-#[test]
-fn failed_turn_in_python_api_does_not_dangle() {
-    let mut sc = scenario(json!([
-        {"error": 400, "message": BAD_REQUEST_MESSAGE},
-        {"content": "Second turn worked.", "usage": {"prompt_tokens": 130, "completion_tokens": 3}}
-    ]));
-    let result = sc.python(
-        r#"
-agent = make_agent()
-first = agent.run_conversation("Say hello")
-second = agent.run_conversation("Say hello again")
-print("E2E " + json.dumps({"session": agent.session_id,
-                           "first": {k: first.get(k) for k in ("completed", "failed")},
-                           "second": second.get("final_response")}))
-"#,
-        &[],
-    );
-    assert_eq!(
-        result["first"],
-        json!({"completed": false, "failed": true}),
-        "{result}"
-    );
-    assert_eq!(result["second"].as_str(), Some("Second turn worked."));
-    let session = result["session"].as_str().expect("session").to_string();
-
-    let tree = sc.collect(2, 4);
-    assert_common(&tree, &session);
-    let roots = tree.roots();
-    let model = sc.model().to_string();
-    let port = sc.server.port();
-    assert_turn(
-        &tree,
-        roots[0],
-        TOP_TURN,
-        &model,
-        &TurnExpect::failed("format_error", 1),
-    );
-    let t1 = turn_id(roots[0]);
-    let chats = tree.children(roots[0]);
-    assert_eq!(chats.len(), 1, "{}", tree.render());
-    assert_chat_error(
-        &tree,
-        chats[0],
-        &ChatExpect::first(&model, port, &t1, 1, (0, 0), ""),
-        &BAD_REQUEST,
-    );
-    assert_turn(
-        &tree,
-        roots[1],
-        TOP_TURN,
-        &model,
-        &TurnExpect::completed(1, 0, (130, 3)),
-    );
-    let t2 = turn_id(roots[1]);
-    let chats = tree.children(roots[1]);
-    assert_eq!(chats.len(), 1, "{}", tree.render());
-    assert_chat_ok(
-        &tree,
-        chats[0],
-        &ChatExpect::first(&model, port, &t2, 1, (130, 3), "stop"),
-    );
-    assert!(roots[0].end_time_unix_nano <= roots[1].start_time_unix_nano);
-}
-
-/// `AIAgent.interrupt()` while the model call is in flight (the server
-/// delays its answer): Hermes abandons the attempt (no post_api_request or
-/// api_request_error for it) and ends the turn with `on_session_end(
-/// interrupted=True)`. The open attempt is closed at the turn's end as
-/// incomplete, the turn is interrupted (not an error) and counts it.
-#[test]
-fn interrupted_turn_closes_the_open_attempt() {
-    let mut sc = scenario(json!([
-        {"content": "Too late.", "delay_ms": 15000}
-    ]));
-    let log = sc.server.log_path().to_string_lossy().into_owned();
-    let result = sc.python(
-        r#"
-import threading, time
-agent = make_agent()
-
-def interrupt_when_the_request_is_in_flight():
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            with open(os.environ["E2E_FAKE_LOG"], encoding="utf-8") as fh:
-                if any(json.loads(l).get("kind") == "main" for l in fh if l.strip()):
-                    break
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.05)
-    time.sleep(0.3)
-    agent.interrupt("stopped by the e2e test")
-
-threading.Thread(target=interrupt_when_the_request_is_in_flight, daemon=True).start()
-r = agent.run_conversation("Say something slowly")
-print("E2E " + json.dumps({"session": agent.session_id, "completed": r.get("completed"),
-                           "interrupted": r.get("interrupted"), "failed": r.get("failed")}))
-"#,
-        &[("E2E_FAKE_LOG", &log)],
-    );
-    assert_eq!(result["interrupted"], json!(true), "{result}");
-    let session = result["session"].as_str().expect("session").to_string();
-
-    let tree = sc.collect(1, 2);
-    let model = sc.model().to_string();
-    // Hermes 0.19.0 reports completed=True together with interrupted=True
-    // for an interrupted turn; the span carries what the hook said.
-    let (root, tid) = assert_one_turn(
-        &tree,
-        &session,
-        &model,
-        &TurnExpect {
-            failed_with: None,
-            completed: result["completed"].as_bool(),
-            interrupted: Some(true),
-            api_attempts: 1,
-            tool_calls: 0,
-            usage: (0, 0),
-            session_start: true,
-            incomplete: false,
-        },
-    );
-    let chats = tree.children(root);
-    assert_eq!(chats.len(), 1, "{}", tree.render());
-    let chat = chats[0];
-    assert_chat_common(
-        &tree,
-        chat,
-        &ChatExpect::first(&model, sc.server.port(), &tid, 1, (0, 0), ""),
-    );
-    assert_eq!(
-        chat.bool_attr("hermes.incomplete"),
-        Some(true),
-        "{}",
-        tree.render()
-    );
-    assert!(!chat.has_attr("gen_ai.usage.input_tokens"));
-    assert!(chat.end_time_unix_nano <= root.end_time_unix_nano);
 }

@@ -11,9 +11,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
 use std::time::Duration;
 
+use hermes_e2e::access::exporting;
 use hermes_e2e::collector::Collector;
 use hermes_e2e::collector::counter as metric;
 use hermes_e2e::ingest::{basic_events, batch_of, send_basic_turn};
@@ -21,6 +21,7 @@ use hermes_e2e::{AttrsExt as _, ChildGuard, OtlpReceiver};
 use hermes_proto::v1::{Event, EventBatch, Ids};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::Span;
+use tempfile::TempDir;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -31,13 +32,16 @@ fn exchange(endpoint: &str, batches: Vec<EventBatch>) -> Result<Vec<u64>, tonic:
 }
 
 /// A collector binary on a free port, with `correlator` as its correlator
-/// section, exporting to `otlp`; ready when this returns.
-fn start_collector(work: &Path, correlator: &str, otlp: &OtlpReceiver) -> Collector {
-    let sections = format!(
-        "correlator:\n{correlator}\nexporters:\n  otlp:\n    endpoint: {}\nbatch:\n  timeout_ms: 50\n",
-        otlp.endpoint()
-    );
-    Collector::start_with_sections(work, &sections)
+/// section, exporting to a receiver of its own ([`exporting`]); ready when
+/// this returns.
+fn start_collector(correlator: &str) -> (TempDir, OtlpReceiver, Collector) {
+    exporting(|work, otlp| {
+        let sections = format!(
+            "correlator:\n{correlator}\nexporters:\n  otlp:\n    endpoint: {}\nbatch:\n  timeout_ms: 50\n",
+            otlp.endpoint()
+        );
+        Collector::start_with_sections(work, &sections)
+    })
 }
 
 fn instance(resource: &Resource) -> &str {
@@ -77,9 +81,7 @@ fn an_intruder_with_the_victims_ids_does_not_alter_its_trace() {
     let n = events.len();
     // The victim alone.
     let alone = {
-        let work = tempfile::tempdir().unwrap();
-        let otlp = OtlpReceiver::start();
-        let collector = start_collector(work.path(), "  tick_ms: 50", &otlp);
+        let (_work, otlp, collector) = start_collector("  tick_ms: 50");
         let endpoint = collector.endpoint.clone();
         assert_eq!(
             exchange(&endpoint, vec![batch_of("victim", events.clone())]).unwrap(),
@@ -93,9 +95,7 @@ fn an_intruder_with_the_victims_ids_does_not_alter_its_trace() {
     // The victim's first half, then an intruder replaying the victim's
     // events (its session, turn, request and tool ids) under its own
     // instance, ending and finalizing the session; then the victim's rest.
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    let collector = start_collector(work.path(), "  tick_ms: 50", &otlp);
+    let (_work, otlp, collector) = start_collector("  tick_ms: 50");
     let endpoint = collector.endpoint.clone();
     let half = n / 2;
     assert_eq!(
@@ -144,12 +144,8 @@ fn an_intruder_with_the_victims_ids_does_not_alter_its_trace() {
 
 #[test]
 fn a_flooding_agent_does_not_lock_out_another() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    let collector = start_collector(
-        work.path(),
+    let (_work, otlp, collector) = start_collector(
         "  max_open_turns_per_agent: 500\n  max_sessions_per_agent: 200\n  tick_ms: 50",
-        &otlp,
     );
     let endpoint = collector.endpoint.clone();
 

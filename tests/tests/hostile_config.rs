@@ -7,13 +7,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hermes_e2e::collector::Collector;
 use hermes_e2e::fault::{loadgen_summary, run_loadgen};
-use hermes_e2e::{RunOutput, cargo_bin, free_port, run_with_timeout};
+use hermes_e2e::{RunOutput, cargo_bin, free_port, run_with_timeout, write_file};
 
 /// Only a guard against a hang: every refusal here takes milliseconds.
 const HANG_GUARD: Duration = Duration::from_secs(20);
@@ -48,7 +48,7 @@ fn refused(cwd: &Path, config: &Path, key: &str) {
 
 /// A configuration listening on a free port (so a start that is wrongly
 /// allowed would run, and time out) plus `extra`.
-fn config_file(dir: &Path, extra: &str) -> std::path::PathBuf {
+fn config_file(dir: &Path, extra: &str) -> PathBuf {
     let path = dir.join("collector.yaml");
     let yaml = format!(
         "receiver:\n  listen: 127.0.0.1:{}\nadmin:\n  listen: 127.0.0.1:0\n{extra}",
@@ -58,22 +58,22 @@ fn config_file(dir: &Path, extra: &str) -> std::path::PathBuf {
     path
 }
 
-fn mkfifo(path: &Path) {
-    let status = Command::new("mkfifo").arg(path).status().unwrap();
+/// A named pipe `name` made in `dir`.
+fn fifo_in(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let status = Command::new("mkfifo").arg(&path).status().unwrap();
     assert!(status.success(), "mkfifo {}", path.display());
+    path
 }
 
 #[test]
 fn files_that_are_not_regular_or_too_large_are_refused_at_once() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path();
-    let fifo = dir.join("fifo");
-    mkfifo(&fifo);
-    let huge = dir.join("huge.pem");
-    std::fs::write(&huge, vec![b'A'; 2 * 1024 * 1024]).unwrap();
+    let fifo = fifo_in(dir, "fifo");
+    let huge = write_file(dir, "huge.pem", vec![b'A'; 2 * 1024 * 1024]);
     let pem = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
-    let cert = dir.join("cert.pem");
-    std::fs::write(&cert, pem).unwrap();
+    let cert = write_file(dir, "cert.pem", pem);
     let sub = dir.join("case");
     std::fs::create_dir(&sub).unwrap();
     for bad in [
@@ -163,8 +163,7 @@ fn files_that_are_not_regular_or_too_large_are_refused_at_once() {
 #[test]
 fn a_parse_error_does_not_echo_a_huge_value() {
     let work = tempfile::tempdir().unwrap();
-    let path = work.path().join("collector.yaml");
-    std::fs::write(&path, "A".repeat(2 * 1024 * 1024)).unwrap();
+    let path = write_file(work.path(), "collector.yaml", "A".repeat(2 * 1024 * 1024));
     let out = collector(
         work.path(),
         &["validate", "--config", path.to_str().unwrap()],
@@ -198,8 +197,7 @@ fn deep_yaml_nesting_is_refused_in_well_under_a_second() {
 fn what_the_start_would_refuse_validate_refuses_naming_the_key() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path();
-    let fifo = dir.join("spans.fifo");
-    mkfifo(&fifo);
+    let fifo = fifo_in(dir, "spans.fifo");
     let port = free_port();
     let cases = [
         ("log.level", "log:\n  level: inof\n".to_owned()),

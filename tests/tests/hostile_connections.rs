@@ -16,15 +16,25 @@
 use std::io::Read as _;
 use std::net::TcpStream;
 use std::os::unix::process::ExitStatusExt as _;
+use std::path::Path;
 use std::time::Duration;
 
+use hermes_e2e::access::exporting;
 use hermes_e2e::collector::Collector;
 use hermes_e2e::ingest::{basic_events, batch_of, exchange, send_basic_turn};
 use hermes_e2e::otlp_receiver::Rejection;
 use hermes_e2e::{OtlpReceiver, free_port, wait_until};
+use tempfile::TempDir;
 
-/// A collector exporting to `otlp` with `extra` YAML sections appended.
-fn start(work: &std::path::Path, otlp: &OtlpReceiver, receiver: &str, extra: &str) -> Collector {
+/// A collector exporting to a receiver of its own ([`exporting`]), with
+/// `extra` YAML sections appended.
+fn start(receiver: &str, extra: &str) -> (TempDir, OtlpReceiver, Collector) {
+    exporting(|work, otlp| start_in(work, otlp, receiver, extra))
+}
+
+/// A collector in `work` exporting to `otlp` with `extra` YAML sections
+/// appended.
+fn start_in(work: &Path, otlp: &OtlpReceiver, receiver: &str, extra: &str) -> Collector {
     let listen = format!("127.0.0.1:{}", free_port());
     Collector::start_with_config(
         work,
@@ -42,9 +52,7 @@ fn addr(collector: &Collector) -> String {
 
 #[test]
 fn a_silent_connection_neither_delays_the_drain_nor_loses_the_open_turn() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    let mut collector = start(work.path(), &otlp, "", "shutdown:\n  grace_ms: 15000\n");
+    let (_work, otlp, mut collector) = start("", "shutdown:\n  grace_ms: 15000\n");
     // A turn left open: everything up to the tool call, no turn end.
     let events: Vec<_> = basic_events().into_iter().take(7).collect();
     let n = events.len() as u64;
@@ -73,14 +81,8 @@ fn a_silent_connection_neither_delays_the_drain_nor_loses_the_open_turn() {
 
 #[test]
 fn silent_connections_are_closed_and_cannot_exhaust_the_collector() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    let collector = start(
-        work.path(),
-        &otlp,
-        "  max_connections: 40\n  handshake_timeout_ms: 1000\n",
-        "",
-    );
+    let (_work, otlp, collector) =
+        start("  max_connections: 40\n  handshake_timeout_ms: 1000\n", "");
     let target = addr(&collector);
     let silent: Vec<TcpStream> = (0..300)
         .map(|_| TcpStream::connect(&target).unwrap())
@@ -129,9 +131,7 @@ fn closed_by_peer(stream: &mut TcpStream) -> bool {
 
 #[test]
 fn sighup_is_logged_and_ignored() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    let mut collector = start(work.path(), &otlp, "", "");
+    let (_work, _otlp, mut collector) = start("", "");
     assert!(collector.guard.signal("HUP"));
     assert!(
         collector
@@ -148,10 +148,10 @@ fn sighup_is_logged_and_ignored() {
 
 #[test]
 fn spans_the_drain_cannot_export_are_counted_and_the_exit_code_says_so() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    otlp.store().fail_always(Some(Rejection::Unavailable));
-    let mut collector = start(work.path(), &otlp, "", "shutdown:\n  grace_ms: 2000\n");
+    let (_work, otlp, mut collector) = exporting(|work, otlp| {
+        otlp.store().fail_always(Some(Rejection::Unavailable));
+        start_in(work, otlp, "", "shutdown:\n  grace_ms: 2000\n")
+    });
     send_basic_turn(&collector.endpoint, "a");
     // The backend has refused the turn at least once: it is being retried.
     assert!(wait_until(

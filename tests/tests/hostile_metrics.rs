@@ -19,7 +19,7 @@ use std::time::Duration;
 use hermes_e2e::collector::{Collector, admin_request};
 use hermes_e2e::fault::metric_sum;
 use hermes_e2e::ingest::{batch_of, events_of, exchange, fixture_records};
-use hermes_e2e::wait_until;
+use hermes_e2e::{wait_until, write_file};
 use hermes_proto::v1::Event;
 use prost::Message as _;
 use serde_json::Value as Json;
@@ -259,8 +259,7 @@ fn hostile_tool_names_leave_metrics_and_memory_bounded() {
 fn metrics_require_the_token_when_configured_and_probes_stay_open() {
     const TOKEN: &str = "6d1f0c9e2b7a458391c0e7d2f6a8b4c1-scrape-token";
     let work = tempfile::tempdir().unwrap();
-    let token_file = work.path().join("metrics-token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let token_file = write_file(work.path(), "metrics-token", format!("{TOKEN}\n"));
     let collector = start(
         work.path(),
         &format!(

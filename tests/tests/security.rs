@@ -14,160 +14,34 @@
 //! - a connection flooding above `receiver.stream_events_per_sec` is read
 //!   more slowly (paced, never refused: all its batches are acknowledged in
 //!   the end) while another connection's turn arrives intact and at once;
-//! - mutual TLS on ingest (certificates made by `rcgen` at test time): a
-//!   client without a certificate, with one from another CA, or with an
-//!   expired one from the right CA cannot connect; the Rust client and the
-//!   shim with a valid one deliver;
-//! - export over TLS: the binary exports to an in-test OTLP/gRPC receiver
-//!   that requires a client certificate, with the CA, certificate and key
-//!   from `exporters.otlp.tls` and headers from `headers` (`${VAR}`) and
-//!   `header_files`, never logging their values; with the wrong CA it drops
-//!   the batch at once, counts the spans as failed and says why; without a
-//!   CA it trusts the system's roots (`SSL_CERT_FILE` pointed at the test CA);
 //! - bad access-control settings exit 64 naming the key.
+//!
+//! TLS, on ingest and on export, is in `security_tls.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use hermes_e2e::collector::Collector;
-use hermes_e2e::collector::counter as metric;
-use hermes_e2e::ingest::{basic_events, batch_of, exchange, fixture, send_basic_turn};
-use hermes_e2e::{
-    AttrsExt as _, ChildGuard, OtlpReceiver, ServerTls, cargo_bin, ensure_venv, free_port,
-    run_with_timeout, venv_bin,
+use hermes_e2e::access::{
+    assert_basic_turn_arrives, shim_replays_basic, start_collector, start_tcp_collector,
+    tcp_collector,
 };
-use hermes_proto::v1::{Event, EventBatch};
+use hermes_e2e::collector::counter as metric;
+use hermes_e2e::ingest::{assert_paced, basic_events, batch_of, exchange, send_basic_turn};
+use hermes_e2e::{AttrsExt as _, OtlpReceiver, cargo_bin, run_with_timeout, write_file};
+use hermes_proto::v1::Event;
 use serde_json::Value as Json;
 
 const WAIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f0-test-token";
 
-/// The span names the basic fixture (one turn, two chats, one tool call)
-/// gives, sorted.
-const BASIC_SPANS: [&str; 4] = [
-    "chat fake-model-1",
-    "chat fake-model-1",
-    "execute_tool terminal",
-    "invoke_agent hermes",
-];
-
-/// A collector binary with `receiver` as its receiver section, exporting to
-/// `otlp`; started and listening when this returns.
-fn start_collector(
-    work: &Path,
-    receiver: &str,
-    otlp: &OtlpReceiver,
-    env: &[(&str, &str)],
-) -> Collector {
-    start_collector_with(
-        work,
-        &format!(
-            "receiver:\n{receiver}\nexporters:\n  otlp:\n    endpoint: {}\nbatch:\n  timeout_ms: 50\n",
-            otlp.endpoint()
-        ),
-        env,
-    )
-}
-
-/// [`start_collector`] receiving on a free port of 127.0.0.1, `receiver`
-/// holding the other lines of its receiver section.
-fn start_tcp_collector(
-    work: &Path,
-    receiver: &str,
-    otlp: &OtlpReceiver,
-    env: &[(&str, &str)],
-) -> Collector {
-    let listen = format!("  listen: 127.0.0.1:{}\n{receiver}", free_port());
-    start_collector(work, &listen, otlp, env)
-}
-
-/// A collector binary with the configuration `yaml`; started and ready
-/// when this returns.
-fn start_collector_with(work: &Path, yaml: &str, env: &[(&str, &str)]) -> Collector {
-    let config = work.join("collector.yaml");
-    std::fs::write(&config, yaml).unwrap();
-    let mut cmd = Collector::command();
-    cmd.arg("--config")
-        .arg(&config)
-        .args(["--admin-listen", "127.0.0.1:0"])
-        .envs(env.iter().copied());
-    Collector::launch(cmd)
-}
-
-/// Waits for the basic fixture's four spans and checks they form one whole
-/// turn.
-fn assert_basic_turn_arrives(otlp: &OtlpReceiver, collector: &ChildGuard) {
-    assert!(
-        otlp.store().wait_for_spans(BASIC_SPANS.len(), WAIT),
-        "spans did not arrive:\n{}",
-        collector.stderr_text()
-    );
-    // Nothing more trickles in.
-    std::thread::sleep(Duration::from_millis(300));
-    let mut names: Vec<String> = otlp.spans().into_iter().map(|(_, s)| s.name).collect();
-    names.sort();
-    assert_eq!(names, BASIC_SPANS, "{}", collector.stderr_text());
-    let tree = otlp.store().tree();
-    assert!(tree.orphans().is_empty(), "every span has its parent");
-    assert!(tree.duplicates().is_empty());
-}
-
-/// Runs a Python snippet in the venv with the shim installed and registered
-/// (`hooks` maps names to the shim's callbacks), replaying the basic fixture
-/// through the hooks; prints `flush(flush_ms)` and `stats()` as JSON.
-fn shim_replays_basic(env: &[(&str, &str)], flush_ms: u64) -> Json {
-    ensure_venv();
-    let code = format!(
-        r#"
-import json
-import hermes_collector
-hooks = {{}}
-class Ctx:
-    def register_hook(self, name, callback):
-        hooks[name] = callback
-hermes_collector.register(Ctx())
-for line in open({fixture:?}):
-    if not line.strip():
-        continue
-    r = json.loads(line)
-    if r["hook"] in hooks:
-        hooks[r["hook"]](**r["kwargs"])
-flushed = hermes_collector.flush({flush_ms})
-print(json.dumps({{"flushed": flushed, "stats": hermes_collector.stats()}}))
-"#,
-        fixture = fixture("basic").display().to_string(),
-    );
-    let mut cmd = Command::new(venv_bin("python"));
-    cmd.arg("-c")
-        .arg(code)
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .env_remove("HERMES_COLLECTOR_TOKEN")
-        .env_remove("HERMES_COLLECTOR_TOKEN_FILE")
-        .env("HERMES_COLLECTOR_EXIT_FLUSH_MS", "0");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = run_with_timeout(&mut cmd, Duration::from_secs(90));
-    assert!(out.success(), "python failed:\n{}", out.describe());
-    let line = out
-        .stdout()
-        .lines()
-        .last()
-        .map(str::to_owned)
-        .unwrap_or_default();
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {}", out.describe()))
-}
-
 #[test]
 fn ingest_requires_the_bearer_token() {
     let work = tempfile::tempdir().unwrap();
-    let token_file = work.path().join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let token_file = write_file(work.path(), "token", format!("{TOKEN}\n"));
     let otlp = OtlpReceiver::start();
     let mut collector = start_tcp_collector(
         work.path(),
@@ -223,12 +97,8 @@ fn ingest_requires_the_bearer_token() {
 
 #[test]
 fn shim_with_the_right_token_delivers_and_with_a_wrong_one_does_not() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    let collector = start_tcp_collector(
-        work.path(),
+    let (work, otlp, collector) = tcp_collector(
         "  auth:\n    token_env: SECURITY_TEST_INGEST_TOKEN",
-        &otlp,
         &[("SECURITY_TEST_INGEST_TOKEN", TOKEN)],
     );
     let endpoint = collector.endpoint.clone();
@@ -256,8 +126,7 @@ fn shim_with_the_right_token_delivers_and_with_a_wrong_one_does_not() {
     );
     assert_eq!(otlp.store().span_count(), 0);
 
-    let token_file = work.path().join("shim-token");
-    std::fs::write(&token_file, TOKEN).unwrap();
+    let token_file = write_file(work.path(), "shim-token", TOKEN);
     let right = shim_replays_basic(
         &[
             ("HERMES_COLLECTOR_ENDPOINT", &endpoint),
@@ -317,9 +186,7 @@ fn unix_socket_is_private_and_carries_the_shim() {
 
 #[test]
 fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    let collector = start_tcp_collector(work.path(), "  max_message_bytes: 65536", &otlp, &[]);
+    let (_work, otlp, collector) = tcp_collector("  max_message_bytes: 65536", &[]);
     let endpoint = collector.endpoint.clone();
     let addr = endpoint.trim_start_matches("http://").to_owned();
 
@@ -399,9 +266,7 @@ fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
 
 #[test]
 fn an_event_above_max_event_bytes_is_refused_and_counted() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
-    let collector = start_tcp_collector(work.path(), "  max_event_bytes: 4096", &otlp, &[]);
+    let (_work, otlp, collector) = tcp_collector("  max_event_bytes: 4096", &[]);
     let endpoint = collector.endpoint.clone();
 
     // 10 KiB in one event: far below max_message_bytes, above the event limit.
@@ -442,13 +307,9 @@ fn an_event_above_max_event_bytes_is_refused_and_counted() {
 
 #[test]
 fn a_flooding_connection_is_paced_while_another_ones_turn_arrives() {
-    let work = tempfile::tempdir().unwrap();
-    let otlp = OtlpReceiver::start();
     // 200 events/s after a burst of 200 per stream.
-    let collector = start_tcp_collector(
-        work.path(),
+    let (_work, otlp, collector) = tcp_collector(
         "  stream_events_per_sec: 200\n  stream_burst_events: 200",
-        &otlp,
         &[],
     );
     let endpoint = collector.endpoint.clone();
@@ -484,18 +345,9 @@ fn a_flooding_connection_is_paced_while_another_ones_turn_arrives() {
     let honest_took = started.elapsed();
     assert!(!flood.is_finished(), "the flood was not paced");
 
-    let (flood_acks, flood_took) = flood.join().unwrap();
-    let flood_acks = flood_acks.expect("paced, never refused");
-    assert_eq!(flood_acks.len(), 40);
-    assert_eq!(flood_acks.last(), Some(&1600));
-    assert!(
-        flood_took >= Duration::from_secs(5),
-        "1 600 events at 200/s after a burst of 200: {flood_took:?}"
-    );
-    assert!(
-        honest_took < flood_took / 2,
-        "{honest_took:?} vs {flood_took:?}"
-    );
+    // 1 600 events at 200/s after a burst of 200.
+    let flood = flood.join().unwrap();
+    assert_paced(flood, 40, 1600, Duration::from_secs(5), honest_took);
     let throttled = metric(
         &collector,
         "hermes_collector_receiver_throttled_batches_total",
@@ -512,215 +364,10 @@ fn a_flooding_connection_is_paced_while_another_ones_turn_arrives() {
     assert!(log.contains("over its rate limit"), "{log}");
 }
 
-/// A CA, a server certificate for 127.0.0.1/localhost and a client
-/// certificate it signed, plus a client certificate from another CA; PEM
-/// files in `dir`.
-struct Pki {
-    ca: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
-    stranger_cert: PathBuf,
-    stranger_key: PathBuf,
-    /// From the right CA, but valid only in 2020.
-    expired_cert: PathBuf,
-    expired_key: PathBuf,
-    /// A second valid client of the same CA: another agent.
-    other_cert: PathBuf,
-    other_key: PathBuf,
-    /// An OTLP receiver's certificate, requiring clients from the CA.
-    receiver_tls: ServerTls,
-}
-
-fn make_pki(dir: &Path) -> Pki {
-    use hermes_e2e::pki::Ca;
-    let ca = Ca::new("hermes test CA");
-    let server = ca.server(&["localhost", "127.0.0.1"]);
-    let client = ca.client("agent-1");
-    let expired = ca.expired_client("agent-2");
-    let other = ca.client("agent-3");
-    let stranger = Ca::new("another CA").client("stranger");
-    let write = |name: &str, text: &str| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    };
-    Pki {
-        ca: write("ca.crt", &ca.pem),
-        server_cert: write("server.crt", &server.cert_pem),
-        server_key: write("server.key", &server.key_pem),
-        client_cert: write("client.crt", &client.cert_pem),
-        client_key: write("client.key", &client.key_pem),
-        stranger_cert: write("stranger.crt", &stranger.cert_pem),
-        stranger_key: write("stranger.key", &stranger.key_pem),
-        expired_cert: write("expired.crt", &expired.cert_pem),
-        expired_key: write("expired.key", &expired.key_pem),
-        other_cert: write("other.crt", &other.cert_pem),
-        other_key: write("other.key", &other.key_pem),
-        receiver_tls: ServerTls::new(&server, Some(&ca)),
-    }
-}
-
-/// [`hermes_e2e::ingest::exchange_tls`] trusting the CA `ca`, with the
-/// client certificate `identity` (certificate and key files) if given.
-fn exchange_tls(
-    endpoint: &str,
-    ca: &Path,
-    identity: Option<(&Path, &Path)>,
-    batches: Vec<EventBatch>,
-) -> Result<Vec<u64>, String> {
-    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-    let mut tls =
-        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap()));
-    if let Some((cert, key)) = identity {
-        tls = tls.identity(Identity::from_pem(
-            std::fs::read(cert).unwrap(),
-            std::fs::read(key).unwrap(),
-        ));
-    }
-    hermes_e2e::ingest::exchange_tls(endpoint, tls, batches)
-}
-
-#[test]
-fn mutual_tls_on_ingest() {
-    let work = tempfile::tempdir().unwrap();
-    let pki = make_pki(work.path());
-    let otlp = OtlpReceiver::start();
-    let port = free_port();
-    let collector = start_collector(
-        work.path(),
-        &format!(
-            "  listen: 127.0.0.1:{port}\n  tls:\n    cert_file: {}\n    key_file: {}\n    client_ca_file: {}",
-            pki.server_cert.display(),
-            pki.server_key.display(),
-            pki.ca.display()
-        ),
-        &otlp,
-        &[],
-    );
-    assert!(
-        collector.stderr_text().contains("mutual_tls=true"),
-        "{}",
-        collector.stderr_text()
-    );
-    let endpoint = format!("https://127.0.0.1:{port}");
-    let events = basic_events();
-
-    // No client certificate, one from another CA, an expired one, or no TLS
-    // at all: refused.
-    // No client certificate, one of another CA, an expired one: refused.
-    for (client, identity) in [
-        ("none", None),
-        ("stranger", Some((&pki.stranger_cert, &pki.stranger_key))),
-        ("expired", Some((&pki.expired_cert, &pki.expired_key))),
-    ] {
-        let refused = exchange_tls(
-            &endpoint,
-            &pki.ca,
-            identity.map(|(cert, key)| (cert.as_path(), key.as_path())),
-            vec![batch_of("i", events.clone())],
-        );
-        assert!(refused.is_err(), "{client}: {refused:?}");
-    }
-    let plaintext = std::panic::catch_unwind(|| {
-        exchange(
-            &format!("http://127.0.0.1:{port}"),
-            None,
-            vec![batch_of("i", events.clone())],
-        )
-    });
-    assert!(
-        !matches!(plaintext, Ok(Ok(_))),
-        "a plaintext client was served"
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(otlp.store().span_count(), 0);
-
-    let n = events.len() as u64;
-    let acks = exchange_tls(
-        &endpoint,
-        &pki.ca,
-        Some((&pki.client_cert, &pki.client_key)),
-        vec![batch_of("i", events.clone())],
-    )
-    .unwrap();
-    assert_eq!(acks, [n]);
-    assert_basic_turn_arrives(&otlp, &collector);
-
-    // Another agent's certificate cannot send under the first one's
-    // instance id (it would write into its sequence and traces); it keeps
-    // its own ids.
-    otlp.store().clear();
-    let intruder = exchange_tls(
-        &endpoint,
-        &pki.ca,
-        Some((&pki.other_cert, &pki.other_key)),
-        vec![batch_of("i", events.clone())],
-    );
-    let refusal = intruder.expect_err("another certificate wrote under a taken instance id");
-    assert!(refusal.contains("PermissionDenied"), "{refusal}");
-    assert!(
-        hermes_e2e::collector::admin_get(&collector, "/metrics")
-            .contains("hermes_collector_receiver_foreign_instance_refusals_total 1"),
-        "{}",
-        hermes_e2e::collector::admin_get(&collector, "/metrics")
-    );
-    let own = exchange_tls(
-        &endpoint,
-        &pki.ca,
-        Some((&pki.other_cert, &pki.other_key)),
-        vec![batch_of("other", events)],
-    )
-    .unwrap();
-    assert_eq!(own, [n]);
-
-    // The shim, with the CA and its client certificate.
-    otlp.store().clear();
-    let out = shim_replays_basic(
-        &[
-            ("HERMES_COLLECTOR_ENDPOINT", &endpoint),
-            (
-                "HERMES_COLLECTOR_TLS_CA_FILE",
-                &pki.ca.display().to_string(),
-            ),
-            (
-                "HERMES_COLLECTOR_TLS_CERT_FILE",
-                &pki.client_cert.display().to_string(),
-            ),
-            (
-                "HERMES_COLLECTOR_TLS_KEY_FILE",
-                &pki.client_key.display().to_string(),
-            ),
-        ],
-        10_000,
-    );
-    assert_eq!(out["flushed"], Json::Bool(true), "{out}");
-    assert!(
-        otlp.store().wait_for_spans(BASIC_SPANS.len(), WAIT),
-        "{}",
-        collector.stderr_text()
-    );
-    // The shim without its certificate does not get through.
-    let out = shim_replays_basic(
-        &[
-            ("HERMES_COLLECTOR_ENDPOINT", &endpoint),
-            (
-                "HERMES_COLLECTOR_TLS_CA_FILE",
-                &pki.ca.display().to_string(),
-            ),
-        ],
-        1500,
-    );
-    assert_eq!(out["flushed"], Json::Bool(false), "{out}");
-    assert_ne!(out["stats"]["last_error"], "", "{out}");
-}
-
 #[test]
 fn bad_access_control_settings_exit_64_naming_the_key() {
     let work = tempfile::tempdir().unwrap();
-    let empty = work.path().join("empty-token");
-    std::fs::write(&empty, "\n").unwrap();
+    let empty = write_file(work.path(), "empty-token", "\n");
     let cases = [
         (
             format!(
@@ -782,8 +429,7 @@ fn bad_access_control_settings_exit_64_naming_the_key() {
         ),
     ];
     for (i, (yaml, key)) in cases.iter().enumerate() {
-        let config = work.path().join(format!("bad-{i}.yaml"));
-        std::fs::write(&config, yaml).unwrap();
+        let config = write_file(work.path(), &format!("bad-{i}.yaml"), yaml);
         let out = run_with_timeout(
             Command::new(cargo_bin("hermes-collector", "hermes-collector"))
                 .arg("--config")
@@ -794,150 +440,4 @@ fn bad_access_control_settings_exit_64_naming_the_key() {
         );
         out.assert_refused_naming(yaml, &format!("`{key}`"));
     }
-}
-
-/// The spans `receiver` got, and its `authorization` and `x-tenant`
-/// metadata as `name=value`.
-fn tls_received(receiver: &OtlpReceiver) -> (usize, Vec<String>) {
-    let headers = receiver
-        .store()
-        .exports()
-        .iter()
-        .flat_map(|export| {
-            ["authorization", "x-tenant"]
-                .into_iter()
-                .filter_map(|name| {
-                    let value = export.headers.get(name)?.to_str().ok()?;
-                    Some(format!("{name}={value}"))
-                })
-        })
-        .collect();
-    (receiver.store().span_count(), headers)
-}
-
-#[test]
-fn export_over_mutual_tls_with_headers_from_a_file_and_the_environment() {
-    let work = tempfile::tempdir().unwrap();
-    let pki = make_pki(work.path());
-    // Requires a client certificate from the test CA.
-    let receiver = OtlpReceiver::start_tls(&pki.receiver_tls);
-    const SECRET: &str = "Basic c2VjcmV0LWZyb20tYS1maWxl";
-    let secret_file = work.path().join("otlp-authorization");
-    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
-    let port = free_port();
-    let config = |ca: &Path| {
-        format!(
-            "receiver:\n  listen: 127.0.0.1:{port}\nbatch:\n  timeout_ms: 50\nexporters:\n  otlp:\n    endpoint: https://127.0.0.1:{}\n    headers:\n      x-tenant: ${{SECURITY_TEST_TENANT}}\n    header_files:\n      authorization: {}\n    max_elapsed_secs: 60\n    tls:\n      ca_file: {}\n      cert_file: {}\n      key_file: {}\n",
-            receiver.addr().port(),
-            secret_file.display(),
-            ca.display(),
-            pki.client_cert.display(),
-            pki.client_key.display(),
-        )
-    };
-    let env = [("SECURITY_TEST_TENANT", "tenant-7")];
-
-    let mut collector = start_collector_with(work.path(), &config(&pki.ca), &env);
-    let log = collector.stderr_text();
-    assert!(
-        log.contains("tls=true") && log.contains("client_certificate=true"),
-        "{log}"
-    );
-    let events = basic_events();
-    let n = events.len() as u64;
-    let endpoint = format!("http://127.0.0.1:{port}");
-    assert_eq!(
-        exchange(&endpoint, None, vec![batch_of("i-1", events.clone())]).unwrap(),
-        [n]
-    );
-    assert!(
-        hermes_e2e::wait_until(WAIT, Duration::from_millis(50), || tls_received(&receiver)
-            .0
-            >= BASIC_SPANS.len()),
-        "spans did not arrive over TLS:\n{}",
-        collector.stderr_text()
-    );
-    let headers = tls_received(&receiver).1;
-    assert!(
-        headers.contains(&format!("authorization={SECRET}")),
-        "{headers:?}"
-    );
-    assert!(
-        headers.contains(&"x-tenant=tenant-7".to_owned()),
-        "{headers:?}"
-    );
-    collector.assert_clean_stop(WAIT);
-    let log = collector.stderr_text();
-    assert!(
-        !log.contains("c2VjcmV0"),
-        "a header value was logged:\n{log}"
-    );
-    assert!(
-        !log.contains("tenant-7"),
-        "a header value was logged:\n{log}"
-    );
-
-    // The wrong CA (the receiver's certificate is from another): the batch
-    // is dropped at once, not retried for max_elapsed_secs, and counted.
-    let other = work.path().join("other");
-    std::fs::create_dir_all(&other).unwrap();
-    let other_ca = make_pki(&other).ca;
-    let before = tls_received(&receiver).0;
-    let mut collector = start_collector_with(work.path(), &config(&other_ca), &env);
-    assert_eq!(
-        exchange(&endpoint, None, vec![batch_of("i-2", events)]).unwrap(),
-        [n]
-    );
-    assert!(
-        collector.wait_for_stderr(WAIT, |e| e
-            .contains("TLS handshake with the backend failed")),
-        "{}",
-        collector.stderr_text()
-    );
-    collector.assert_clean_stop(Duration::from_secs(15));
-    let log = collector.stderr_text();
-    // (The other CA has the same name: rustls reports a bad signature.)
-    assert!(
-        log.contains("the backend's certificate was rejected"),
-        "{log}"
-    );
-    assert!(log.contains("spans_failed=4"), "{log}");
-    assert!(!log.contains("c2VjcmV0"), "{log}");
-    assert_eq!(
-        tls_received(&receiver).0,
-        before,
-        "nothing arrived with the wrong CA"
-    );
-
-    // No ca_file: the system's root store, here pointed at the test CA with
-    // SSL_CERT_FILE (as an operator would for a corporate root).
-    let system_roots = format!(
-        "receiver:\n  listen: 127.0.0.1:{port}\nbatch:\n  timeout_ms: 50\nexporters:\n  otlp:\n    endpoint: https://127.0.0.1:{}\n    tls:\n      cert_file: {}\n      key_file: {}\n",
-        receiver.addr().port(),
-        pki.client_cert.display(),
-        pki.client_key.display(),
-    );
-    let ca_file = pki.ca.display().to_string();
-    let mut collector = start_collector_with(
-        work.path(),
-        &system_roots,
-        &[("SSL_CERT_FILE", &ca_file), ("SSL_CERT_DIR", "")],
-    );
-    assert!(
-        collector.stderr_text().contains("custom_ca=false"),
-        "{}",
-        collector.stderr_text()
-    );
-    assert_eq!(
-        exchange(&endpoint, None, vec![batch_of("i-3", basic_events())]).unwrap(),
-        [n]
-    );
-    assert!(
-        hermes_e2e::wait_until(WAIT, Duration::from_millis(50), || tls_received(&receiver)
-            .0
-            >= before + BASIC_SPANS.len()),
-        "spans did not arrive over TLS with the system's roots:\n{}",
-        collector.stderr_text()
-    );
-    collector.assert_clean_stop(WAIT);
 }

@@ -7,83 +7,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap};
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
 
+use hermes_collector_shim::fake_collector::FakeCollector;
 use hermes_e2e::ingest::fixture;
-use hermes_proto::received::ReceivedBatch;
-use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
-use hermes_proto::v1::{Ack, Event, EventBatch, ShimInfo, event::Body};
+use hermes_proto::v1::{Event, EventBatch, ShimInfo, event::Body};
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tonic::{Request, Response, Status, Streaming};
-
-#[derive(Clone, Default)]
-struct Collector {
-    batches: Arc<Mutex<Vec<EventBatch>>>,
-}
-
-#[tonic::async_trait]
-impl EventIngest for Collector {
-    type StreamStream =
-        Pin<Box<dyn tokio_stream::Stream<Item = Result<Ack, Status>> + Send + 'static>>;
-
-    async fn stream(
-        &self,
-        request: Request<Streaming<ReceivedBatch>>,
-    ) -> Result<Response<Self::StreamStream>, Status> {
-        let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(64);
-        let batches = Arc::clone(&self.batches);
-        tokio::spawn(async move {
-            while let Ok(Some(ReceivedBatch { batch, .. })) = inbound.message().await {
-                let ack = Ack {
-                    first_seq: batch.events.first().map_or(0, |e| e.seq),
-                    last_seq: batch.events.last().map_or(0, |e| e.seq),
-                };
-                batches.lock().unwrap().push(batch);
-                if tx.send(Ok(ack)).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-}
-
-fn start_collector() -> (
-    String,
-    Collector,
-    oneshot::Sender<()>,
-    std::thread::JoinHandle<()>,
-) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let collector = Collector::default();
-    let service = collector.clone();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let _ = tonic::transport::Server::builder()
-                .serve_with_incoming_shutdown(
-                    EventIngestServer::new(service),
-                    TcpListenerStream::new(listener),
-                    async {
-                        let _ = stopped.await;
-                    },
-                )
-                .await;
-        });
-    });
-    (format!("http://{addr}"), collector, stop, thread)
-}
 
 /// Events per instance id, deduplicated by seq; and the ShimInfo seen.
 fn by_instance(batches: &[EventBatch]) -> HashMap<String, (ShimInfo, BTreeMap<u64, Event>)> {
@@ -103,7 +31,8 @@ fn by_instance(batches: &[EventBatch]) -> HashMap<String, (ShimInfo, BTreeMap<u6
 #[test]
 fn installed_wheel_end_to_end() {
     let python = hermes_e2e::venv_bin("python");
-    let (endpoint, collector, stop, thread) = start_collector();
+    let collector = FakeCollector::start(0);
+    let endpoint = collector.endpoint();
     hermes_e2e::ensure_venv();
     let script = hermes_e2e::tests_dir().join("check_shim.py");
     let output = std::process::Command::new(python)
@@ -129,9 +58,8 @@ fn installed_wheel_end_to_end() {
     let child = lines.iter().find(|l| l["role"] == "child").unwrap();
     assert!(lines.iter().any(|l| l["role"] == "done"));
 
-    let batches = collector.batches.lock().unwrap().clone();
-    let _ = stop.send(());
-    drop(thread);
+    let batches = collector.batches();
+    drop(collector);
     let instances = by_instance(&batches);
 
     // Parent: every replayed hook, in order, seq 1..=n, acknowledged.

@@ -674,9 +674,30 @@ pub(crate) async fn run<C: Convert>(
     shared.replay_busy.store(false, Ordering::Release);
 }
 
+/// The events `seqs` (hook `pre_tool_call`) of `shim` in one batch, for the
+/// sender's tests.
+#[cfg(test)]
+fn test_batch(
+    shim: Option<ShimInfo>,
+    seqs: std::ops::RangeInclusive<u64>,
+) -> hermes_proto::v1::EventBatch {
+    let events = seqs.map(|seq| Event {
+        seq,
+        hook: "pre_tool_call".into(),
+        ..Event::default()
+    });
+    hermes_proto::v1::EventBatch {
+        shim,
+        events: events.collect(),
+        ..hermes_proto::v1::EventBatch::default()
+    }
+}
+
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_reach;
+#[cfg(test)]
+mod tests_spool;
 #[cfg(test)]
 mod tests_supervise;

@@ -3,8 +3,9 @@
 
 use std::sync::Mutex;
 
-use super::tests::{TestCollector, config, free_port};
+use super::tests::{config, free_endpoint};
 use super::*;
+use crate::fake_collector::FakeCollector;
 
 /// Passes events through and records the notices it is handed.
 #[derive(Clone, Default)]
@@ -20,6 +21,15 @@ impl Recorder {
             .iter()
             .map(ToString::to_string)
             .collect()
+    }
+
+    /// Waits (bounded) until `n` notices were handed; asserts that exactly
+    /// `n` were, the last starting with `prefix`.
+    fn wait_for_notice(&self, n: usize, prefix: &str) -> Vec<String> {
+        let texts = self.wait_for(n);
+        assert_eq!(texts.len(), n, "{texts:?}");
+        assert!(texts[n - 1].starts_with(prefix), "{texts:?}");
+        texts
     }
 
     /// Waits (bounded) until `n` notices were handed.
@@ -54,8 +64,7 @@ fn event(seq: u64) -> Event {
 
 #[test]
 fn an_outage_is_said_once_and_its_end_once() {
-    let port = free_port();
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let (port, endpoint) = free_endpoint();
     let mut config = config(endpoint.clone());
     config.report_unreachable_after = Duration::from_millis(300);
     let recorder = Recorder::default();
@@ -63,13 +72,9 @@ fn an_outage_is_said_once_and_its_end_once() {
     for seq in 1..=5 {
         assert!(tx.push(event(seq)).is_ok());
     }
-    let texts = recorder.wait_for(1);
-    assert_eq!(texts.len(), 1, "{texts:?}");
-    assert!(
-        texts[0].starts_with(&format!(
-            "hermes_collector: cannot reach the collector at {endpoint} for 0."
-        )),
-        "{texts:?}"
+    let texts = recorder.wait_for_notice(
+        1,
+        &format!("hermes_collector: cannot reach the collector at {endpoint} for 0."),
     );
     assert!(texts[0].contains("Connection refused"), "{texts:?}");
     assert!(texts[0].contains("kept in memory"), "{texts:?}");
@@ -77,14 +82,10 @@ fn an_outage_is_said_once_and_its_end_once() {
     std::thread::sleep(Duration::from_millis(800));
     assert_eq!(recorder.texts().len(), 1, "{:?}", recorder.texts());
 
-    let collector = TestCollector::start(port, None);
-    let texts = recorder.wait_for(2);
-    assert_eq!(texts.len(), 2, "{texts:?}");
-    assert!(
-        texts[1].starts_with(&format!(
-            "hermes_collector: the collector at {endpoint} is reachable again after "
-        )),
-        "{texts:?}"
+    let collector = FakeCollector::start(port);
+    recorder.wait_for_notice(
+        2,
+        &format!("hermes_collector: the collector at {endpoint} is reachable again after "),
     );
     assert!(shared.wait_settled(5, Duration::from_secs(10)));
     // Everything delivered: the exit says nothing.
@@ -97,8 +98,8 @@ fn an_outage_is_said_once_and_its_end_once() {
 
 #[test]
 fn an_exit_before_the_delay_says_the_outage_and_what_is_lost() {
-    let port = free_port();
-    let mut config = config(format!("http://127.0.0.1:{port}"));
+    let (_, endpoint) = free_endpoint();
+    let mut config = config(endpoint);
     config.report_unreachable_after = Duration::from_secs(60);
     let recorder = Recorder::default();
     let Started { tx, shared, thread } = start(recorder.clone(), config, 1_000).unwrap();

@@ -4,8 +4,9 @@
 use std::sync::atomic::AtomicUsize;
 use std::time::Instant as StdInstant;
 
-use super::tests::{TestCollector, config};
+use super::tests::config;
 use super::*;
+use crate::fake_collector::FakeCollector;
 
 /// Panics on its first `panics` conversions, then passes events through;
 /// records the notices it is handed.
@@ -66,7 +67,7 @@ fn wait_until(mut done: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn a_panicking_sender_is_restarted_and_delivers_what_comes_next() {
-    let collector = TestCollector::start(0, None);
+    let collector = FakeCollector::start(0);
     let mut config = config(collector.endpoint());
     config.restart.delay = Duration::from_millis(300);
     let converter = Faulty::new(1);
@@ -139,7 +140,7 @@ fn a_panicking_sender_is_restarted_and_delivers_what_comes_next() {
 
 #[test]
 fn a_sender_that_keeps_dying_is_stopped_and_never_holds_the_agent() {
-    let collector = TestCollector::start(0, None);
+    let collector = FakeCollector::start(0);
     let mut config = config(collector.endpoint());
     config.restart = RestartPolicy {
         max_restarts: 2,

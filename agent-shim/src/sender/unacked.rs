@@ -170,27 +170,24 @@ impl UnackedBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hermes_proto::v1::Event;
 
     fn batch(seqs: std::ops::RangeInclusive<u64>) -> EventBatch {
-        EventBatch {
-            shim: None,
-            events: seqs
-                .map(|seq| Event {
-                    seq,
-                    hook: "h".into(),
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
+        crate::sender::test_batch(None, seqs)
+    }
+
+    /// A buffer of at most 10 batches and 1 MiB holding one batch per range
+    /// of `seqs`, none sent yet.
+    fn holding(seqs: &[std::ops::RangeInclusive<u64>]) -> UnackedBuffer {
+        let mut b = UnackedBuffer::new(10, 1 << 20);
+        for range in seqs {
+            b.push(batch(range.clone()));
         }
+        b
     }
 
     #[test]
     fn send_ack_resend() {
-        let mut b = UnackedBuffer::new(10, 1 << 20);
-        b.push(batch(1..=3));
-        b.push(batch(4..=5));
+        let mut b = holding(&[1..=3, 4..=5]);
         assert_eq!(b.next_unsent().unwrap().events[0].seq, 1);
         b.mark_next_sent();
         assert_eq!(b.next_unsent().unwrap().events[0].seq, 4);
@@ -210,10 +207,7 @@ mod tests {
 
     #[test]
     fn out_of_order_ack() {
-        let mut b = UnackedBuffer::new(10, 1 << 20);
-        b.push(batch(1..=2));
-        b.push(batch(3..=4));
-        b.push(batch(5..=6));
+        let mut b = holding(&[1..=2, 3..=4, 5..=6]);
         b.mark_next_sent();
         b.mark_next_sent();
         assert_eq!(b.ack(3, 4), 2);
@@ -238,10 +232,7 @@ mod tests {
 
     #[test]
     fn take_all_and_drop_oldest() {
-        let mut b = UnackedBuffer::new(10, 1 << 20);
-        b.push(batch(1..=2));
-        b.push(batch(3..=5));
-        b.push(batch(6..=6));
+        let mut b = holding(&[1..=2, 3..=5, 6..=6]);
         b.mark_next_sent();
         assert_eq!(b.drop_oldest(), 2);
         assert_eq!(b.floor_seq(), 3);

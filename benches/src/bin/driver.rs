@@ -42,7 +42,6 @@ use hermes_collector_shim::sender::{
     self, DEFAULT_IDLE_POLL_MAX, DEFAULT_IDLE_SLEEP_AFTER, PassThrough, SenderConfig, Started,
 };
 use hermes_correlator::{FinishedSpan, to_resource_spans};
-use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch, ShimInfo};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
@@ -147,15 +146,7 @@ struct Stream {
 
 impl Stream {
     async fn open(endpoint: &str, shim: ShimInfo) -> anyhow::Result<Stream> {
-        let mut client = EventIngestClient::connect(endpoint.to_owned())
-            .await
-            .context("connect")?;
-        let (tx, rx) = mpsc::channel::<EventBatch>(16);
-        let mut acks = client
-            .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .context("open stream")?
-            .into_inner();
+        let (tx, mut acks) = hermes_benches::open_stream(endpoint).await?;
         let acked = Arc::new(AtomicU64::new(0));
         let last = acked.clone();
         let acks = tokio::spawn(async move {

@@ -86,12 +86,20 @@ pub struct BatchConfig {
     pub queue: usize,
 }
 
+/// The batch limits are the exporter stage's own, so that the
+/// configuration and the stage cannot disagree on them.
 impl Default for BatchConfig {
     fn default() -> Self {
+        let hermes_exporter::ExporterSettings {
+            max_batch_spans,
+            max_batch_bytes,
+            batch_timeout,
+            ..
+        } = hermes_exporter::ExporterSettings::default();
         Self {
-            max_spans: 512,
-            max_bytes: 3 * 1024 * 1024,
-            timeout_ms: 200,
+            max_spans: max_batch_spans,
+            max_bytes: max_batch_bytes,
+            timeout_ms: u64::try_from(batch_timeout.as_millis()).unwrap_or(u64::MAX),
             queue: 64,
         }
     }

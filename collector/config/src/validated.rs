@@ -23,7 +23,10 @@ use hermes_receiver::{BearerToken, ListenAddr};
 
 use crate::{CompressionConfig, Config, OtlpConfig, OtlpMetricsConfig, OtlpProtocol};
 
-/// A validated configuration with its secrets and TLS material read.
+/// A validated configuration with its secrets and TLS material read. Its
+/// `Debug` is each field's, and every field that holds a secret redacts it
+/// in its own `Debug`.
+#[derive(Debug)]
 #[non_exhaustive]
 pub struct Validated {
     /// The configuration as validated (`${VAR}` replaced, CLI overrides
@@ -44,21 +47,6 @@ pub struct Validated {
     pub otlp: Option<OtlpExport>,
     /// The OTLP export of the derived metrics (`exporters.otlp_metrics`).
     pub otlp_metrics: Option<OtlpMetricsExport>,
-}
-
-impl fmt::Debug for Validated {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Validated")
-            .field("config", &self.config)
-            .field("listen", &self.listen)
-            .field("admin_listen", &self.admin_listen)
-            .field("ingest_token", &self.ingest_token)
-            .field("metrics_token", &self.metrics_token)
-            .field("receiver_tls", &self.receiver_tls)
-            .field("otlp", &self.otlp)
-            .field("otlp_metrics", &self.otlp_metrics)
-            .finish()
-    }
 }
 
 /// The ingest listener's TLS, its files read and checked.
@@ -157,21 +145,12 @@ impl fmt::Debug for OtlpExport {
 }
 
 /// The OTLP export of the derived metrics with its TLS material read.
-#[derive(Clone, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct OtlpMetricsExport {
     /// `exporters.otlp_metrics` as written.
     pub config: OtlpMetricsConfig,
     /// TLS of an `https://` endpoint, None for `http://`.
     pub tls: Option<TlsSettings>,
-}
-
-impl fmt::Debug for OtlpMetricsExport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OtlpMetricsExport")
-            .field("config", &self.config)
-            .field("tls", &self.tls)
-            .finish()
-    }
 }
 
 /// Headers as `Debug` output shows them: their names, each value

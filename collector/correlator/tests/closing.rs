@@ -9,7 +9,7 @@
 mod common;
 
 use common::Feed;
-use common::turn::{API1, SESSION, TURN, api, failed, ids};
+use common::turn::{API1, SESSION, TURN, api, failed, ids, with_retryable};
 use hermes_correlator::{Config, Expiry};
 use hermes_e2e::events::{self, MS, T0, session_ids, shim, turn_body};
 use hermes_e2e::span_attrs::{boolean, string};
@@ -108,11 +108,8 @@ fn session_ends_nobody_takes_stay_bounded() {
 fn next_turn_of_the_session_closes_a_turn_that_never_ended() {
     let mut f = Feed::in_turn();
     f.api_start(10, API1, 1, 10);
-    let call = v1::ApiCall {
-        retryable: Some(false),
-        ..failed(api(1, 10, 49), 400, "format_error")
-    };
-    f.api_error(50, API1, call);
+    let call = failed(api(1, 10, 49), 400, "format_error");
+    f.api_error(50, API1, with_retryable(call, false));
     // Hermes' failure path fires neither post_llm_call nor on_session_end.
     assert!(
         f.out

@@ -8,7 +8,7 @@
 mod common;
 
 use common::Feed;
-use common::turn::{API1, API2, SESSION, TURN, api, failed, ids};
+use common::turn::{API1, API2, SESSION, TURN, api, failed, ids, with_retryable};
 use hermes_correlator::ids::{SpanKey, span_id, trace_id};
 use hermes_e2e::events::{self, MS, T0, end_body, session_ids};
 use hermes_e2e::span_attrs::{attr, boolean, int, string};
@@ -147,10 +147,9 @@ fn retried_request_gives_one_span_per_attempt() {
     let mut f = Feed::in_turn();
     f.api_start(10, API1, 1, 8);
     let call = v1::ApiCall {
-        retryable: Some(true),
         error_type: "InternalServerError".into(),
         error_message: "Error code: 500".into(),
-        ..failed(api(1, 8, 299), 500, "server_error")
+        ..with_retryable(failed(api(1, 8, 299), 500, "server_error"), true)
     };
     f.api_error(300, API1, call);
     f.api_start(2500, API1, 2, 8);

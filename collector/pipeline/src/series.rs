@@ -244,7 +244,9 @@ impl Series {
         };
         let at = match found {
             Some(at) => at,
-            None if self.series[k] < self.bounds.max_series => self.insert(kind, bounded, family),
+            None if self.series[k] < self.bounds.max_series => {
+                self.push(kind, bounded, family, false)
+            }
             None => {
                 overflow = true;
                 self.overflow_series::<N>(kind, family)
@@ -265,19 +267,6 @@ impl Series {
         at
     }
 
-    fn insert<const N: usize>(
-        &mut self,
-        kind: Kind,
-        values: [&str; N],
-        family: &PrometheusHistograms,
-    ) -> usize {
-        let at = self.push(kind, values, family, false);
-        let hash = self.hasher.hash_one((kind, values));
-        self.by_hash.entry(hash).or_default().push(at);
-        self.series[kind as usize] += 1;
-        at
-    }
-
     fn overflow_series<const N: usize>(
         &mut self,
         kind: Kind,
@@ -293,7 +282,9 @@ impl Series {
     }
 
     /// Adds the entry of the series `values` of `kind` (its histogram
-    /// created in `family`) and returns its index.
+    /// created in `family`) and returns its index. A series of its own (not
+    /// the `overflow` one) is found by its values and counts against
+    /// `max_series`.
     fn push<const N: usize>(
         &mut self,
         kind: Kind,
@@ -310,7 +301,13 @@ impl Series {
             histogram,
             overflow,
         });
-        self.entries.len() - 1
+        let at = self.entries.len() - 1;
+        if !overflow {
+            let hash = self.hasher.hash_one((kind, values));
+            self.by_hash.entry(hash).or_default().push(at);
+            self.series[kind as usize] += 1;
+        }
+        at
     }
 }
 

@@ -53,6 +53,25 @@ enum Kind {
     Other,
 }
 
+impl Kind {
+    /// This kind's word in a vocabulary that names agent, chat, tool and
+    /// other spans, in that order.
+    fn in_vocabulary(self, [agent, chat, tool, other]: [&'static str; 4]) -> &'static str {
+        match self {
+            Kind::Agent => agent,
+            Kind::Chat => chat,
+            Kind::Tool => tool,
+            Kind::Other => other,
+        }
+    }
+}
+
+/// `openinference.span.kind` of agent, chat, tool and other spans.
+const OPENINFERENCE_SPAN_KINDS: [&str; 4] = ["AGENT", "LLM", "TOOL", "CHAIN"];
+
+/// `langfuse.observation.type` of agent, chat, tool and other spans.
+const LANGFUSE_OBSERVATION_TYPES: [&str; 4] = ["agent", "generation", "tool", "span"];
+
 /// Read access to a span's attributes by key.
 struct View<'a>(&'a [KeyValue]);
 
@@ -228,12 +247,7 @@ pub(crate) fn derive(
 
 fn add_openinference(view: &View<'_>, add: &mut Additions) {
     let kind = view.kind();
-    let span_kind = match kind {
-        Kind::Agent => "AGENT",
-        Kind::Chat => "LLM",
-        Kind::Tool => "TOOL",
-        Kind::Other => "CHAIN",
-    };
+    let span_kind = kind.in_vocabulary(OPENINFERENCE_SPAN_KINDS);
     add.str("openinference.span.kind", Some(span_kind));
     add.str("session.id", view.session_id());
     match kind {
@@ -271,12 +285,7 @@ fn add_openinference(view: &View<'_>, add: &mut Additions) {
 
 fn add_langfuse(span: &Span, view: &View<'_>, route: &routing::Rendered, add: &mut Additions) {
     let kind = view.kind();
-    let observation_type = match kind {
-        Kind::Agent => "agent",
-        Kind::Chat => "generation",
-        Kind::Tool => "tool",
-        Kind::Other => "span",
-    };
+    let observation_type = kind.in_vocabulary(LANGFUSE_OBSERVATION_TYPES);
     add.str("langfuse.observation.type", Some(observation_type));
     add.str("langfuse.session.id", view.session_id());
     add.str(

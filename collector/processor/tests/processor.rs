@@ -39,64 +39,74 @@ fn span(name: &str, root: bool, attributes: Vec<KeyValue>) -> Span {
     }
 }
 
-fn common() -> Vec<KeyValue> {
-    vec![
+/// A span of turn `turn-1` in session `sess-1` with `own` attributes after
+/// the ones every span of the turn carries.
+fn turn_member(name: &str, root: bool, own: impl IntoIterator<Item = KeyValue>) -> Span {
+    let mut attributes = vec![
         s("session.id", "sess-1"),
         s("gen_ai.conversation.id", "sess-1"),
         s("hermes.turn_id", "turn-1"),
         s("hermes.platform", "cli"),
         s("gen_ai.agent.name", "hermes"),
-    ]
+    ];
+    attributes.extend(own);
+    span(name, root, attributes)
 }
 
 fn chat_span() -> Span {
-    let mut a = common();
-    a.extend([
-        s("gen_ai.operation.name", "chat"),
-        s("gen_ai.provider.name", "anthropic"),
-        s("gen_ai.request.model", "claude-sonnet-4"),
-        s("gen_ai.response.model", "claude-sonnet-4-20250514"),
-        i("gen_ai.usage.input_tokens", 1200),
-        i("gen_ai.usage.output_tokens", 300),
-        i("gen_ai.usage.cache_read.input_tokens", 1000),
-        i("gen_ai.usage.cache_creation.input_tokens", 150),
-        i("gen_ai.usage.reasoning.output_tokens", 100),
-        s(
-            "gen_ai.input.messages",
-            r#"[{"role":"user","parts":[{"type":"text","content":"hi"}]}]"#,
-        ),
-        s(
-            "gen_ai.output.messages",
-            r#"[{"role":"assistant","parts":[{"type":"text","content":"hello"}],"finish_reason":"stop"}]"#,
-        ),
-    ]);
-    span("chat claude-sonnet-4", false, a)
+    turn_member(
+        "chat claude-sonnet-4",
+        false,
+        [
+            s("gen_ai.operation.name", "chat"),
+            s("gen_ai.provider.name", "anthropic"),
+            s("gen_ai.request.model", "claude-sonnet-4"),
+            s("gen_ai.response.model", "claude-sonnet-4-20250514"),
+            i("gen_ai.usage.input_tokens", 1200),
+            i("gen_ai.usage.output_tokens", 300),
+            i("gen_ai.usage.cache_read.input_tokens", 1000),
+            i("gen_ai.usage.cache_creation.input_tokens", 150),
+            i("gen_ai.usage.reasoning.output_tokens", 100),
+            s(
+                "gen_ai.input.messages",
+                r#"[{"role":"user","parts":[{"type":"text","content":"hi"}]}]"#,
+            ),
+            s(
+                "gen_ai.output.messages",
+                r#"[{"role":"assistant","parts":[{"type":"text","content":"hello"}],"finish_reason":"stop"}]"#,
+            ),
+        ],
+    )
 }
 
 fn tool_span(arguments: &str) -> Span {
-    let mut a = common();
-    a.extend([
-        s("gen_ai.operation.name", "execute_tool"),
-        s("gen_ai.tool.name", "terminal"),
-        s("gen_ai.tool.call.id", "call_1"),
-        s("gen_ai.tool.type", "function"),
-        s("hermes.tool.status", "ok"),
-        s("gen_ai.tool.call.arguments", arguments),
-        s("gen_ai.tool.call.result", "done"),
-    ]);
-    span("execute_tool terminal", false, a)
+    turn_member(
+        "execute_tool terminal",
+        false,
+        [
+            s("gen_ai.operation.name", "execute_tool"),
+            s("gen_ai.tool.name", "terminal"),
+            s("gen_ai.tool.call.id", "call_1"),
+            s("gen_ai.tool.type", "function"),
+            s("hermes.tool.status", "ok"),
+            s("gen_ai.tool.call.arguments", arguments),
+            s("gen_ai.tool.call.result", "done"),
+        ],
+    )
 }
 
 fn turn_span() -> Span {
-    let mut a = common();
-    a.extend([
-        s("gen_ai.operation.name", "invoke_agent"),
-        s("gen_ai.request.model", "claude-sonnet-4"),
-        s("hermes.turn.user_message", "list the files"),
-        s("hermes.turn.final_answer", "{\"files\":[\"a\",\"b\"]}"),
-        i("hermes.turn.usage.input_tokens", 1200),
-    ]);
-    let mut sp = span("invoke_agent hermes", true, a);
+    let mut sp = turn_member(
+        "invoke_agent hermes",
+        true,
+        [
+            s("gen_ai.operation.name", "invoke_agent"),
+            s("gen_ai.request.model", "claude-sonnet-4"),
+            s("hermes.turn.user_message", "list the files"),
+            s("hermes.turn.final_answer", "{\"files\":[\"a\",\"b\"]}"),
+            i("hermes.turn.usage.input_tokens", 1200),
+        ],
+    );
     sp.status = Some(Status {
         code: StatusCode::Error as i32,
         message: "turn failed".to_owned(),

@@ -31,22 +31,20 @@
 
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hasher};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
+use hermes_benches::{FIXTURES, Template, open_stream, restamp};
 use hermes_collector_shim::attempts::AttemptTracker;
 use hermes_collector_shim::config::CaptureLevel;
-use hermes_collector_shim::convert::{JsonKwargs, Stamp, to_event};
 use hermes_collector_shim::sender::{self, PassThrough, SenderConfig, SenderShared, Started};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Correlation, Correlator, FinishedSpan};
-use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Event, EventBatch, ShimInfo};
-use tokio::sync::mpsc;
 
 /// Streams recorded Hermes turns with fresh ids to a collector.
 #[derive(Debug, Parser, Clone)]
@@ -87,111 +85,34 @@ struct Args {
 
 fn default_fixtures() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hermes-0.19.0");
-    [
-        "basic.jsonl",
-        "retry.jsonl",
-        "parallel.jsonl",
-        "multiturn.jsonl",
-    ]
-    .iter()
-    .map(|f| dir.join(f))
-    .collect()
-}
-
-/// One fixture as the shim would have sent it: events and the session ids
-/// they mention.
-struct Template {
-    events: Vec<Event>,
-    sessions: Vec<String>,
-}
-
-fn load_template(path: &PathBuf) -> anyhow::Result<Template> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-    let level = CaptureLevel::Metadata;
-    let mut attempts = AttemptTracker::new(4096);
-    let mut events = Vec::new();
-    let mut sessions = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let record: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{}: bad JSON line", path.display()))?;
-        let hook = record["hook"].as_str().unwrap_or_default();
-        if !level.hooks().contains(&hook) {
-            continue;
-        }
-        let Some(kwargs) = record["kwargs"].as_object() else {
-            continue;
-        };
-        let stamp = Stamp {
-            seq: 0,
-            hook,
-            time_unix_nano: (record["t_wall"].as_f64().unwrap_or(0.0) * 1e9) as u64,
-            mono_nano: (record["t_mono"].as_f64().unwrap_or(0.0) * 1e9) as u64,
-            thread: record["thread"].as_str().unwrap_or("MainThread"),
-        };
-        let mut event = to_event(&stamp, &JsonKwargs(kwargs), level);
-        attempts.stamp(&mut event);
-        if let Some(ids) = &event.ids {
-            for s in [
-                &ids.session_id,
-                &ids.parent_session_id,
-                &ids.child_session_id,
-            ] {
-                if !s.is_empty() && !sessions.contains(s) {
-                    sessions.push(s.clone());
-                }
-            }
-        }
-        events.push(event);
-    }
-    if events.is_empty() {
-        bail!("{}: no events", path.display());
-    }
-    Ok(Template { events, sessions })
+    FIXTURES.iter().map(|f| dir.join(f)).collect()
 }
 
 /// The template's events for one turn of one instance: fresh session ids
-/// (`lg<run>i<instance>t<turn>s<n>`), times moved so the first event is `now`.
+/// (`lg<run>i<instance>t<turn>s<n>`), times moved so the first event is `now`
+/// and the others keep their distance to it.
 fn instantiate(template: &Template, tag: &str, now: u64) -> Vec<Event> {
-    let base = template.events.first().map_or(0, |e| e.time_unix_nano);
-    let fresh = |s: &mut String| {
-        for (i, old) in template.sessions.iter().enumerate() {
-            if s.contains(old.as_str()) {
-                *s = s.replace(old.as_str(), &format!("lg{tag}s{i}"));
-            }
-        }
-    };
-    let shift = |t: u64| {
-        if t == 0 {
-            0
-        } else {
-            now + t.saturating_sub(base)
-        }
-    };
+    let base = template.base();
+    let prefix = format!("lg{tag}");
     template
         .events
         .iter()
         .map(|e| {
-            let mut e = e.clone();
-            e.time_unix_nano = shift(e.time_unix_nano);
-            if let Some(ids) = e.ids.as_mut() {
-                for s in [
-                    &mut ids.session_id,
-                    &mut ids.turn_id,
-                    &mut ids.api_request_id,
-                    &mut ids.parent_session_id,
-                    &mut ids.parent_turn_id,
-                    &mut ids.child_session_id,
-                ] {
-                    fresh(s);
-                }
-            }
-            if let Some(hermes_proto::v1::event::Body::Api(api)) = e.body.as_mut() {
-                api.started_at_unix_nano = shift(api.started_at_unix_nano);
-                api.ended_at_unix_nano = shift(api.ended_at_unix_nano);
-            }
+            let mut e = template.renamed(e, &prefix);
+            let at = now + e.time_unix_nano.saturating_sub(base);
+            restamp(&mut e, at);
             e
         })
         .collect()
+}
+
+/// The fixture file `path` as the shim would have sent it.
+fn load_template(path: &Path) -> anyhow::Result<Template> {
+    let template = Template::from_file(path, CaptureLevel::Metadata)?;
+    if template.events.is_empty() {
+        bail!("{}: no events", path.display());
+    }
+    Ok(template)
 }
 
 /// A random number per run (no extra dependency: std's randomly keyed
@@ -344,15 +265,7 @@ async fn run_instance(index: usize, run: Arc<Run>) -> anyhow::Result<()> {
     let args = &run.args;
     let counters = &run.counters;
     let shim = run.shim(index);
-    let mut client = EventIngestClient::connect(args.endpoint.clone())
-        .await
-        .context("connect")?;
-    let (tx, rx) = mpsc::channel::<EventBatch>(16);
-    let mut acks = client
-        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .context("open stream")?
-        .into_inner();
+    let (tx, mut acks) = open_stream(&args.endpoint).await?;
     let expected = expected_last(args, &run.templates, index);
     let mut last_seq = 0u64;
     let producer = {
@@ -499,7 +412,7 @@ async fn main() -> anyhow::Result<()> {
     let templates: Vec<Template> = args
         .fixture
         .iter()
-        .map(load_template)
+        .map(|path| load_template(path))
         .collect::<anyhow::Result<_>>()?;
     let run = Arc::new(Run {
         expect: args

@@ -2,6 +2,11 @@
 //! (`hermes chat`, a Python snippet, collecting the tree) and the checks of
 //! the span model every scenario applies (common attributes, turn, chat
 //! attempt and tool spans).
+//!
+//! Two test files include it (`e2e_scenarios.rs`, `e2e_failures.rs`), each
+//! using part of it.
+
+#![allow(dead_code)]
 
 use hermes_e2e::hermes::PY_AGENT_PRELUDE;
 use hermes_e2e::rig::{AgentRig, SETTLE, WAIT, session_id};
@@ -48,6 +53,15 @@ pub trait Scenario {
     fn chat(&self, query: &str, toolsets: &str, args: &[&str]) -> ChatRun;
     fn python(&self, body: &str, extra_env: &[(&str, &str)]) -> Value;
     fn collect(&mut self, roots: usize, spans: usize) -> SpanTree;
+    fn collect_turn(&mut self, spans: usize, session: &str, exp: &TurnExpect) -> OneTurn;
+}
+
+/// The tree of a one-turn scenario, checked by [`assert_one_turn`], with
+/// the model it ran against and the turn's id.
+pub struct OneTurn {
+    pub tree: SpanTree,
+    pub model: String,
+    pub tid: String,
 }
 
 impl Scenario for AgentRig {
@@ -125,6 +139,15 @@ impl Scenario for AgentRig {
             let _ = std::fs::write(path, compact(&tree));
         }
         tree
+    }
+
+    /// [`collect`](Self::collect) of one root and `spans` spans, checked as
+    /// one turn of `session` that `exp` describes ([`assert_one_turn`]).
+    fn collect_turn(&mut self, spans: usize, session: &str, exp: &TurnExpect) -> OneTurn {
+        let tree = self.collect(1, spans);
+        let model = self.model().to_string();
+        let (_, tid) = assert_one_turn(&tree, session, &model, exp);
+        OneTurn { tree, model, tid }
     }
 }
 
@@ -517,6 +540,18 @@ pub fn assert_one_turn<'t>(
     let root = only_root(tree);
     assert_turn(tree, root, TOP_TURN, model, exp);
     (root, turn_id(root))
+}
+
+/// Checks `turn` as the top-level turn `exp` describes, with one child: a
+/// chat span. Returns the chat and the turn's id.
+pub fn assert_top_turn_with_one_chat<'t>(
+    tree: &'t SpanTree,
+    turn: &Span,
+    model: &str,
+    exp: &TurnExpect,
+) -> (&'t Span, String) {
+    assert_turn(tree, turn, TOP_TURN, model, exp);
+    (tree.expect_children(turn, 1)[0], turn_id(turn))
 }
 
 /// The only root of the tree (panics otherwise).

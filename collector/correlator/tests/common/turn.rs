@@ -46,6 +46,14 @@ pub fn failed(call: v1::ApiCall, status_code: i32, reason: &str) -> v1::ApiCall 
     }
 }
 
+/// `call`, which Hermes judged `retryable` or not.
+pub fn with_retryable(call: v1::ApiCall, retryable: bool) -> v1::ApiCall {
+    v1::ApiCall {
+        retryable: Some(retryable),
+        ..call
+    }
+}
+
 /// The events of the rule tests' turn, one call each.
 impl super::Feed {
     /// A feed in which [`TURN`] has started (`pre_llm_call` at 0 ms).

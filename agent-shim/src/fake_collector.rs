@@ -1,0 +1,191 @@
+//! A fake collector for tests and trying the shim by hand (feature
+//! `test-support`, and the crate's own unit tests): serves
+//! `EventIngest/Stream` from a thread of its own with a single-threaded
+//! runtime, records every batch it receives and acknowledges it, unless its
+//! script ends the stream with a status instead. Stops and joins on drop.
+//!
+//! The one fake ingest server of the shim's sender tests, the installed
+//! wheel's end-to-end test (`hermes-e2e`, which cannot be a dev-dependency
+//! of the shim: it depends on the shim) and the `dump_collector` example.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use hermes_proto::received::ReceivedBatch;
+use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
+use hermes_proto::v1::{Ack, EventBatch};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+/// One batch as the script sees it, before it is acknowledged.
+pub struct Delivery<'a> {
+    /// Streams opened before this batch's (0: the first stream).
+    pub stream: usize,
+    /// Batches received on this stream so far, this one included.
+    pub batch_in_stream: usize,
+    pub batch: &'a EventBatch,
+}
+
+/// Decides per batch: `None` acknowledges it, a status ends its stream with
+/// that status, the batch unacknowledged (it is recorded either way).
+type Script = Arc<dyn Fn(&Delivery<'_>) -> Option<Status> + Send + Sync>;
+
+#[derive(Clone, Default)]
+struct Recorded {
+    batches: Arc<Mutex<Vec<EventBatch>>>,
+    streams: Arc<AtomicUsize>,
+}
+
+#[derive(Clone)]
+struct Service {
+    recorded: Recorded,
+    script: Script,
+}
+
+#[tonic::async_trait]
+impl EventIngest for Service {
+    type StreamStream =
+        Pin<Box<dyn tokio_stream::Stream<Item = Result<Ack, Status>> + Send + 'static>>;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<ReceivedBatch>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        let stream = self.recorded.streams.fetch_add(1, Ordering::SeqCst);
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let batches = Arc::clone(&self.recorded.batches);
+        let script = Arc::clone(&self.script);
+        tokio::spawn(async move {
+            let mut batch_in_stream = 0;
+            while let Ok(Some(ReceivedBatch { batch, .. })) = inbound.message().await {
+                batch_in_stream += 1;
+                let verdict = script(&Delivery {
+                    stream,
+                    batch_in_stream,
+                    batch: &batch,
+                });
+                let reply = match verdict {
+                    Some(status) => Err(status),
+                    None => Ok(Ack {
+                        first_seq: batch.events.first().map_or(0, |e| e.seq),
+                        last_seq: batch.events.last().map_or(0, |e| e.seq),
+                    }),
+                };
+                let ends = reply.is_err();
+                lock(&batches).push(batch);
+                if tx.send(reply).await.is_err() || ends {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+fn lock(batches: &Mutex<Vec<EventBatch>>) -> std::sync::MutexGuard<'_, Vec<EventBatch>> {
+    batches.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An in-process collector; see the module docs.
+pub struct FakeCollector {
+    addr: SocketAddr,
+    recorded: Recorded,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeCollector {
+    /// Acknowledges every batch, on 127.0.0.1:`port` (0: OS-chosen).
+    pub fn start(port: u16) -> FakeCollector {
+        FakeCollector::scripted(("127.0.0.1", port), |_| None)
+    }
+
+    /// Answers each batch as `script` says, on `addr`.
+    ///
+    /// # Panics
+    /// When `addr` cannot be bound or the server thread cannot start.
+    pub fn scripted(
+        addr: impl ToSocketAddrs + std::fmt::Debug,
+        script: impl Fn(&Delivery<'_>) -> Option<Status> + Send + Sync + 'static,
+    ) -> FakeCollector {
+        let listener = std::net::TcpListener::bind(&addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .unwrap_or_else(|e| panic!("bind {addr:?}: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("local_addr: {e}"));
+        let recorded = Recorded::default();
+        let service = Service {
+            recorded: recorded.clone(),
+            script: Arc::new(script),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap_or_else(|e| panic!("fake collector runtime: {e}"));
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)
+                    .unwrap_or_else(|e| panic!("fake collector listener: {e}"));
+                let stopped = async {
+                    let _ = stopped.await;
+                };
+                let _ = tonic::transport::Server::builder()
+                    .serve_with_incoming_shutdown(
+                        EventIngestServer::new(service),
+                        TcpListenerStream::new(listener),
+                        stopped,
+                    )
+                    .await;
+            });
+        });
+        FakeCollector {
+            addr,
+            recorded,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`, for the shim's endpoint setting.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The batches received, in arrival order (refused ones included).
+    pub fn batches(&self) -> Vec<EventBatch> {
+        lock(&self.recorded.batches).clone()
+    }
+
+    /// The seqs of every event received, in arrival order.
+    pub fn seqs(&self) -> Vec<u64> {
+        lock(&self.recorded.batches)
+            .iter()
+            .flat_map(|b| b.events.iter().map(|e| e.seq))
+            .collect()
+    }
+
+    /// How many streams were opened.
+    pub fn streams(&self) -> usize {
+        self.recorded.streams.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FakeCollector {
+    fn drop(&mut self) {
+        self.stop.take().map(|stop| stop.send(()));
+        if let Some(server) = self.thread.take() {
+            let _ = server.join();
+        }
+    }
+}
