@@ -145,34 +145,28 @@ fn main() -> ExitCode {
             session: Some(session),
             dir,
             ..
-        }) => match view::trajectory(&dir, &session) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("hermes-collector view: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }) => shown(view::trajectory(&dir, &session)),
         Some(Command::View {
             file, last, trace, ..
-        }) => {
-            match view::read_spans(&file)
-                .and_then(|spans| view::render(&spans, last, trace.as_deref()))
-            {
-                Ok(text) => {
-                    print!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("hermes-collector view: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        }) => shown(
+            view::read_spans(&file).and_then(|spans| view::render(&spans, last, trace.as_deref())),
+        ),
         Some(Command::Run(args)) => run(&args, small_pages),
         None => run(&cli.run, small_pages),
+    }
+}
+
+/// What `view` made, printed; or its error, on standard error.
+fn shown(view: Result<String, impl std::fmt::Display>) -> ExitCode {
+    match view {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hermes-collector view: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
