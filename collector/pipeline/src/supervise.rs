@@ -65,9 +65,13 @@ struct Stages {
 
 impl Stages {
     /// Waits until a stage ends before the drain asked it to, and names it
-    /// (logging how it ended).
+    /// (logging how it ended). Polled upstream first: a stage that ends
+    /// because the one before it ended (the exporter once the correlator's
+    /// channel closes) must not be named when both have ended by the time
+    /// this looks.
     async fn first_to_end(&mut self) -> &'static str {
         let (stage, how) = tokio::select! {
+            biased;
             r = join(&mut self.receiver) => ("receiver", describe(r.map(|r| r.map_err(|e| e.to_string())))),
             r = join(&mut self.correlation) => ("correlator", describe(r.map(|_| Ok(())))),
             r = join(&mut self.exporter) => ("exporter", describe(r.map(|_| Ok(())))),
