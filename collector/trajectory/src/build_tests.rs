@@ -56,6 +56,32 @@ fn chat(turn: &str, span: &str, start: u64, output: Value, tokens: (i64, i64, i6
     )
 }
 
+/// A failed API attempt: an error, no answer.
+fn failed_chat(turn: &str, span: &str, start: u64, attrs: Value) -> SpanRecord {
+    SpanRecord {
+        error: true,
+        ..rec(Kind::Chat, turn, span, start, attrs)
+    }
+}
+
+/// A subagent span under the tool span `parent` that delegated to it.
+fn subagent(turn: &str, span: &str, parent: &str, start: u64, attrs: Value) -> SpanRecord {
+    SpanRecord {
+        parent_span_id: parent.into(),
+        ..rec(Kind::Subagent, turn, span, start, attrs)
+    }
+}
+
+/// The message of every step of `doc`, in order.
+fn messages(doc: &Value) -> Vec<&str> {
+    doc["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["message"].as_str().unwrap())
+        .collect()
+}
+
 fn calls(ids: &[(&str, &str)]) -> Value {
     let parts: Vec<Value> = ids
         .iter()
@@ -81,15 +107,10 @@ fn tool(turn: &str, span: &str, start: u64, id: &str, name: &str, result: &str) 
 
 #[test]
 fn a_tool_turn_is_user_then_call_with_its_result_then_answer() {
+    let echo = calls(&[("call_1", "terminal")]);
     let records = vec![
         turn("t1", 10, "run echo"),
-        chat(
-            "t1",
-            "c1",
-            20,
-            calls(&[("call_1", "terminal")]),
-            (100, 10, 40),
-        ),
+        chat("t1", "c1", 20, echo, (100, 10, 40)),
         tool("t1", "x1", 30, "call_1", "terminal", "{\"output\":\"hi\"}"),
         chat("t1", "c2", 40, text("done"), (150, 5, 100)),
     ];
@@ -140,17 +161,14 @@ fn a_tool_turn_is_user_then_call_with_its_result_then_answer() {
 
 #[test]
 fn retries_are_named_on_the_step_that_answered() {
-    let mut failed = rec(
-        Kind::Chat,
-        "t1",
-        "c0",
-        15,
-        json!({"error.type": "rate_limit", "hermes.attempt": 1}),
-    );
-    failed.error = true;
     let records = vec![
         turn("t1", 10, "hi"),
-        failed,
+        failed_chat(
+            "t1",
+            "c0",
+            15,
+            json!({"error.type": "rate_limit", "hermes.attempt": 1}),
+        ),
         chat("t1", "c1", 20, text("hello"), (5, 1, 0)),
     ];
     let doc = serde_json::to_value(build(S, &agent(), &records, Ending::Ended)).unwrap();
@@ -164,14 +182,7 @@ fn retries_are_named_on_the_step_that_answered() {
 
 #[test]
 fn unanswered_failures_become_a_system_step() {
-    let mut failed = rec(
-        Kind::Chat,
-        "t1",
-        "c0",
-        15,
-        json!({"error.type": "format_error"}),
-    );
-    failed.error = true;
+    let failed = failed_chat("t1", "c0", 15, json!({"error.type": "format_error"}));
     let mut t = turn("t1", 10, "hi");
     t.attrs.insert("hermes.turn.completed".into(), json!(false));
     let doc = serde_json::to_value(build(S, &agent(), &[t, failed], Ending::Ended)).unwrap();
@@ -183,15 +194,10 @@ fn unanswered_failures_become_a_system_step() {
 
 #[test]
 fn parallel_tools_are_one_step_with_both_results_by_call_id() {
+    let both = calls(&[("a", "read_file"), ("b", "terminal")]);
     let records = vec![
         turn("t1", 10, "two"),
-        chat(
-            "t1",
-            "c1",
-            20,
-            calls(&[("a", "read_file"), ("b", "terminal")]),
-            (1, 1, 0),
-        ),
+        chat("t1", "c1", 20, both, (1, 1, 0)),
         tool("t1", "x2", 31, "b", "terminal", "B"),
         tool("t1", "x1", 30, "a", "read_file", "A"),
         chat("t1", "c2", 40, text("ok"), (1, 1, 0)),
@@ -214,14 +220,13 @@ fn parallel_tools_are_one_step_with_both_results_by_call_id() {
 
 #[test]
 fn a_subagent_is_embedded_and_referenced_from_its_delegate_task_call() {
-    let mut sub = rec(
-        Kind::Subagent,
+    let sub = subagent(
         "t1",
         "sub1",
+        "x1",
         32,
         json!({"hermes.child_session_id": "child-1", "gen_ai.agent.name": "leaf"}),
     );
-    sub.parent_span_id = "x1".into();
     let mut child_turn = turn("ct1", 33, "do the leaf part");
     child_turn.own_session = "child-1".into();
     child_turn
@@ -257,12 +262,7 @@ fn a_subagent_is_embedded_and_referenced_from_its_delegate_task_call() {
         result["subagent_trajectory_ref"],
         json!([{"trajectory_id": "child-1", "session_id": "child-1"}])
     );
-    let parent_messages: Vec<&str> = doc["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["message"].as_str().unwrap())
-        .collect();
+    let parent_messages = messages(&doc);
     assert!(
         !parent_messages.contains(&"leaf done"),
         "the child's steps stay in its own trajectory"
@@ -311,13 +311,7 @@ fn turns_follow_in_start_order_whatever_the_record_order() {
         chat("t1", "c1", 20, text("first"), (1, 1, 0)),
     ];
     let doc = serde_json::to_value(build(S, &agent(), &records, Ending::Ended)).unwrap();
-    let messages: Vec<&str> = doc["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["message"].as_str().unwrap())
-        .collect();
-    assert_eq!(messages, ["one", "first", "two", "second"]);
+    assert_eq!(messages(&doc), ["one", "first", "two", "second"]);
     assert!(
         doc["steps"]
             .as_array()
@@ -329,14 +323,13 @@ fn turns_follow_in_start_order_whatever_the_record_order() {
 
 #[test]
 fn the_rendering_shows_calls_results_and_subagents() {
-    let mut sub = rec(
-        Kind::Subagent,
+    let sub = subagent(
         "t1",
         "sub1",
+        "x1",
         32,
         json!({"hermes.child_session_id": "child-1"}),
     );
-    sub.parent_span_id = "x1".into();
     let mut child_turn = turn("ct1", 33, "leaf part");
     child_turn.own_session = "child-1".into();
     let records = vec![

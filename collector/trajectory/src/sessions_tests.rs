@@ -135,8 +135,10 @@ fn a_restart_continues_the_sessions_in_progress() {
 fn a_span_delivered_twice_is_one_step() {
     let dir = tempfile::tempdir().unwrap();
     let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
-    sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
-    sessions.add(&turn("s1", "t1", 1, "content"), 0).unwrap();
+    let batch = turn("s1", "t1", 1, "content");
+    for _ in 0..2 {
+        sessions.add(&batch, 0).unwrap();
+    }
     sessions.write_due(IDLE).unwrap();
     assert_eq!(
         read(dir.path(), "s1.json")["steps"]
