@@ -287,6 +287,7 @@ async fn run_instance(index: usize, run: Arc<Run>) -> anyhow::Result<()> {
                     events,
                     dropped_events: 0,
                     floor_seq: 0,
+                    handoff: false,
                 })
             };
             for turn in 0..args.turns {
