@@ -22,8 +22,10 @@ use std::fmt;
 
 use hermes_proto::hooks;
 
+use crate::sender::fleet::{FLEET_PREFIX, FleetName};
+
 mod bounded;
-use bounded::{EXIT_FLUSH_MS, QUEUE_EVENTS, SPOOL_MAX_BYTES};
+use bounded::{EXIT_FLUSH_MS, QUEUE_EVENTS, RESOLVE_SECS, SPOOL_MAX_BYTES};
 
 /// `HERMES_COLLECTOR_ENDPOINT`.
 pub const ENV_ENDPOINT: &str = "HERMES_COLLECTOR_ENDPOINT";
@@ -52,6 +54,12 @@ pub const ENV_TLS_KEY_FILE: &str = "HERMES_COLLECTOR_TLS_KEY_FILE";
 pub const ENV_SPOOL_DIR: &str = "HERMES_COLLECTOR_SPOOL_DIR";
 /// `HERMES_COLLECTOR_SPOOL_MAX_BYTES`: bound of the spool directory, bytes.
 pub const ENV_SPOOL_MAX_BYTES: &str = "HERMES_COLLECTOR_SPOOL_MAX_BYTES";
+/// `HERMES_COLLECTOR_HOSTS_FILE`: a hosts(5)-format file that resolves a
+/// fleet endpoint's name before the system resolver.
+pub const ENV_HOSTS_FILE: &str = "HERMES_COLLECTOR_HOSTS_FILE";
+/// `HERMES_COLLECTOR_RESOLVE_SECS`: interval between resolutions of a
+/// fleet endpoint's name, seconds.
+pub const ENV_RESOLVE_SECS: &str = "HERMES_COLLECTOR_RESOLVE_SECS";
 
 /// Default collector gRPC ingest endpoint.
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:4319";
@@ -69,6 +77,10 @@ pub const MAX_EXIT_FLUSH_MS: u64 = 60_000;
 pub const DEFAULT_SPOOL_MAX_BYTES: u64 = 64 << 20;
 /// Largest accepted spool bound, bytes (1 TiB).
 pub const MAX_SPOOL_MAX_BYTES: u64 = 1 << 40;
+/// Default interval between resolutions of a fleet endpoint's name, s.
+pub const DEFAULT_RESOLVE_SECS: u64 = 30;
+/// Largest accepted resolution interval, s.
+pub const MAX_RESOLVE_SECS: u64 = 3_600;
 
 /// Hooks registered at capture levels `metadata` and `content`.
 pub const METADATA_HOOKS: [&str; 15] = hooks::ALL;
@@ -203,8 +215,9 @@ impl fmt::Debug for TlsFiles {
 /// Where and how the sender reaches the collector.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CollectorEndpoint {
-    /// `http://host:port` (plaintext HTTP/2), `https://host:port` (TLS) or
-    /// `unix:/path/to/socket`.
+    /// `http://host:port` (plaintext HTTP/2), `https://host:port` (TLS),
+    /// `unix:/path/to/socket`, or `dns:///NAME:PORT`: the replicas of a
+    /// fleet (TLS when a CA is configured).
     pub url: String,
     /// Sent as `authorization: Bearer <token>` on the stream call.
     pub token: Option<Token>,
@@ -283,6 +296,13 @@ pub struct ShimConfig {
     /// `HERMES_COLLECTOR_SPOOL_MAX_BYTES`: most bytes of spool files in the
     /// directory (1 ..= 2^40, default 64 MiB).
     pub spool_max_bytes: u64,
+    /// `HERMES_COLLECTOR_HOSTS_FILE`: a hosts(5)-format file consulted
+    /// first to resolve a `dns:///` endpoint's name (default: none).
+    pub hosts_file: Option<std::path::PathBuf>,
+    /// `HERMES_COLLECTOR_RESOLVE_SECS`: a `dns:///` endpoint's name is
+    /// resolved again this often, s (1 ..= 3600, default 30), and after
+    /// every failed stream.
+    pub resolve_secs: u64,
 }
 
 impl Default for ShimConfig {
@@ -296,6 +316,8 @@ impl Default for ShimConfig {
             disabled: false,
             spool_dir: None,
             spool_max_bytes: DEFAULT_SPOOL_MAX_BYTES,
+            hosts_file: None,
+            resolve_secs: DEFAULT_RESOLVE_SECS,
         }
     }
 }
@@ -371,6 +393,7 @@ impl ShimConfig {
             }
         }
         let https = config.endpoint.url.starts_with("https://");
+        let fleet = config.endpoint.url.starts_with(FLEET_PREFIX);
         let mut tls = None;
         if let Some(path) = get(ENV_TLS_CA_FILE) {
             match read_pem(&path) {
@@ -420,6 +443,7 @@ impl ShimConfig {
         }
         match (https, tls) {
             (true, Some(tls)) => config.endpoint.tls = Some(tls),
+            (false, Some(tls)) if fleet => config.endpoint.tls = Some(tls),
             (true, None) => warn(
                 ENV_ENDPOINT,
                 &config.endpoint.url.clone(),
@@ -429,7 +453,7 @@ impl ShimConfig {
             (false, Some(_)) => warn(
                 ENV_TLS_CA_FILE,
                 &config.endpoint.url.clone(),
-                "TLS settings apply to https:// endpoints only",
+                "TLS settings apply to https:// and dns:/// endpoints only",
                 "no TLS".into(),
             ),
             (false, None) => {}
@@ -484,6 +508,10 @@ impl ShimConfig {
             }
         }
         config.spool_max_bytes = SPOOL_MAX_BYTES.read(ENV_SPOOL_MAX_BYTES, &get, &mut warn);
+        if let Some(value) = get(ENV_HOSTS_FILE) {
+            config.hosts_file = Some(std::path::PathBuf::from(value.trim()));
+        }
+        config.resolve_secs = RESOLVE_SECS.read(ENV_RESOLVE_SECS, &get, &mut warn);
         (config, warnings)
     }
 }
@@ -506,9 +534,13 @@ fn read_pem(path: &str) -> Option<Vec<u8>> {
         .filter(|bytes| bytes.windows(11).any(|w| w == b"-----BEGIN "))
 }
 
-/// Accepts `http(s)://host[:port][/]` or `unix:/path`; returns it trimmed.
+/// Accepts `http(s)://host[:port][/]`, `unix:/path` or `dns:///NAME:PORT`;
+/// returns it trimmed.
 fn validate_endpoint(value: &str) -> Result<String, &'static str> {
     let value = value.trim();
+    if let Some(name) = FleetName::parse(value) {
+        return name.map(|_| value.to_owned());
+    }
     if let Some(path) = value.strip_prefix("unix:") {
         let path = path.strip_prefix("//").unwrap_or(path);
         if path.is_empty() {
@@ -520,7 +552,7 @@ fn validate_endpoint(value: &str) -> Result<String, &'static str> {
         tonic::transport::Endpoint::from_shared(value.to_owned()).map_err(|_| "not a valid URI")?;
     let uri = endpoint.uri();
     if !matches!(uri.scheme_str(), Some("http" | "https")) {
-        return Err("expected an http:// or https:// URI, or unix:/path");
+        return Err("expected an http:// or https:// URI, unix:/path or dns:///NAME:PORT");
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err("the URI has no host");
@@ -529,246 +561,4 @@ fn validate_endpoint(value: &str) -> Result<String, &'static str> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-
-    fn parse(vars: &[(&str, &str)]) -> (ShimConfig, Vec<ConfigWarning>) {
-        let env: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        ShimConfig::from_lookup(|k| env.get(k).cloned())
-    }
-
-    /// `var=value` alone gives exactly one warning.
-    fn assert_one_warning(var: &str, value: &str) {
-        let (_, warnings) = parse(&[(var, value)]);
-        assert_eq!(warnings.len(), 1, "{var}={value:?}: {warnings:?}");
-    }
-
-    #[test]
-    fn defaults() {
-        let (config, warnings) = parse(&[]);
-        assert!(warnings.is_empty());
-        assert_eq!(config, ShimConfig::default());
-        assert_eq!(config.endpoint.url, "http://127.0.0.1:4319");
-        assert_eq!(config.endpoint.token, None);
-        assert_eq!(config.service_name, "hermes-agent");
-        assert_eq!(config.capture, CaptureLevel::Metadata);
-        assert_eq!(config.queue_events, 65_536);
-        assert_eq!(config.exit_flush_ms, 2_000);
-        assert!(!config.disabled);
-        assert_eq!(config.spool_dir, None);
-        assert_eq!(config.spool_max_bytes, 64 << 20);
-    }
-
-    #[test]
-    fn spool_settings() {
-        let (config, warnings) = parse(&[
-            (ENV_SPOOL_DIR, " /var/spool/hermes "),
-            (ENV_SPOOL_MAX_BYTES, "1048576"),
-        ]);
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(
-            config.spool_dir.as_deref(),
-            Some(std::path::Path::new("/var/spool/hermes"))
-        );
-        assert_eq!(config.spool_max_bytes, 1 << 20);
-        let (config, warnings) =
-            parse(&[(ENV_SPOOL_DIR, "relative/dir"), (ENV_SPOOL_MAX_BYTES, "0")]);
-        assert_eq!(config.spool_dir, None);
-        assert_eq!(config.spool_max_bytes, DEFAULT_SPOOL_MAX_BYTES);
-        let vars: Vec<_> = warnings.iter().map(|w| w.var).collect();
-        assert_eq!(vars, [ENV_SPOOL_DIR, ENV_SPOOL_MAX_BYTES]);
-    }
-
-    #[test]
-    fn valid_values() {
-        let (config, warnings) = parse(&[
-            (ENV_ENDPOINT, "http://10.1.2.3:5000"),
-            (ENV_SERVICE_NAME, "svc"),
-            (ENV_CAPTURE, "Content"),
-            (ENV_QUEUE_EVENTS, "16"),
-            (ENV_EXIT_FLUSH_MS, "0"),
-            (ENV_DISABLED, "yes"),
-        ]);
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(config.endpoint.url, "http://10.1.2.3:5000");
-        assert_eq!(config.service_name, "svc");
-        assert_eq!(config.capture, CaptureLevel::Content);
-        assert_eq!(config.queue_events, 16);
-        assert_eq!(config.exit_flush_ms, 0);
-        assert!(config.disabled);
-    }
-
-    #[test]
-    fn bad_values_warn_and_use_defaults() {
-        let (config, warnings) = parse(&[
-            (ENV_ENDPOINT, "grpc://nowhere"),
-            (ENV_CAPTURE, "everything"),
-            (ENV_QUEUE_EVENTS, "0"),
-            (ENV_EXIT_FLUSH_MS, "-5"),
-            (ENV_DISABLED, "maybe"),
-        ]);
-        assert_eq!(config, ShimConfig::default());
-        let vars: Vec<_> = warnings.iter().map(|w| w.var).collect();
-        assert_eq!(
-            vars,
-            [
-                ENV_DISABLED,
-                ENV_ENDPOINT,
-                ENV_CAPTURE,
-                ENV_QUEUE_EVENTS,
-                ENV_EXIT_FLUSH_MS
-            ]
-        );
-        let text = warnings[2].to_string();
-        assert!(
-            text.contains("HERMES_COLLECTOR_CAPTURE=\"everything\""),
-            "{text}"
-        );
-        assert!(text.contains("metadata"), "{text}");
-        assert_one_warning(ENV_ENDPOINT, "not a uri");
-        assert_one_warning(ENV_QUEUE_EVENTS, "99999999999");
-    }
-
-    #[test]
-    fn unix_socket_endpoints() {
-        let (config, warnings) = parse(&[(ENV_ENDPOINT, " unix:/run/hermes/ingest.sock ")]);
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(config.endpoint.url, "unix:/run/hermes/ingest.sock");
-        assert_one_warning(ENV_ENDPOINT, "unix:");
-    }
-
-    #[test]
-    fn token_from_the_environment_or_a_file() {
-        let (config, warnings) = parse(&[(ENV_TOKEN, " s3cret\n")]);
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(
-            config.endpoint.token.as_ref().map(Token::expose),
-            Some("s3cret")
-        );
-        assert!(!format!("{config:?}").contains("s3cret"), "{config:?}");
-
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("token");
-        std::fs::write(&file, "from-file\n").unwrap();
-        let path = file.to_string_lossy().into_owned();
-        let (config, warnings) = parse(&[(ENV_TOKEN_FILE, &path), (ENV_TOKEN, "s3cret")]);
-        assert_eq!(
-            config.endpoint.token.as_ref().map(Token::expose),
-            Some("from-file"),
-            "the file wins"
-        );
-        assert_eq!(warnings.len(), 1);
-        assert_eq!(warnings[0].var, ENV_TOKEN);
-        assert!(
-            !warnings[0].to_string().contains("s3cret"),
-            "{}",
-            warnings[0]
-        );
-    }
-
-    #[test]
-    fn bad_tokens_warn_without_showing_them() {
-        let (config, warnings) = parse(&[(ENV_TOKEN, "two s3cret words")]);
-        assert_eq!(config.endpoint.token, None);
-        assert_eq!(warnings.len(), 1);
-        assert!(
-            !warnings[0].to_string().contains("s3cret"),
-            "{}",
-            warnings[0]
-        );
-
-        let dir = tempfile::tempdir().unwrap();
-        let empty = dir.path().join("empty");
-        std::fs::write(&empty, "\n").unwrap();
-        for path in [empty, dir.path().join("missing")] {
-            let (config, warnings) = parse(&[(ENV_TOKEN_FILE, &path.to_string_lossy())]);
-            assert_eq!(config.endpoint.token, None);
-            assert_eq!(warnings.len(), 1, "{path:?}");
-            assert_eq!(warnings[0].var, ENV_TOKEN_FILE);
-        }
-    }
-
-    #[test]
-    fn tls_files_for_https_endpoints() {
-        let dir = tempfile::tempdir().unwrap();
-        let pem = |name: &str| {
-            let path = dir.path().join(name);
-            std::fs::write(
-                &path,
-                format!("-----BEGIN {name}-----\nAA==\n-----END {name}-----\n"),
-            )
-            .unwrap();
-            path.to_string_lossy().into_owned()
-        };
-        let (ca, cert, key) = (pem("CA"), pem("CERT"), pem("KEY"));
-        let (config, warnings) = parse(&[
-            (ENV_ENDPOINT, "https://collector:4319"),
-            (ENV_TLS_CA_FILE, &ca),
-            (ENV_TLS_CERT_FILE, &cert),
-            (ENV_TLS_KEY_FILE, &key),
-        ]);
-        assert!(warnings.is_empty(), "{warnings:?}");
-        let tls = config.endpoint.tls.as_ref().unwrap();
-        assert!(tls.ca_pem.starts_with(b"-----BEGIN CA"));
-        assert!(tls.identity.is_some());
-        assert!(!format!("{config:?}").contains("BEGIN KEY"), "{config:?}");
-
-        // https without a CA: warned, and nothing will be sent in plaintext.
-        let (config, warnings) = parse(&[(ENV_ENDPOINT, "https://collector:4319")]);
-        assert_eq!(config.endpoint.url, "https://collector:4319");
-        assert_eq!(config.endpoint.tls, None);
-        assert_eq!(warnings.len(), 1);
-        // TLS files with a plaintext endpoint, a certificate without its key,
-        // a file that is not PEM: warned.
-        let (config, warnings) = parse(&[(ENV_TLS_CA_FILE, &ca)]);
-        assert_eq!(config.endpoint.tls, None);
-        assert_eq!(warnings.len(), 1);
-        let (config, warnings) = parse(&[
-            (ENV_ENDPOINT, "https://collector:4319"),
-            (ENV_TLS_CA_FILE, &ca),
-            (ENV_TLS_CERT_FILE, &cert),
-        ]);
-        assert_eq!(config.endpoint.tls.as_ref().unwrap().identity, None);
-        assert_eq!(warnings.len(), 1);
-        let not_pem = dir.path().join("not-pem");
-        std::fs::write(&not_pem, "hello").unwrap();
-        let (_, warnings) = parse(&[
-            (ENV_ENDPOINT, "https://collector:4319"),
-            (ENV_TLS_CA_FILE, &not_pem.to_string_lossy()),
-        ]);
-        assert_eq!(warnings.len(), 2, "{warnings:?}");
-    }
-
-    #[test]
-    fn empty_means_unset() {
-        let (config, warnings) = parse(&[(ENV_CAPTURE, " "), (ENV_ENDPOINT, "")]);
-        assert!(warnings.is_empty());
-        assert_eq!(config, ShimConfig::default());
-    }
-
-    #[test]
-    fn hooks_per_level() {
-        assert_eq!(CaptureLevel::Metadata.hooks().len(), 15);
-        assert_eq!(
-            CaptureLevel::Content.hooks(),
-            CaptureLevel::Metadata.hooks()
-        );
-        let lean = CaptureLevel::Lean.hooks();
-        assert_eq!(lean.len(), 14);
-        assert!(!lean.contains(&hooks::PRE_API_REQUEST));
-        for level in [
-            CaptureLevel::Lean,
-            CaptureLevel::Metadata,
-            CaptureLevel::Content,
-        ] {
-            assert!(level.hooks().iter().all(|h| !h.starts_with("transform_")));
-        }
-        for hook in METADATA_HOOKS {
-            assert!(hook == hooks::PRE_API_REQUEST || lean.contains(&hook));
-        }
-    }
-}
+mod tests;

@@ -3,6 +3,10 @@
 //! `EventIngest/Stream` from a thread of its own with a single-threaded
 //! runtime, records every batch it receives and acknowledges it, unless its
 //! script ends the stream with a status instead. Stops and joins on drop.
+//! As a fleet replica ([`FakeCollector::settling`]) it answers fleet streams
+//! (`hermes-fleet: 1`) with `hermes-settles: 1`, and the test says when
+//! events are settled ([`FakeCollector::settle`]) or the replica leaves
+//! ([`FakeCollector::leave`]).
 //!
 //! The one fake ingest server of the shim's sender tests, the installed
 //! wheel's end-to-end test (`hermes-e2e`, which cannot be a dev-dependency
@@ -18,6 +22,7 @@ use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
 use hermes_proto::v1::{Ack, EventBatch};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
 
 /// One batch as the script sees it, before it is acknowledged.
@@ -33,16 +38,25 @@ pub struct Delivery<'a> {
 /// that status, the batch unacknowledged (it is recorded either way).
 type Script = Arc<dyn Fn(&Delivery<'_>) -> Option<Status> + Send + Sync>;
 
+/// Where a stream's answers go.
+type Reply = mpsc::WeakSender<Result<Ack, Status>>;
+
 #[derive(Clone, Default)]
 struct Recorded {
     batches: Arc<Mutex<Vec<EventBatch>>>,
     streams: Arc<AtomicUsize>,
+    /// Streams opened with `hermes-fleet: 1`.
+    fleet_streams: Arc<AtomicUsize>,
+    /// The answer channels of the fleet streams, for settlement acks (weak:
+    /// a stream's answers end with its requests).
+    fleet_replies: Arc<Mutex<Vec<Reply>>>,
 }
 
 #[derive(Clone)]
 struct Service {
     recorded: Recorded,
     script: Script,
+    settles: bool,
 }
 
 #[tonic::async_trait]
@@ -55,8 +69,18 @@ impl EventIngest for Service {
         request: Request<Streaming<ReceivedBatch>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         let stream = self.recorded.streams.fetch_add(1, Ordering::SeqCst);
+        let fleet = request
+            .metadata()
+            .get("hermes-fleet")
+            .is_some_and(|v| v == "1");
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(64);
+        if fleet {
+            self.recorded.fleet_streams.fetch_add(1, Ordering::SeqCst);
+            if self.settles {
+                lock(&self.recorded.fleet_replies).push(tx.downgrade());
+            }
+        }
         let batches = Arc::clone(&self.recorded.batches);
         let script = Arc::clone(&self.script);
         tokio::spawn(async move {
@@ -73,6 +97,7 @@ impl EventIngest for Service {
                     None => Ok(Ack {
                         first_seq: batch.events.first().map_or(0, |e| e.seq),
                         last_seq: batch.events.last().map_or(0, |e| e.seq),
+                        ..Ack::default()
                     }),
                 };
                 let ends = reply.is_err();
@@ -82,12 +107,19 @@ impl EventIngest for Service {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let mut response: Response<Self::StreamStream> =
+            Response::new(Box::pin(ReceiverStream::new(rx)));
+        if self.settles {
+            response
+                .metadata_mut()
+                .insert("hermes-settles", MetadataValue::from_static("1"));
+        }
+        Ok(response)
     }
 }
 
-fn lock(batches: &Mutex<Vec<EventBatch>>) -> std::sync::MutexGuard<'_, Vec<EventBatch>> {
-    batches.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock<T>(value: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    value.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// An in-process collector; see the module docs.
@@ -112,6 +144,24 @@ impl FakeCollector {
         addr: impl ToSocketAddrs + std::fmt::Debug,
         script: impl Fn(&Delivery<'_>) -> Option<Status> + Send + Sync + 'static,
     ) -> FakeCollector {
+        FakeCollector::serve(addr, false, Arc::new(script))
+    }
+
+    /// A fleet replica on `addr` that settles: acknowledges every batch,
+    /// answers fleet streams with `hermes-settles: 1` and sends them the
+    /// settlement and leave acks the test asks for.
+    ///
+    /// # Panics
+    /// As [`FakeCollector::scripted`].
+    pub fn settling(addr: impl ToSocketAddrs + std::fmt::Debug) -> FakeCollector {
+        FakeCollector::serve(addr, true, Arc::new(|_| None))
+    }
+
+    fn serve(
+        addr: impl ToSocketAddrs + std::fmt::Debug,
+        settles: bool,
+        script: Script,
+    ) -> FakeCollector {
         let listener = std::net::TcpListener::bind(&addr)
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .unwrap_or_else(|e| panic!("bind {addr:?}: {e}"));
@@ -121,7 +171,8 @@ impl FakeCollector {
         let recorded = Recorded::default();
         let service = Service {
             recorded: recorded.clone(),
-            script: Arc::new(script),
+            script,
+            settles,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -178,6 +229,53 @@ impl FakeCollector {
     /// How many streams were opened.
     pub fn streams(&self) -> usize {
         self.recorded.streams.load(Ordering::SeqCst)
+    }
+
+    /// How many streams were opened in fleet mode (`hermes-fleet: 1`).
+    pub fn fleet_streams(&self) -> usize {
+        self.recorded.fleet_streams.load(Ordering::SeqCst)
+    }
+
+    /// How many handoff batches arrived.
+    pub fn handoffs(&self) -> usize {
+        lock(&self.recorded.batches)
+            .iter()
+            .filter(|b| b.handoff)
+            .count()
+    }
+
+    /// Tells every open fleet stream that its events up to `seq` are
+    /// settled (a settling replica only).
+    pub fn settle(&self, seq: u64) {
+        self.broadcast(&Ok(Ack {
+            settled_seq: seq,
+            ..Ack::default()
+        }));
+    }
+
+    /// Tells every open fleet stream that this replica leaves the fleet (a
+    /// settling replica only).
+    pub fn leave(&self) {
+        self.broadcast(&Ok(Ack {
+            leave: true,
+            ..Ack::default()
+        }));
+    }
+
+    /// Ends every open fleet stream with `UNAVAILABLE` and stops, as a
+    /// replica that dies (a settling replica only).
+    pub fn kill(self) {
+        self.broadcast(&Err(Status::unavailable("replica killed")));
+    }
+
+    fn broadcast(&self, reply: &Result<Ack, Status>) {
+        lock(&self.recorded.fleet_replies).retain(|tx| {
+            tx.upgrade()
+                .is_some_and(|tx| match tx.try_send(reply.clone()) {
+                    Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => true,
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                })
+        });
     }
 }
 

@@ -1,13 +1,13 @@
 //! The settings that hold a bounded integer: the queue's capacity, the
-//! exit flush bound and the spool's bound, each read from its environment
-//! variable within its range.
+//! exit flush bound, the spool's bound and the fleet's resolution
+//! interval, each read from its environment variable within its range.
 
 use std::ops::RangeInclusive;
 use std::str::FromStr;
 
 use super::{
-    DEFAULT_EXIT_FLUSH_MS, DEFAULT_QUEUE_EVENTS, DEFAULT_SPOOL_MAX_BYTES, MAX_EXIT_FLUSH_MS,
-    MAX_QUEUE_EVENTS, MAX_SPOOL_MAX_BYTES,
+    DEFAULT_EXIT_FLUSH_MS, DEFAULT_QUEUE_EVENTS, DEFAULT_RESOLVE_SECS, DEFAULT_SPOOL_MAX_BYTES,
+    MAX_EXIT_FLUSH_MS, MAX_QUEUE_EVENTS, MAX_RESOLVE_SECS, MAX_SPOOL_MAX_BYTES,
 };
 
 /// A setting that holds an integer: the values it takes, the one used when
@@ -32,6 +32,12 @@ pub(super) const SPOOL_MAX_BYTES: Bounded<u64> = Bounded {
     range: 1..=MAX_SPOOL_MAX_BYTES,
     default: DEFAULT_SPOOL_MAX_BYTES,
     reason: "expected an integer in 1..=1099511627776",
+};
+
+pub(super) const RESOLVE_SECS: Bounded<u64> = Bounded {
+    range: 1..=MAX_RESOLVE_SECS,
+    default: DEFAULT_RESOLVE_SECS,
+    reason: "expected an integer in 1..=3600",
 };
 
 impl<T: FromStr + PartialOrd + Copy + ToString> Bounded<T> {

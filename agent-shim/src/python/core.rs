@@ -50,6 +50,7 @@ use crate::clock;
 use crate::config::{CaptureLevel, ShimConfig};
 use crate::convert::{JsonKwargs, Stamp, to_event};
 use crate::queue::{QueueRx, QueueTx, SeqSource, event_queue};
+use crate::sender::fleet::FleetOptions;
 use crate::sender::reach::Notice;
 use crate::sender::spool::SpoolConfig;
 use crate::sender::{self, Convert, SenderConfig, SenderShared};
@@ -381,6 +382,10 @@ impl Core {
         };
         let mut config = SenderConfig::new(self.config.endpoint.clone(), shim);
         config.spool = self.spool();
+        config.fleet = FleetOptions {
+            hosts_file: self.config.hosts_file.clone(),
+            resolve_every: Duration::from_secs(self.config.resolve_secs),
+        };
         // On failure the queue closes with `rx`: later events count as dropped.
         let _ = sender::spawn(
             rx,
@@ -473,6 +478,7 @@ pub(crate) fn flush(py: Python<'_>, timeout_ms: u64) -> bool {
 /// The shim's release (`version`, as `hermes_collector.__version__`) and
 /// the counters of the live core: `enqueued`, `dropped`, `sent_batches`,
 /// `acked_events`, `unacked_batches`, `connected`, `asleep`, plus `evicted_events`,
+/// fleet mode's `evicted_unsettled_events` and `replica_moves`,
 /// `discarded_events`, the spool's `spooled_events`, `spool_dropped_events`,
 /// `replayed_events`, `replayed_files`, `replay_lost_events`, the sender
 /// thread's supervision (`sender_deaths`, `sender_restarts`,
@@ -499,6 +505,8 @@ pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("connected", sender.connected)?;
     out.set_item("asleep", sender.asleep)?;
     out.set_item("evicted_events", sender.evicted_events)?;
+    out.set_item("evicted_unsettled_events", sender.evicted_unsettled_events)?;
+    out.set_item("replica_moves", sender.replica_moves)?;
     out.set_item("discarded_events", sender.discarded_events)?;
     out.set_item("spooled_events", sender.spooled_events)?;
     out.set_item("spool_dropped_events", sender.spool_dropped_events)?;

@@ -91,27 +91,31 @@ impl<C: Convert> Batcher<C> {
             let items = std::mem::replace(buf, Vec::with_capacity(max_batch));
             self.cut(items, pending, shared, queue);
         }
+        // Acknowledged but unsettled batches (fleet mode) are spooled too,
+        // but were counted at their ack: only the others count as spooled.
+        // They are the oldest, so the spool drops them first.
+        let acked = pending.acked_events();
         let batches = pending.take_all();
         let events: u64 = batches.iter().map(|b| b.events.len() as u64).sum();
         if events == 0 {
             return;
         }
-        match spool::write(spool, &self.shim.instance_id, batches, max_batch) {
-            Ok(written) => {
-                shared
-                    .spooled_events
-                    .fetch_add(written.events, Ordering::AcqRel);
-                shared
-                    .spool_dropped_events
-                    .fetch_add(written.dropped_events, Ordering::AcqRel);
-            }
-            Err(e) => {
-                shared
-                    .spool_dropped_events
-                    .fetch_add(events, Ordering::AcqRel);
-                shared.set_error(&format_args!("spool: {e}"));
-            }
-        }
+        let (spooled, dropped) =
+            match spool::write(spool, &self.shim.instance_id, batches, max_batch) {
+                Ok(written) => (written.events, written.dropped_events),
+                Err(e) => {
+                    shared.set_error(&format_args!("spool: {e}"));
+                    (0, events)
+                }
+            };
+        let acked_dropped = acked.min(dropped);
+        shared.spooled_events.fetch_add(
+            spooled.saturating_sub(acked - acked_dropped),
+            Ordering::AcqRel,
+        );
+        shared
+            .spool_dropped_events
+            .fetch_add(dropped - acked_dropped, Ordering::AcqRel);
     }
 
     pub(crate) fn cut(
@@ -149,10 +153,18 @@ impl<C: Convert> Batcher<C> {
                 + shared.lost_events.load(Ordering::Acquire),
             // Set when sent (the floor moves with acks and evictions).
             floor_seq: 0,
+            handoff: false,
         };
         let evicted = pending.push(batch);
-        if evicted > 0 {
-            shared.evicted_events.fetch_add(evicted, Ordering::AcqRel);
+        if evicted.unacked > 0 {
+            shared
+                .evicted_events
+                .fetch_add(evicted.unacked, Ordering::AcqRel);
+        }
+        if evicted.unsettled > 0 {
+            shared
+                .evicted_unsettled_events
+                .fetch_add(evicted.unsettled, Ordering::AcqRel);
         }
     }
 }

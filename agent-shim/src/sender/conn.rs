@@ -5,22 +5,39 @@
 //! configured, forwards the batches written to [`Conn::out`] and reports acks
 //! and the end of the stream as [`ConnEvent`]s.
 //!
+//! In fleet mode ([`fleet_target`]) the stream call announces it
+//! (`hermes-fleet: 1`) and [`ConnEvent::Connected`] says whether the
+//! collector settles (response header `hermes-settles: 1`).
+//!
 //! Invariants: the task never outlives its [`Conn`] (dropping the handle
-//! aborts it and closes the request stream); it reports [`ConnEvent::Closed`]
-//! at most once and as its last event; it never logs. The token travels as
-//! a sensitive header (never indexed by HPACK, redacted in `Debug`).
+//! aborts it and closes the request stream), except when ended with
+//! [`Conn::finish`]: then it writes its last batch, closes the request
+//! stream and lives at most [`FINISH_GRACE`] longer, reporting to no one;
+//! it reports [`ConnEvent::Closed`] at most once and as its last event; it
+//! never logs. The token travels as a sensitive header (never indexed by
+//! HPACK, redacted in `Debug`).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use hermes_proto::v1::event_ingest_client::EventIngestClient;
 use hermes_proto::v1::{Ack, EventBatch};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
+use super::fleet::FleetName;
 use crate::config::CollectorEndpoint;
+
+/// How long a stream ended by [`Conn::finish`] may still take to deliver
+/// its last batches.
+pub const FINISH_GRACE: Duration = Duration::from_secs(5);
+/// Request metadata of a shim in fleet mode.
+pub const FLEET_HEADER: &str = "hermes-fleet";
+/// Response header of a collector that sends `settled_seq`.
+pub const SETTLES_HEADER: &str = "hermes-settles";
 
 /// Why a stream could not be opened or ended.
 #[derive(Debug, thiserror::Error)]
@@ -51,8 +68,12 @@ pub enum ConnError {
 /// What the connection task reports.
 #[derive(Debug)]
 pub enum ConnEvent {
-    /// The collector answered the stream call.
-    Connected,
+    /// The collector answered the stream call; `settles`: with the
+    /// response header `hermes-settles: 1`.
+    Connected {
+        /// Whether the collector sends `settled_seq` (fleet mode only).
+        settles: bool,
+    },
     /// An acknowledgement.
     Ack(Ack),
     /// The stream is over (last event).
@@ -67,11 +88,19 @@ pub struct Conn {
     /// Events of the connection.
     pub events: mpsc::UnboundedReceiver<ConnEvent>,
     task: JoinHandle<()>,
+    /// Starts the task's [`FINISH_GRACE`].
+    finish: Option<oneshot::Sender<()>>,
+    /// Set by [`Conn::finish`]: the task ends on its own.
+    detach: bool,
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        self.task.abort();
+        if !self.detach {
+            self.task.abort();
+        } else if let Some(finish) = self.finish.take() {
+            let _ = finish.send(());
+        }
     }
 }
 
@@ -114,6 +143,12 @@ pub enum TargetError {
     /// The TLS material is not usable.
     #[error("TLS: {0}")]
     Tls(#[source] tonic::transport::Error),
+    /// A fleet endpoint's name cannot be a request authority.
+    #[error("the fleet endpoint's name cannot be a request authority")]
+    Authority,
+    /// A malformed `dns:///` endpoint.
+    #[error("endpoint: {0}")]
+    FleetName(&'static str),
 }
 
 /// Where to connect, and the credentials of the stream call.
@@ -121,6 +156,8 @@ pub enum TargetError {
 pub struct Target {
     endpoint: Endpoint,
     authorization: Option<MetadataValue<Ascii>>,
+    /// Announce fleet mode on the stream call.
+    fleet: bool,
 }
 
 /// Builds the target for `endpoint`: `http://host:port`, `https://host:port`
@@ -128,6 +165,39 @@ pub struct Target {
 /// any), or `unix:/path` (tonic connects to the socket; the request's
 /// authority is a placeholder).
 pub fn target(endpoint: &CollectorEndpoint, options: &ConnOptions) -> Result<Target, TargetError> {
+    let tls = endpoint.url.starts_with("https://");
+    build(endpoint, options, &endpoint.url, tls, None)
+}
+
+/// The target of one replica of a fleet endpoint (`dns:///NAME:PORT`):
+/// connects to `addr`, with `NAME:PORT` as the request's authority and
+/// `NAME` as the TLS server name; TLS when a CA is configured. Announces
+/// fleet mode on the stream call.
+pub fn fleet_target(
+    endpoint: &CollectorEndpoint,
+    options: &ConnOptions,
+    name: &FleetName,
+    addr: SocketAddr,
+) -> Result<Target, TargetError> {
+    let tls = endpoint.tls.is_some();
+    let scheme = if tls { "https" } else { "http" };
+    let url = format!("{scheme}://{addr}");
+    let mut target = build(endpoint, options, &url, tls, Some(&name.host))?;
+    let origin = format!("{scheme}://{}:{}", name.host, name.port)
+        .parse()
+        .map_err(|_| TargetError::Authority)?;
+    target.endpoint = target.endpoint.origin(origin);
+    target.fleet = true;
+    Ok(target)
+}
+
+fn build(
+    endpoint: &CollectorEndpoint,
+    options: &ConnOptions,
+    url: &str,
+    tls: bool,
+    server_name: Option<&str>,
+) -> Result<Target, TargetError> {
     let authorization = match &endpoint.token {
         Some(token) => {
             let mut value = MetadataValue::try_from(format!("Bearer {}", token.expose()))
@@ -137,24 +207,28 @@ pub fn target(endpoint: &CollectorEndpoint, options: &ConnOptions) -> Result<Tar
         }
         None => None,
     };
-    let mut target = Endpoint::from_shared(endpoint.url.clone())
+    let mut target = Endpoint::from_shared(url.to_owned())
         .map_err(TargetError::Endpoint)?
         .connect_timeout(options.connect_timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(options.keepalive_interval)
         .keep_alive_timeout(options.keepalive_timeout)
         .keep_alive_while_idle(true);
-    if endpoint.url.starts_with("https://") {
+    if tls {
         let tls = endpoint.tls.as_ref().ok_or(TargetError::NoCa)?;
         let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
         if let Some((cert, key)) = &tls.identity {
             config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = server_name {
+            config = config.domain_name(name);
         }
         target = target.tls_config(config).map_err(TargetError::Tls)?;
     }
     Ok(Target {
         endpoint: target,
         authorization,
+        fleet: false,
     })
 }
 
@@ -163,11 +237,47 @@ impl Conn {
     pub fn open(target: Target, options: &ConnOptions) -> Conn {
         let (out, out_rx) = mpsc::channel(options.out_capacity.max(1));
         let (events_tx, events) = mpsc::unbounded_channel();
+        let (finish, finished) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            let end = drive(target, out_rx, &events_tx).await;
+            let grace = async {
+                // Dropped without a word: the handle is gone, and the
+                // task aborted with it.
+                if finished.await.is_ok() {
+                    tokio::time::sleep(FINISH_GRACE).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let end = tokio::select! {
+                end = drive(target, out_rx, &events_tx) => end,
+                () = grace => ConnError::Ended,
+            };
             let _ = events_tx.send(ConnEvent::Closed(end));
         });
-        Conn { out, events, task }
+        Conn {
+            out,
+            events,
+            task,
+            finish: Some(finish),
+            detach: false,
+        }
+    }
+
+    /// Ends the stream after the batches written so far and `last`: the
+    /// request stream closes once they are out, and the task ends when
+    /// the collector closes its side, or after [`FINISH_GRACE`]. Its
+    /// events are no longer read.
+    pub fn finish(mut self, last: Option<EventBatch>) {
+        let out = self.out.clone();
+        if let Some(last) = last {
+            // Behind the batches already queued; the task's own channel
+            // bounds how long this waits.
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(FINISH_GRACE, out.send(last)).await;
+            });
+        }
+        // Dropped now: starts the grace instead of aborting.
+        self.detach = true;
     }
 }
 
@@ -187,6 +297,11 @@ async fn drive(
             .metadata_mut()
             .insert("authorization", authorization);
     }
+    if target.fleet {
+        request
+            .metadata_mut()
+            .insert(FLEET_HEADER, MetadataValue::from_static("1"));
+    }
     let response = match client.stream(request).await {
         Ok(response) => response,
         Err(status) if status.code() == tonic::Code::Unimplemented => {
@@ -194,7 +309,12 @@ async fn drive(
         }
         Err(status) => return ConnError::Status(status),
     };
-    let _ = events.send(ConnEvent::Connected);
+    let settles = target.fleet
+        && response
+            .metadata()
+            .get(SETTLES_HEADER)
+            .is_some_and(|v| v == "1");
+    let _ = events.send(ConnEvent::Connected { settles });
     let mut acks = response.into_inner();
     loop {
         match acks.message().await {
@@ -261,6 +381,7 @@ mod tests {
                     let ack = Ack {
                         first_seq: seq,
                         last_seq: seq,
+                        ..Ack::default()
                     };
                     if tx.send(Ok(ack)).await.is_err() {
                         return;
@@ -314,7 +435,7 @@ mod tests {
         conn.out.send(batch(7)).await.unwrap();
         loop {
             match tokio::time::timeout(WAIT, conn.events.recv()).await {
-                Ok(Some(ConnEvent::Connected)) => {}
+                Ok(Some(ConnEvent::Connected { .. })) => {}
                 Ok(Some(ConnEvent::Ack(ack))) => return Ok(ack),
                 Ok(Some(ConnEvent::Closed(e))) => return Err(e),
                 Ok(None) => return Err(ConnError::Ended),

@@ -44,11 +44,21 @@
 //!   and no longer sent; at start, a replay task sends the spool files other
 //!   (ended) processes left, each on its own stream under its original
 //!   instance id and seqs.
+//! - Fleet mode (a `dns:///NAME:PORT` endpoint, [`route`], [`fleet`]): the
+//!   stream goes to the replica the instance id ranks first; a collector
+//!   that settles makes the buffer keep acknowledged batches until their
+//!   `settled_seq`. A move, planned (the best replica changed after a
+//!   resolution, or the collector said `leave`: the old stream gets the
+//!   `handoff` batch and ends) or not (the stream failed: the next
+//!   replica at once), sends everything held again from the lowest
+//!   unsettled seq.
 
 pub mod backoff;
 mod batcher;
 pub mod conn;
+pub mod fleet;
 pub mod reach;
+pub mod route;
 pub mod spool;
 pub mod supervise;
 pub mod unacked;
@@ -67,7 +77,9 @@ use crate::queue::{QueueCounters, QueueTx, event_queue};
 use backoff::Backoff;
 use batcher::Parts;
 use conn::{Conn, ConnError, ConnEvent, ConnOptions};
+use fleet::FleetOptions;
 use reach::{Holding, Notice, Reach};
+use route::Route;
 use spool::SpoolConfig;
 pub use supervise::{RestartPolicy, spawn};
 
@@ -127,8 +139,11 @@ pub const DEFAULT_IDLE_SLEEP_AFTER: Duration = Duration::from_secs(10);
 /// Sender settings.
 #[derive(Debug, Clone)]
 pub struct SenderConfig {
-    /// Collector endpoint (`http://host:port` or `unix:/path`) and token.
+    /// Collector endpoint (`http://host:port`, `unix:/path` or a fleet's
+    /// `dns:///NAME:PORT`) and token.
     pub endpoint: CollectorEndpoint,
+    /// How a fleet endpoint's name is resolved.
+    pub fleet: FleetOptions,
     /// Sent with every batch.
     pub shim: ShimInfo,
     /// Most events per batch.
@@ -173,6 +188,7 @@ impl SenderConfig {
     pub fn new(endpoint: impl Into<CollectorEndpoint>, shim: ShimInfo) -> Self {
         SenderConfig {
             endpoint: endpoint.into(),
+            fleet: FleetOptions::default(),
             shim,
             max_batch_events: 512,
             linger: Duration::from_millis(10),
@@ -198,6 +214,11 @@ pub struct SenderShared {
     acked_events: AtomicU64,
     unacked_batches: AtomicU64,
     evicted_events: AtomicU64,
+    /// Acknowledged, unsettled events evicted (fleet mode; not part of
+    /// the settled sum: counted at their ack).
+    evicted_unsettled_events: AtomicU64,
+    /// Times the stream moved to another replica (fleet mode).
+    replica_moves: AtomicU64,
     discarded_events: AtomicU64,
     spooled_events: AtomicU64,
     spool_dropped_events: AtomicU64,
@@ -240,6 +261,11 @@ pub struct SenderStats {
     pub unacked_batches: u64,
     /// Events evicted from the full unacknowledged buffer.
     pub evicted_events: u64,
+    /// Acknowledged events evicted before they were settled (fleet mode:
+    /// lost only if the stream moves to another replica).
+    pub evicted_unsettled_events: u64,
+    /// Times the stream moved to another replica (fleet mode).
+    pub replica_moves: u64,
     /// Events that could not be converted (interpreter shutting down).
     pub discarded_events: u64,
     /// Events written to a spool file.
@@ -370,6 +396,8 @@ impl SenderShared {
             acked_events: self.acked_events.load(Ordering::Acquire),
             unacked_batches: self.unacked_batches.load(Ordering::Acquire),
             evicted_events: self.evicted_events.load(Ordering::Acquire),
+            evicted_unsettled_events: self.evicted_unsettled_events.load(Ordering::Acquire),
+            replica_moves: self.replica_moves.load(Ordering::Acquire),
             discarded_events: self.discarded_events.load(Ordering::Acquire),
             spooled_events: self.spooled_events.load(Ordering::Acquire),
             spool_dropped_events: self.spool_dropped_events.load(Ordering::Acquire),
@@ -474,24 +502,36 @@ pub(crate) async fn run<C: Convert>(
         max_bytes: config.max_unacked_bytes,
         spool_dir: config.spool.as_ref().map(|s| s.dir.clone()),
     };
-    let target = match conn::target(&config.endpoint, &config.conn) {
-        Ok(target) => Some(target),
+    let mut route = match Route::new(
+        &config.endpoint,
+        &config.conn,
+        &config.fleet,
+        &config.shim.instance_id,
+        Instant::now(),
+    ) {
+        Ok(route) => route,
         Err(e) => {
             shared.set_error(&e);
             reach.failed(Instant::now(), reach::error_chain(&e), 0);
-            None
+            Route::Fixed(None)
         }
     };
     let max_batch = config.max_batch_events.max(1);
     let mut backoff = Backoff::new(config.backoff_min, config.backoff_max);
     let mut conn: Option<Conn> = None;
+    // Whether the open stream's collector settles (fleet mode), and
+    // whether a fleet collector that does not was said once.
+    let mut settles = false;
+    let mut said_no_settlement = false;
+    // The replica of the last stream that was answered (fleet mode).
+    let mut last_replica = None;
     // Spool files of earlier processes go on streams of their own, opened
     // before the live one.
-    let _replay = match (&config.spool, &target) {
-        (Some(spool), Some(target)) => {
+    let _replay = match (&config.spool, route.replay()) {
+        (Some(spool), Some(replay)) => {
             shared.replay_busy.store(true, Ordering::Release);
             let options = spool::ReplayOptions {
-                target: target.clone(),
+                route: replay,
                 conn: config.conn.clone(),
                 backoff_min: config.backoff_min,
                 backoff_max: config.backoff_max,
@@ -524,12 +564,19 @@ pub(crate) async fn run<C: Convert>(
         if close_deadline.is_some_and(|d| pending.is_empty() || now >= d) {
             break;
         }
-        if conn.is_none()
-            && now >= reconnect_at
-            && let Some(target) = target.as_ref()
-        {
-            conn = Some(Conn::open(target.clone(), &config.conn));
-            pending.mark_all_unsent();
+        if conn.is_none() && now >= reconnect_at && route.usable() {
+            match route.open(now) {
+                Ok((target, _)) => {
+                    conn = Some(Conn::open(target, &config.conn));
+                    pending.mark_all_unsent();
+                }
+                Err(error) => {
+                    shared.set_error(&error);
+                    let evicted = shared.evicted_events.load(Ordering::Acquire);
+                    reach.failed(now, error, evicted);
+                    reconnect_at = route.failed(now, now + backoff.next_delay());
+                }
+            }
         }
         if let Some(c) = conn.as_ref() {
             let floor_seq = pending.floor_seq();
@@ -551,31 +598,55 @@ pub(crate) async fn run<C: Convert>(
             .unacked_batches
             .store(pending.len() as u64, Ordering::Release);
 
-        let can_connect = conn.is_none() && target.is_some();
+        let can_connect = conn.is_none() && route.usable();
+        let resolve_at = route.resolve_at();
         let open = close_deadline.is_none();
         tokio::select! {
             biased;
             event = next_conn_event(&mut conn) => match event {
-                ConnEvent::Connected => {
+                ConnEvent::Connected { settles: settling } => {
                     shared.connected.store(true, Ordering::Release);
+                    if let Route::Fleet { current, .. } = &route {
+                        if last_replica.is_some() && last_replica != *current {
+                            shared.replica_moves.fetch_add(1, Ordering::AcqRel);
+                        }
+                        last_replica = *current;
+                        settles = settling;
+                        pending.set_retain(settling);
+                        if !settling && !said_no_settlement {
+                            said_no_settlement = true;
+                            batcher.converter.notice(&Notice::NoSettlement {
+                                endpoint: reach::shown_endpoint(&config.endpoint.url),
+                            });
+                        }
+                    }
                     let evicted = shared.evicted_events.load(Ordering::Acquire);
                     if let Some(notice) = reach.connected(Instant::now(), evicted) {
                         batcher.converter.notice(&notice);
                     }
                 }
                 ConnEvent::Ack(ack) => {
-                    let acked = pending.ack(ack.first_seq, ack.last_seq);
+                    let mut acked = pending.ack(ack.first_seq, ack.last_seq);
+                    if settles && ack.settled_seq > 0 {
+                        acked += pending.settle(ack.settled_seq);
+                    }
                     shared.acked_events.fetch_add(acked, Ordering::AcqRel);
                     backoff.reset();
+                    if ack.leave && route.is_fleet() {
+                        route.leaving(Instant::now());
+                        route::move_off(&mut conn, settles, pending, config, &shared, &queue);
+                        reconnect_at = Instant::now();
+                    }
                 }
                 ConnEvent::Closed(error) => {
                     conn = None;
                     shared.connected.store(false, Ordering::Release);
                     shared.set_error(&error);
+                    let now = Instant::now();
                     let evicted = shared.evicted_events.load(Ordering::Acquire);
-                    reach.failed(Instant::now(), reach::error_chain(&error), evicted);
+                    reach.failed(now, reach::error_chain(&error), evicted);
                     pending.mark_all_unsent();
-                    reconnect_at = Instant::now() + backoff.next_delay();
+                    reconnect_at = route.failed(now, now + backoff.next_delay());
                 }
             },
             () = shared.flush_notify.notified() => {
@@ -656,6 +727,17 @@ pub(crate) async fn run<C: Convert>(
                 }
             }
             () = tokio::time::sleep_until(reconnect_at), if can_connect => {}
+            () = tokio::time::sleep_until(resolve_at.unwrap_or(now + far)), if resolve_at.is_some() => {
+                match route.resolve(Instant::now()) {
+                    Ok(true) => {
+                        route.left();
+                        route::move_off(&mut conn, settles, pending, config, &shared, &queue);
+                        reconnect_at = Instant::now();
+                    }
+                    Ok(false) => {}
+                    Err(error) => shared.set_error(&error),
+                }
+            }
             () = tokio::time::sleep(FEED_RETRY), if conn.is_some() && pending.has_unsent() => {}
             () = tokio::time::sleep_until(close_deadline.unwrap_or(now + far)), if !open => {}
         }
@@ -695,6 +777,8 @@ fn test_batch(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fleet;
 #[cfg(test)]
 mod tests_reach;
 #[cfg(test)]

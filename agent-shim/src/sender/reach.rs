@@ -67,6 +67,12 @@ pub enum Notice {
         /// The spool's directory, if any.
         spool_dir: Option<PathBuf>,
     },
+    /// Fleet mode, and the collector does not settle (a release before
+    /// fleet support): acknowledged events are let go at the ack.
+    NoSettlement {
+        /// The endpoint, without credentials.
+        endpoint: String,
+    },
     /// The sender thread died ([`super::supervise`]).
     SenderDied {
         /// Why: the panic's message and location, or how it ended.
@@ -168,6 +174,13 @@ impl fmt::Display for Notice {
                     ),
                 }
             }
+            Notice::NoSettlement { endpoint } => write!(
+                f,
+                "hermes_collector: a replica of the fleet {endpoint} does not say when \
+                 events are settled (a collector release before fleet support): \
+                 events are let go once acknowledged, so a move to another replica \
+                 may split a turn that is open then"
+            ),
             Notice::SenderDied {
                 cause,
                 deaths,

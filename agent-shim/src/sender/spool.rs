@@ -46,6 +46,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use super::SenderShared;
 use super::backoff::Backoff;
 use super::conn::{Conn, ConnError, ConnEvent, ConnOptions, Target};
+use super::route::ReplayRoute;
 use super::unacked::UnackedBuffer;
 
 /// Name suffix of a complete spool file.
@@ -353,8 +354,9 @@ fn claim(path: &Path) -> Option<Claimed> {
 /// Settings of a replay.
 #[derive(Debug, Clone)]
 pub struct ReplayOptions {
-    /// The collector.
-    pub target: Target,
+    /// The collector, or the replicas of a fleet (each file goes to the
+    /// one its instance id ranks first, the next after a failure).
+    pub route: ReplayRoute,
     /// Connection options.
     pub conn: ConnOptions,
     /// First reconnect delay.
@@ -398,8 +400,26 @@ async fn replay_file(batches: &[EventBatch], options: &ReplayOptions, shared: &S
         pending.push(batch.clone());
     }
     let mut backoff = Backoff::new(options.backoff_min, options.backoff_max);
+    let instance_id = batches
+        .first()
+        .and_then(|b| b.shim.as_ref())
+        .map(|s| s.instance_id.clone())
+        .unwrap_or_default();
+    let mut attempt = 0;
     while !pending.is_empty() {
-        let mut conn = Conn::open(options.target.clone(), &options.conn);
+        let target = match &options.route {
+            ReplayRoute::Fixed(target) => Target::clone(target),
+            ReplayRoute::Fleet(fleet) => match fleet.target_for(&instance_id, attempt) {
+                Ok(target) => target,
+                Err(error) => {
+                    shared.set_error(&format_args!("spool replay: {error}"));
+                    tokio::time::sleep(backoff.next_delay()).await;
+                    continue;
+                }
+            },
+        };
+        attempt += 1;
+        let mut conn = Conn::open(target, &options.conn);
         pending.mark_all_unsent();
         let end = loop {
             let floor_seq = pending.floor_seq();
@@ -414,7 +434,7 @@ async fn replay_file(batches: &[EventBatch], options: &ReplayOptions, shared: &S
             tokio::select! {
                 biased;
                 event = conn.events.recv() => match event {
-                    Some(ConnEvent::Connected) => {}
+                    Some(ConnEvent::Connected { .. }) => {}
                     Some(ConnEvent::Ack(ack)) => {
                         let acked = pending.ack(ack.first_seq, ack.last_seq);
                         shared.replayed_events.fetch_add(acked, Ordering::AcqRel);
@@ -474,6 +494,7 @@ mod tests {
                 .collect(),
             dropped_events: 3,
             floor_seq: 0,
+            handoff: false,
         }
     }
 

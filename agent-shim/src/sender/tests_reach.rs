@@ -9,12 +9,12 @@ use crate::fake_collector::FakeCollector;
 
 /// Passes events through and records the notices it is handed.
 #[derive(Clone, Default)]
-struct Recorder {
+pub(super) struct Recorder {
     notices: Arc<Mutex<Vec<Notice>>>,
 }
 
 impl Recorder {
-    fn texts(&self) -> Vec<String> {
+    pub(super) fn texts(&self) -> Vec<String> {
         self.notices
             .lock()
             .unwrap()
@@ -33,7 +33,7 @@ impl Recorder {
     }
 
     /// Waits (bounded) until `n` notices were handed.
-    fn wait_for(&self, n: usize) -> Vec<String> {
+    pub(super) fn wait_for(&self, n: usize) -> Vec<String> {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while self.notices.lock().unwrap().len() < n && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));

@@ -1,6 +1,11 @@
-//! Batches sent (or to be sent) but not yet acknowledged by the collector.
+//! Batches sent (or to be sent) but not yet acknowledged by the collector,
+//! and in fleet mode acknowledged but not yet settled.
 //!
-//! Owns: the ordered buffer of unacknowledged batches and its bounds.
+//! Owns: the ordered buffer of unacknowledged batches and its bounds; with
+//! retention on ([`UnackedBuffer::set_retain`], a fleet collector that
+//! settles), the acknowledged batches kept until the collector says their
+//! events are settled (their spans exported), to send them again to
+//! another replica after a move.
 //!
 //! Invariants:
 //! - Batches are kept in creation order, which is ascending seq order.
@@ -11,7 +16,11 @@
 //!   takes the buffer over either bound, the oldest batches are evicted (and
 //!   their events reported as evicted) until it fits again, except that the
 //!   newest batch is always kept.
-//! - An ack removes exactly the batches whose whole seq range it covers, once.
+//! - An ack counts exactly the batches whose whole seq range it covers,
+//!   once; without retention it removes them, with retention they stay
+//!   until a `settled_seq` at or above their last seq removes them.
+//! - An evicted batch is reported as unacknowledged (lost) or as
+//!   acknowledged but unsettled (lost only if a move follows).
 //! - [`UnackedBuffer::floor_seq`] (sent with every batch) only grows: every
 //!   seq below it is acknowledged or evicted, never sent again.
 
@@ -27,6 +36,17 @@ struct Pending {
     last_seq: u64,
     events: u64,
     bytes: usize,
+    /// Acknowledged (kept only with retention).
+    acked: bool,
+}
+
+/// Events evicted to make room for a batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evicted {
+    /// Never acknowledged: lost.
+    pub unacked: u64,
+    /// Acknowledged but not settled: lost only if a move follows.
+    pub unsettled: u64,
 }
 
 /// The unacknowledged batches.
@@ -37,6 +57,7 @@ pub struct UnackedBuffer {
     bytes: usize,
     max_batches: usize,
     max_bytes: usize,
+    retain: bool,
 }
 
 impl UnackedBuffer {
@@ -48,12 +69,22 @@ impl UnackedBuffer {
             bytes: 0,
             max_batches: max_batches.max(1),
             max_bytes,
+            retain: false,
         }
     }
 
-    /// Adds a batch (events in ascending seq order); returns the number of
-    /// events evicted to make room.
-    pub fn push(&mut self, batch: EventBatch) -> u64 {
+    /// Keeps acknowledged batches until settled (`true`), or lets them go
+    /// at the ack (`false`: the ones held now go at once).
+    pub fn set_retain(&mut self, retain: bool) {
+        self.retain = retain;
+        if !retain {
+            self.remove_where(|p| p.acked);
+        }
+    }
+
+    /// Adds a batch (events in ascending seq order); returns the events
+    /// evicted to make room.
+    pub fn push(&mut self, batch: EventBatch) -> Evicted {
         let first_seq = batch.events.first().map_or(0, |e| e.seq);
         let last_seq = batch.events.last().map_or(0, |e| e.seq);
         let events = batch.events.len() as u64;
@@ -65,14 +96,19 @@ impl UnackedBuffer {
             last_seq,
             events,
             bytes,
+            acked: false,
         });
-        let mut evicted = 0;
+        let mut evicted = Evicted::default();
         while self.batches.len() > 1
             && (self.batches.len() > self.max_batches || self.bytes > self.max_bytes)
         {
             if let Some(old) = self.batches.pop_front() {
                 self.bytes -= old.bytes;
-                evicted += old.events;
+                if old.acked {
+                    evicted.unsettled += old.events;
+                } else {
+                    evicted.unacked += old.events;
+                }
                 self.sent = self.sent.saturating_sub(1);
             }
         }
@@ -99,17 +135,47 @@ impl UnackedBuffer {
         self.sent < self.batches.len()
     }
 
-    /// Removes the batches inside `[first_seq, last_seq]`; returns how many
-    /// events they held.
+    /// Acknowledges the batches inside `[first_seq, last_seq]` (removed,
+    /// or kept until settled with retention); returns how many events
+    /// they held that were not acknowledged before.
     pub fn ack(&mut self, first_seq: u64, last_seq: u64) -> u64 {
+        if first_seq == 0 && last_seq == 0 {
+            return 0;
+        }
         let mut acked = 0;
+        for p in &mut self.batches {
+            if p.first_seq >= first_seq && p.last_seq <= last_seq && !p.acked {
+                p.acked = true;
+                acked += p.events;
+            }
+        }
+        if !self.retain {
+            self.remove_where(|p| p.acked);
+        }
+        acked
+    }
+
+    /// Removes the batches whose events are all at or below
+    /// `settled_seq`; returns how many events of them were not
+    /// acknowledged before (settled implies acknowledged).
+    pub fn settle(&mut self, settled_seq: u64) -> u64 {
+        let mut acked = 0;
+        for p in &mut self.batches {
+            if p.last_seq <= settled_seq && !p.acked {
+                p.acked = true;
+                acked += p.events;
+            }
+        }
+        self.remove_where(|p| p.last_seq <= settled_seq);
+        acked
+    }
+
+    fn remove_where(&mut self, remove: impl Fn(&Pending) -> bool) {
         let mut index = 0;
         while index < self.batches.len() {
-            let p = &self.batches[index];
-            if p.first_seq >= first_seq && p.last_seq <= last_seq {
+            if remove(&self.batches[index]) {
                 if let Some(p) = self.batches.remove(index) {
                     self.bytes -= p.bytes;
-                    acked += p.events;
                 }
                 if index < self.sent {
                     self.sent -= 1;
@@ -118,7 +184,15 @@ impl UnackedBuffer {
                 index += 1;
             }
         }
-        acked
+    }
+
+    /// Events held in acknowledged batches (waiting to be settled).
+    pub fn acked_events(&self) -> u64 {
+        self.batches
+            .iter()
+            .filter(|p| p.acked)
+            .map(|p| p.events)
+            .sum()
     }
 
     /// The first seq of the oldest batch held (0 when empty): every seq
@@ -154,7 +228,8 @@ impl UnackedBuffer {
         self.batches.drain(..).map(|p| p.batch).collect()
     }
 
-    /// Removes the oldest batch; returns how many events it held.
+    /// Removes the oldest batch; returns how many events it held (the
+    /// spool's replay, which never retains).
     pub fn drop_oldest(&mut self) -> u64 {
         match self.batches.pop_front() {
             Some(p) => {
@@ -218,11 +293,11 @@ mod tests {
     #[test]
     fn evicts_oldest_over_count() {
         let mut b = UnackedBuffer::new(2, 1 << 20);
-        assert_eq!(b.push(batch(1..=3)), 0);
+        assert_eq!(b.push(batch(1..=3)).unacked, 0);
         b.mark_next_sent();
-        assert_eq!(b.push(batch(4..=4)), 0);
+        assert_eq!(b.push(batch(4..=4)).unacked, 0);
         assert_eq!(b.floor_seq(), 1);
-        assert_eq!(b.push(batch(5..=6)), 3);
+        assert_eq!(b.push(batch(5..=6)).unacked, 3);
         assert_eq!(b.len(), 2);
         assert_eq!(b.next_unsent().unwrap().events[0].seq, 4);
         assert_eq!(b.floor_seq(), 4, "evicted seqs are below the floor");
@@ -252,11 +327,73 @@ mod tests {
         let mut b = UnackedBuffer::new(100, one * 2);
         b.push(batch(1..=10));
         b.push(batch(11..=20));
-        assert_eq!(b.push(batch(21..=30)), 10);
+        assert_eq!(b.push(batch(21..=30)).unacked, 10);
         assert!(b.bytes() <= one * 2 + 16);
         let mut tiny = UnackedBuffer::new(100, 1);
-        assert_eq!(tiny.push(batch(1..=10)), 0, "newest is kept");
-        assert_eq!(tiny.push(batch(11..=20)), 10);
+        assert_eq!(tiny.push(batch(1..=10)).unacked, 0, "newest is kept");
+        assert_eq!(tiny.push(batch(11..=20)).unacked, 10);
         assert_eq!(tiny.len(), 1);
+    }
+
+    #[test]
+    fn retention_keeps_acked_batches_until_settled() {
+        let mut b = holding(&[1..=3, 4..=5, 6..=9]);
+        b.set_retain(true);
+        for _ in 0..3 {
+            b.mark_next_sent();
+        }
+        assert_eq!(b.ack(1, 5), 5);
+        assert_eq!(b.ack(1, 5), 0, "counted once");
+        assert_eq!(b.len(), 3, "kept until settled");
+        assert_eq!(b.acked_events(), 5);
+        assert_eq!(b.ack(0, 0), 0, "a settlement-only ack acknowledges nothing");
+        // Settled up to 4: only the batch wholly at or below goes.
+        assert_eq!(b.settle(4), 0);
+        assert_eq!(b.floor_seq(), 4);
+        assert_eq!(b.len(), 2);
+        // A move: everything unsettled goes again, the lowest first.
+        b.mark_all_unsent();
+        assert_eq!(b.next_unsent().unwrap().events[0].seq, 4);
+        // Settled past an unacknowledged batch: counted as acknowledged.
+        assert_eq!(b.settle(9), 4);
+        assert!(b.is_empty());
+        assert_eq!(b.bytes(), 0);
+    }
+
+    #[test]
+    fn evicting_an_unsettled_batch_is_counted_apart() {
+        let mut b = UnackedBuffer::new(2, 1 << 20);
+        b.set_retain(true);
+        b.push(batch(1..=3));
+        b.push(batch(4..=4));
+        b.ack(1, 3);
+        assert_eq!(
+            b.push(batch(5..=6)),
+            Evicted {
+                unacked: 0,
+                unsettled: 3
+            }
+        );
+        assert_eq!(b.floor_seq(), 4, "the floor moves past it");
+        assert_eq!(
+            b.push(batch(7..=7)),
+            Evicted {
+                unacked: 1,
+                unsettled: 0
+            }
+        );
+    }
+
+    #[test]
+    fn retention_off_lets_the_acked_batches_go() {
+        let mut b = holding(&[1..=2, 3..=4]);
+        b.set_retain(true);
+        b.ack(1, 2);
+        assert_eq!(b.len(), 2);
+        b.set_retain(false);
+        assert_eq!(b.len(), 1);
+        assert_eq!(b.floor_seq(), 3);
+        assert_eq!(b.ack(3, 4), 2);
+        assert!(b.is_empty());
     }
 }
