@@ -319,9 +319,10 @@ async fn drive(
     loop {
         match acks.message().await {
             Ok(Some(ack)) => {
-                if events.send(ConnEvent::Ack(ack)).is_err() {
-                    return ConnError::Ended;
-                }
+                // No reader: the stream was finished ([`Conn::finish`]); it
+                // is read on until the collector ends it (after the last
+                // batch is out) or the grace ends.
+                let _ = events.send(ConnEvent::Ack(ack));
             }
             Ok(None) => return ConnError::Ended,
             Err(status) => return ConnError::Status(status),
