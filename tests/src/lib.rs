@@ -26,6 +26,9 @@
 //!   correlator's and the processor's tests; [`span_attrs`]: the attributes
 //!   of `hermes_span` spans, read by type; [`json`]: arbitrary JSON
 //!   documents for property tests.
+//! - [`fleet`]: collector replicas of one replicated fleet on 127.0.0.2..
+//!   under one name in a test hosts file, and the checks on what they
+//!   exported (one root per trace, repeats identical).
 //! - [`fault`]: the collector on a chosen port or config file, its admin
 //!   metrics, the load generator and its `--expect-spans` sets, for the
 //!   fault tests.
@@ -43,7 +46,8 @@
 //!   waits), [`run_with_timeout`], [`free_port`] and [`cargo_bin`] (builds
 //!   and locates the `hermes-collector` binary).
 //!
-//! Everything listens on and connects to 127.0.0.1 only, and every wait is
+//! Everything listens on and connects to loopback addresses only (the
+//! fleet's replicas use 127.0.0.2 and up), and every wait is
 //! bounded by a timeout. Setup failures panic with context: this crate is
 //! only used from tests, where a failed step must fail the test loudly.
 
@@ -53,6 +57,7 @@ pub mod collector;
 pub mod events;
 pub mod fake_openai;
 pub mod fault;
+pub mod fleet;
 pub mod hermes;
 pub mod ingest;
 pub mod json;

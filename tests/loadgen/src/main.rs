@@ -21,7 +21,10 @@
 //!   it; exits non-zero if a stream fails.
 //!
 //! Either way it prints the summary (what was acknowledged until then)
-//! before exiting.
+//! before exiting. With a fleet endpoint (`dns:///NAME:PORT`,
+//! `--hosts-file`, `--resolve-secs`) each instance's sender picks its
+//! replica and moves as the shim does; the summary then also counts the
+//! moves and the longest queue push (the agent's side of the hook path).
 //!
 //! `--expect-spans FILE` writes the spans the collector must produce for
 //! exactly the events sent (`trace_id/span_id` in hex, one per line, sorted,
@@ -41,6 +44,7 @@ use clap::Parser;
 use hermes_benches::{FIXTURES, Template, open_stream, restamp};
 use hermes_collector_shim::attempts::AttemptTracker;
 use hermes_collector_shim::config::CaptureLevel;
+use hermes_collector_shim::sender::fleet::FleetOptions;
 use hermes_collector_shim::sender::{self, PassThrough, SenderConfig, SenderShared, Started};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Correlation, Correlator, FinishedSpan};
@@ -81,6 +85,15 @@ struct Args {
     /// (`trace_id/span_id` hex per line, sorted, unique) to this file.
     #[arg(long, value_name = "FILE")]
     expect_spans: Option<PathBuf>,
+    /// With a `dns:///NAME:PORT` endpoint (a fleet of replicas): the
+    /// hosts(5)-format file that resolves NAME first, as the shim's
+    /// `HERMES_COLLECTOR_HOSTS_FILE`.
+    #[arg(long, value_name = "FILE")]
+    hosts_file: Option<PathBuf>,
+    /// With a `dns:///` endpoint: seconds between resolutions, as the
+    /// shim's `HERMES_COLLECTOR_RESOLVE_SECS`.
+    #[arg(long, default_value_t = 30)]
+    resolve_secs: u64,
 }
 
 fn default_fixtures() -> Vec<PathBuf> {
@@ -204,6 +217,8 @@ struct Counters {
     sent: AtomicU64,
     acked: AtomicU64,
     turns: AtomicU64,
+    /// The longest push to a sender's queue (the hook path's cost), ns.
+    max_push_nanos: AtomicU64,
     /// Senders of the instances (not `--raw`), for their counters.
     senders: Mutex<Vec<Arc<SenderShared>>>,
 }
@@ -343,6 +358,10 @@ async fn run_instance_resend(index: usize, run: Arc<Run>) -> anyhow::Result<()> 
     let capacity = usize::try_from(window).unwrap_or(usize::MAX) + args.batch;
     let mut config = SenderConfig::new(args.endpoint.as_str(), shim.clone());
     config.max_batch_events = args.batch.max(1);
+    config.fleet = FleetOptions {
+        hosts_file: args.hosts_file.clone(),
+        resolve_every: Duration::from_secs(args.resolve_secs.max(1)),
+    };
     // Room for the whole window, so nothing is evicted while the collector
     // is away or pushes back.
     config.max_unacked_batches = 1 << 20;
@@ -363,7 +382,11 @@ async fn run_instance_resend(index: usize, run: Arc<Run>) -> anyhow::Result<()> 
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             expect_push(&run.expect, &shim, &event);
-            if tx.push(event).is_err() {
+            let pushing = Instant::now();
+            let refused = tx.push(event).is_err();
+            let took = u64::try_from(pushing.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            counters.max_push_nanos.fetch_max(took, Ordering::Relaxed);
+            if refused {
                 bail!("the sender's queue refused an event");
             }
             pushed += 1;
@@ -496,6 +519,10 @@ async fn main() -> anyhow::Result<()> {
     if !args.raw {
         summary["batches_sent"] = sum(|s| s.sent_batches).into();
         summary["events_evicted"] = sum(|s| s.evicted_events).into();
+        summary["events_evicted_unsettled"] = sum(|s| s.evicted_unsettled_events).into();
+        summary["replica_moves"] = sum(|s| s.replica_moves).into();
+        summary["max_push_micros"] =
+            (counters.max_push_nanos.load(Ordering::Relaxed) / 1_000).into();
     }
     if let (Some(path), Some(expect)) = (&args.expect_spans, &run.expect) {
         let ids = expect

@@ -1,0 +1,233 @@
+//! Support of the fleet test (`tests/tests/fleet.rs`): collector replicas
+//! of one replicated fleet, each on its own loopback address (127.0.0.2,
+//! .3, …) under one port and one name listed in a test hosts file (the
+//! shim's `HERMES_COLLECTOR_HOSTS_FILE`), each with its own persistent
+//! queue, all exporting to one receiver ([`Fleet`]); and the checks on
+//! what such a fleet exported ([`assert_whole_traces`]).
+//!
+//! Everything listens on loopback addresses and every wait is bounded.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use tempfile::TempDir;
+
+use crate::OtlpReceiver;
+use crate::collector::Collector;
+use crate::fault::span_key;
+
+/// The name the replicas are listed under.
+pub const NAME: &str = "collectors.fleet.test";
+
+/// Ports tried for the fleet (one port on every replica's address).
+const PORTS: std::ops::Range<u16> = 33_000..34_000;
+
+/// One replica: its process and what restarts it.
+struct Replica {
+    collector: Option<Collector>,
+    listen: String,
+    yaml: String,
+    work: TempDir,
+}
+
+/// Replicas of one fleet and its hosts file; every replica is killed on
+/// drop.
+pub struct Fleet {
+    port: u16,
+    dir: TempDir,
+    replicas: BTreeMap<u8, Replica>,
+    otlp_endpoint: String,
+    /// Extra configuration lines of every replica (YAML sections).
+    extra: String,
+}
+
+/// The address of replica `octet` (127.0.0.`octet`).
+fn address(octet: u8) -> String {
+    format!("127.0.0.{octet}")
+}
+
+/// Whether nothing accepts connections on `port` of any of `octets`.
+fn port_free(port: u16, octets: &[u8]) -> bool {
+    octets.iter().all(|&o| {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, o], port));
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(50)).is_err()
+    })
+}
+
+impl Fleet {
+    /// A fleet exporting to `otlp`, no replica started yet; its replicas
+    /// run with `extra` (YAML sections) besides the receiver, admin,
+    /// queue, exporter, batch and `fleet.replicated: true`. The port is
+    /// one that is free on every address in `octets`.
+    pub fn new(otlp: &OtlpReceiver, octets: &[u8], extra: &str) -> Fleet {
+        let start = PORTS.start + (std::process::id() % 500) as u16;
+        let port = (start..PORTS.end)
+            .chain(PORTS.start..start)
+            .find(|&p| port_free(p, octets))
+            .unwrap_or_else(|| panic!("no port in {PORTS:?} free on 127.0.0.{octets:?}"));
+        let fleet = Fleet {
+            port,
+            dir: tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}")),
+            replicas: BTreeMap::new(),
+            otlp_endpoint: otlp.endpoint(),
+            extra: extra.to_owned(),
+        };
+        fleet.list(&[]);
+        fleet
+    }
+
+    /// The fleet's endpoint for the shim: `dns:///NAME:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("dns:///{NAME}:{}", self.port)
+    }
+
+    /// The hosts file that lists the replicas.
+    pub fn hosts_file(&self) -> PathBuf {
+        self.dir.path().join("hosts")
+    }
+
+    /// Lists exactly `octets` under [`NAME`] (the file replaced at once).
+    pub fn list(&self, octets: &[u8]) {
+        let text: String = octets
+            .iter()
+            .map(|&o| format!("{} {NAME}\n", address(o)))
+            .collect();
+        let tmp = self.dir.path().join("hosts.tmp");
+        std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("write hosts: {e}"));
+        std::fs::rename(&tmp, self.hosts_file()).unwrap_or_else(|e| panic!("rename hosts: {e}"));
+    }
+
+    /// Starts replica `octet` (ready when this returns); it is not listed
+    /// by this.
+    pub fn start(&mut self, octet: u8) {
+        let work = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let listen = format!("{}:{}", address(octet), self.port);
+        let yaml = format!(
+            "receiver:\n  listen: {listen}\nadmin:\n  listen: 127.0.0.1:0\n\
+             queue:\n  kind: disk\n  dir: {}\nexporters:\n  otlp:\n    endpoint: {}\n\
+             batch:\n  timeout_ms: 50\nfleet:\n  replicated: true\n{}",
+            work.path().join("queue").display(),
+            self.otlp_endpoint,
+            self.extra
+        );
+        let collector = Collector::start_with_config(work.path(), &listen, &yaml);
+        self.replicas.insert(
+            octet,
+            Replica {
+                collector: Some(collector),
+                listen,
+                yaml,
+                work,
+            },
+        );
+    }
+
+    /// Kills replica `octet` with SIGKILL; its queue stays for a restart.
+    pub fn kill(&mut self, octet: u8) -> ExitStatus {
+        let replica = self.replica(octet);
+        let mut collector = replica
+            .collector
+            .take()
+            .unwrap_or_else(|| panic!("replica {octet} is not running"));
+        collector.guard.kill()
+    }
+
+    /// Starts replica `octet` again on its queue (after [`Fleet::kill`]).
+    pub fn restart(&mut self, octet: u8) {
+        let replica = self.replica(octet);
+        let collector =
+            Collector::start_with_config(replica.work.path(), &replica.listen, &replica.yaml);
+        replica.collector = Some(collector);
+    }
+
+    /// Stops replica `octet` with SIGTERM (it drains: its shims move);
+    /// its exit status, or None if it did not exit within `timeout`.
+    pub fn terminate(&mut self, octet: u8, timeout: Duration) -> Option<ExitStatus> {
+        let replica = self.replica(octet);
+        let mut collector = replica
+            .collector
+            .take()
+            .unwrap_or_else(|| panic!("replica {octet} is not running"));
+        collector.guard.sigterm(timeout).0
+    }
+
+    /// Replica `octet`'s collector, if running.
+    pub fn collector(&self, octet: u8) -> Option<&Collector> {
+        self.replicas.get(&octet).and_then(|r| r.collector.as_ref())
+    }
+
+    /// The sum of metric `name` over the running replicas.
+    pub fn metric(&self, name: &str) -> f64 {
+        self.replicas
+            .values()
+            .filter_map(|r| r.collector.as_ref())
+            .map(|c| c.metric(name))
+            .sum()
+    }
+
+    /// The logs of every replica, for a failure message.
+    pub fn logs(&self) -> String {
+        self.replicas
+            .iter()
+            .filter_map(|(o, r)| r.collector.as_ref().map(|c| (o, c)))
+            .map(|(o, c)| format!("--- replica {o}:\n{}", c.guard.stderr_text()))
+            .collect()
+    }
+
+    fn replica(&mut self, octet: u8) -> &mut Replica {
+        self.replicas
+            .get_mut(&octet)
+            .unwrap_or_else(|| panic!("no replica {octet}"))
+    }
+
+    /// The fleet's directory (the hosts file's).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// What a fleet exported, checked: every span key (`trace/span` hex) that
+/// arrived more than once arrived as the same bytes; every trace has
+/// exactly one root span. Returns the keys received and how many repeats
+/// there were.
+pub fn assert_whole_traces(spans: &[(Resource, Span)]) -> (BTreeSet<String>, usize) {
+    let mut first: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut repeats = 0;
+    let mut roots: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>> = BTreeMap::new();
+    for (_, span) in spans {
+        let key = span_key(span);
+        let bytes = span.encode_to_vec();
+        match first.get(&key) {
+            Some(earlier) => {
+                repeats += 1;
+                assert!(
+                    *earlier == bytes,
+                    "span {key} ({}) arrived twice with different content",
+                    span.name
+                );
+            }
+            None => {
+                first.insert(key, bytes);
+            }
+        }
+        let trace_roots = roots.entry(span.trace_id.clone()).or_default();
+        if span.parent_span_id.is_empty() {
+            trace_roots.insert(span.span_id.clone());
+        }
+    }
+    for (trace, root_ids) in &roots {
+        assert_eq!(
+            root_ids.len(),
+            1,
+            "trace {} has {} root spans",
+            crate::span_tree::hex(trace),
+            root_ids.len()
+        );
+    }
+    (first.into_keys().collect(), repeats)
+}
