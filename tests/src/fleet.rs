@@ -196,23 +196,24 @@ impl Fleet {
 /// exactly one root span. Returns the keys received and how many repeats
 /// there were.
 pub fn assert_whole_traces(spans: &[(Resource, Span)]) -> (BTreeSet<String>, usize) {
-    let mut first: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut first: HashMap<String, (Vec<u8>, &Span)> = HashMap::new();
     let mut repeats = 0;
     let mut roots: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>> = BTreeMap::new();
     for (_, span) in spans {
         let key = span_key(span);
         let bytes = span.encode_to_vec();
         match first.get(&key) {
-            Some(earlier) => {
+            Some((earlier, earlier_span)) => {
                 repeats += 1;
                 assert!(
                     *earlier == bytes,
-                    "span {key} ({}) arrived twice with different content",
-                    span.name
+                    "span {key} ({}) arrived twice with different content:\n{}",
+                    span.name,
+                    difference(earlier_span, span)
                 );
             }
             None => {
-                first.insert(key, bytes);
+                first.insert(key, (bytes, span));
             }
         }
         let trace_roots = roots.entry(span.trace_id.clone()).or_default();
@@ -230,4 +231,44 @@ pub fn assert_whole_traces(spans: &[(Resource, Span)]) -> (BTreeSet<String>, usi
         );
     }
     (first.into_keys().collect(), repeats)
+}
+
+/// What differs between two deliveries of one span, for a failure message.
+fn difference(a: &Span, b: &Span) -> String {
+    let mut out = Vec::new();
+    if (a.start_time_unix_nano, a.end_time_unix_nano)
+        != (b.start_time_unix_nano, b.end_time_unix_nano)
+    {
+        out.push(format!(
+            "times {}..{} vs {}..{}",
+            a.start_time_unix_nano,
+            a.end_time_unix_nano,
+            b.start_time_unix_nano,
+            b.end_time_unix_nano
+        ));
+    }
+    if a.status != b.status {
+        out.push(format!("status {:?} vs {:?}", a.status, b.status));
+    }
+    for kv in &a.attributes {
+        if !b.attributes.contains(kv) {
+            let other = b.attributes.iter().find(|o| o.key == kv.key);
+            out.push(format!("attribute {:?} vs {:?}", kv, other));
+        }
+    }
+    for kv in &b.attributes {
+        if !a.attributes.iter().any(|o| o.key == kv.key) {
+            out.push(format!("attribute only in the second: {kv:?}"));
+        }
+    }
+    if a.events != b.events || a.links != b.links {
+        out.push(format!(
+            "events {} vs {}, links {} vs {}",
+            a.events.len(),
+            b.events.len(),
+            a.links.len(),
+            b.links.len()
+        ));
+    }
+    out.join("\n")
 }
