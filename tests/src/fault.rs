@@ -74,6 +74,18 @@ pub fn read_span_keys(path: &Path) -> BTreeSet<String> {
         .collect()
 }
 
+/// Fails unless every key of `expected` is in `got`, naming a few missing
+/// ones, with `context` (the collectors' logs).
+pub fn assert_all_arrived(expected: &BTreeSet<String>, got: &BTreeSet<String>, context: &str) {
+    let missing: Vec<_> = expected.difference(got).take(10).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} spans missing, e.g. {missing:?}\n{context}",
+        expected.difference(got).count(),
+        expected.len(),
+    );
+}
+
 /// The span keys of every span in `exports`, with how often each occurs.
 pub fn export_span_counts(exports: &[ReceivedExport]) -> std::collections::BTreeMap<String, usize> {
     let mut counts = std::collections::BTreeMap::new();

@@ -11,7 +11,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use hermes_e2e::collector::Collector;
-use hermes_e2e::fault::{loadgen_summary, read_span_keys, span_key, spawn_loadgen};
+use hermes_e2e::fault::{
+    assert_all_arrived, loadgen_summary, read_span_keys, span_key, spawn_loadgen,
+};
 use hermes_e2e::{OtlpReceiver, cargo_bin, free_port};
 
 #[test]
@@ -88,14 +90,7 @@ fn sigkill_mid_stream_then_restart_on_the_same_queue_loses_nothing() {
         std::thread::sleep(Duration::from_millis(250));
     }
     let got = received();
-    let missing: Vec<_> = expected.difference(&got).take(10).collect();
-    assert!(
-        missing.is_empty(),
-        "{} of {} spans missing, e.g. {missing:?}\n{}",
-        expected.difference(&got).count(),
-        expected.len(),
-        collector.guard.stderr_text()
-    );
+    assert_all_arrived(&expected, &got, &collector.guard.stderr_text());
     let unexpected: Vec<_> = got.difference(&expected).take(10).collect();
     assert!(
         unexpected.is_empty(),
