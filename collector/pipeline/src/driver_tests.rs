@@ -165,11 +165,12 @@ fn disk_ledger(done: Arc<AtomicU64>) -> (Ledger, mpsc::Receiver<Settle>) {
     (ledger, settles)
 }
 
-/// The lsn of the turn's first event (`pre_llm_call`), as [`feed`] numbers.
+/// The lowest lsn the basic turn needs while open, as [`feed`] numbers:
+/// its session's start, an event of the turn's span.
 fn turn_lsn() -> u64 {
     1 + basic_events()
         .iter()
-        .position(|e| e.hook == "pre_llm_call")
+        .position(|e| e.hook == "on_session_start")
         .unwrap() as u64
 }
 
