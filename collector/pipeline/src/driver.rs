@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::derived::DerivedMetrics;
 use crate::ledger::Ledger;
+use crate::settle::Settlement;
 use crate::stats::PipelineStats;
 
 /// What the stage runs, in order: events through the sequencer and the
@@ -62,6 +63,9 @@ pub struct Driver<C> {
     /// Where the sessions their host ended go (the trajectory sink), after
     /// the spans finished with them were sent on.
     pub session_ends: Option<crate::sinks::SessionEnds>,
+    /// Settlement of fleet shims' events ([`crate::settle`]); none: no
+    /// shim is told.
+    pub settlement: Option<Settlement>,
 }
 
 /// What the stage hands back when it ends: its ledger and the lowest lsn
@@ -110,6 +114,7 @@ impl<C: Clock> Driver<C> {
             clock,
             policies: None,
             session_ends: None,
+            settlement: None,
         }
     }
 
@@ -138,6 +143,7 @@ impl<C: Clock> Driver<C> {
             clock,
             mut policies,
             session_ends,
+            mut settlement,
         } = self;
         let mut timer = tokio::time::interval(tick);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -153,6 +159,7 @@ impl<C: Clock> Driver<C> {
             // wait of a held trace whose root will not come.
             let expiry = match correlation.expiry() {
                 _ if !ledger.is_settled(open) => Expiry::EveryTick,
+                _ if settlement.as_ref().is_some_and(Settlement::is_pending) => Expiry::EveryTick,
                 Expiry::EveryTick => Expiry::EveryTick,
                 expiry => match (expiry, sampler.deadline()) {
                     (Expiry::At(at), Some(wait)) => Expiry::At(at.min(wait)),
@@ -179,7 +186,12 @@ impl<C: Clock> Driver<C> {
                     continue;
                 }
                 received = ingest.recv() => {
-                    let Some(Ingested { batch, lsn, .. }) = received else { break };
+                    let Some(Ingested { batch, lsn, fleet, .. }) = received else { break };
+                    let lsn = match settlement.as_mut() {
+                        Some(settlement) if lsn == 0 => settlement.number(),
+                        _ => lsn,
+                    };
+                    let (handoff, last_seq) = (batch.handoff, batch.events.last().map(|e| e.seq));
                     let shim = batch.shim.unwrap_or_default();
                     let floor = ledger.floor(&shim.instance_id, lsn, batch.floor_seq);
                     let now = clock.now_unix_nanos();
@@ -193,6 +205,12 @@ impl<C: Clock> Driver<C> {
                         timer.reset();
                     }
                     correlation.push_batch(&shim, floor, batch.events, lsn, now, &mut out);
+                    if let (Some(settlement), Some(last_seq), true) = (settlement.as_mut(), last_seq, fleet) {
+                        settlement.ingested(&shim.instance_id, lsn, last_seq);
+                    }
+                    if handoff {
+                        hand_off(&shim.instance_id, &mut correlation, &mut sampler, settlement.as_mut());
+                    }
                 }
                 () = due => {
                     let now = clock.now_unix_nanos();
@@ -226,9 +244,16 @@ impl<C: Clock> Driver<C> {
                 } else {
                     processed(&mut processor, &mut derived, spans)
                 };
-                let batch = sampler.admit(processed, ledger.low_water(), clock.now_unix_nanos());
+                let low_water = match &settlement {
+                    Some(settlement) if !ledger.keeps_open_state() => settlement.low_water(),
+                    _ => ledger.low_water(),
+                };
+                let batch = sampler.admit(processed, low_water, clock.now_unix_nanos());
                 if !batch.is_empty() {
                     ledger.sending(&batch);
+                    if let Some(settlement) = settlement.as_mut() {
+                        settlement.sending();
+                    }
                     if export.send(batch).await.is_err() {
                         tracing::error!(
                             "exporter stage is gone; spans of the remaining events are lost"
@@ -244,6 +269,9 @@ impl<C: Clock> Driver<C> {
             // records of spans not exported yet).
             if std::mem::take(&mut ticked) {
                 ledger.settle(lowest(correlation.min_open_lsn(), sampler.min_held_lsn()));
+                if let Some(settlement) = settlement.as_mut() {
+                    settlement.settle(&correlation, sampler.min_held_lsn());
+                }
             }
         }
         if ledger.keeps_open_state() {
@@ -279,6 +307,28 @@ impl<C: Clock> Driver<C> {
         }
         Ended { ledger, open: None }
     }
+}
+
+/// A fleet shim moved to another collector (a handoff): its held events,
+/// open state and held traces are forgotten without export, and nothing of
+/// its batches will be settled here (the other collector builds the same
+/// spans from the same events).
+fn hand_off(
+    instance: &str,
+    correlation: &mut Correlation,
+    sampler: &mut Sampler,
+    settlement: Option<&mut Settlement>,
+) {
+    let turns = correlation.drop_instance(instance);
+    let traces = sampler.forget_instance(instance);
+    if let Some(settlement) = settlement {
+        settlement.forget(instance);
+    }
+    tracing::debug!(
+        turns,
+        traces,
+        "a shim handed off to another collector of its fleet; its open state is forgotten here"
+    );
 }
 
 /// Groups spans by resource, applies attribute sets, redaction and

@@ -71,6 +71,16 @@ fn start_sampling(
     derived: DerivedMetrics,
     session_ends: Option<crate::sinks::SessionEnds>,
 ) -> Stage {
+    let mut driver = driver(ledger, events);
+    driver.steps.sampler = sampler;
+    driver.steps.derived = derived;
+    driver.session_ends = session_ends;
+    spawn(driver)
+}
+
+/// A stage with `ledger`, not running; its clock reads the capture time
+/// of `events`' last event now.
+fn driver(ledger: Ledger, events: &[Event]) -> Driver<TokioClock> {
     let last = events.last().map_or(0, |e| e.time_unix_nano);
     let correlation = Correlation::new(
         Sequencer::new(SequencerConfig::default()),
@@ -80,7 +90,7 @@ fn start_sampling(
             ..Default::default()
         }),
     );
-    let mut driver = Driver {
+    Driver {
         tick: TICK,
         ledger,
         ..Driver::in_memory(
@@ -88,10 +98,11 @@ fn start_sampling(
             SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
             TokioClock::starting_at(last),
         )
-    };
-    driver.steps.sampler = sampler;
-    driver.steps.derived = derived;
-    driver.session_ends = session_ends;
+    }
+}
+
+/// Runs `driver`.
+fn spawn(driver: Driver<TokioClock>) -> Stage {
     let (ingest, ingest_rx) = mpsc::channel(64);
     let (export_tx, export) = mpsc::channel(64);
     let stop = CancellationToken::new();
@@ -366,3 +377,6 @@ async fn a_finalized_session_is_reported_after_its_spans_were_sent() {
     }
     one_root(&sent, "sent before the end was reported");
 }
+
+#[path = "fleet_tests.rs"]
+mod fleet;

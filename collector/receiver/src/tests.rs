@@ -490,3 +490,114 @@ async fn another_wire_protocol_is_refused_with_a_clear_error() {
     );
     server.stop.cancel();
 }
+
+#[tokio::test]
+async fn a_fleet_stream_learns_settlement_and_leave_and_hands_off() {
+    let settlements = Arc::new(Settlements::default());
+    let (server, mut pipeline) = serve(loopback(), Limits::default(), {
+        let settlements = settlements.clone();
+        |ingest| ingest.with_settlements(settlements)
+    })
+    .await;
+    let mut client = client(&server.endpoint).await;
+    let (tx, rx) = mpsc::channel(8);
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    request
+        .metadata_mut()
+        .insert(fleet::FLEET_METADATA, "1".parse().unwrap());
+    tx.send(batch(1, 1)).await.unwrap();
+    let response = client.stream(request).await.unwrap();
+    assert_eq!(
+        response.metadata().get(fleet::SETTLES_HEADER).unwrap(),
+        "1",
+        "this collector settles"
+    );
+    let mut acks = response.into_inner();
+    let ack = acks.message().await.unwrap().unwrap();
+    assert_eq!((ack.first_seq, ack.last_seq, ack.settled_seq), (1, 1, 0));
+    let ingested = tokio::time::timeout(WAIT, pipeline.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        ingested.fleet,
+        "the pipeline knows the batch's shim keeps it"
+    );
+    assert!(settlements.is_connected("i-1"));
+
+    // The stage settled seq 1: a settlement-only ack.
+    settlements.publish("i-1", 1);
+    let ack = tokio::time::timeout(WAIT, acks.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!((ack.first_seq, ack.last_seq, ack.settled_seq), (0, 0, 1));
+    assert!(!ack.leave);
+
+    // The drain asks it to leave; it hands off and ends its stream.
+    settlements.leave();
+    let ack = tokio::time::timeout(WAIT, acks.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(ack.leave, "{ack:?}");
+    let mut handoff = batch(1, 1);
+    handoff.events.clear();
+    handoff.handoff = true;
+    tx.send(handoff).await.unwrap();
+    let ingested = tokio::time::timeout(WAIT, pipeline.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(ingested.batch.handoff && ingested.fleet);
+    assert_eq!(settlements.handoffs(), 1);
+    drop(tx);
+    assert!(
+        tokio::time::timeout(WAIT, acks.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while settlements.streams() > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the stream is gone");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!settlements.is_connected("i-1"));
+    server.stop.cancel();
+}
+
+#[tokio::test]
+async fn a_stream_without_fleet_mode_gets_the_header_and_no_settlement() {
+    let settlements = Arc::new(Settlements::default());
+    let (server, mut pipeline) = serve(loopback(), Limits::default(), {
+        let settlements = settlements.clone();
+        |ingest| ingest.with_settlements(settlements)
+    })
+    .await;
+    let mut client = client(&server.endpoint).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(batch(1, 1)).await.unwrap();
+    let response = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap();
+    assert_eq!(response.metadata().get(fleet::SETTLES_HEADER).unwrap(), "1");
+    let mut acks = response.into_inner();
+    assert_eq!(acks.message().await.unwrap().unwrap().last_seq, 1);
+    let ingested = tokio::time::timeout(WAIT, pipeline.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!ingested.fleet);
+    assert!(
+        !settlements.is_connected("i-1"),
+        "not watched: nothing to tell it"
+    );
+    assert_eq!(settlements.streams(), 0);
+    drop(tx);
+    server.stop.cancel();
+}
