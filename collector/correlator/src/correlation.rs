@@ -105,10 +105,11 @@ impl Correlation {
 
     /// Forgets `instance`'s held events and open state without exporting
     /// anything (it moved to another collector of its fleet, which gets the
-    /// same events); the number of open turns forgotten.
-    pub fn drop_instance(&mut self, instance: &str) -> usize {
+    /// same events, or replayed them there); the number of open turns
+    /// forgotten.
+    pub fn drop_instance(&mut self, instance: &str, why: crate::Departure) -> usize {
         self.sequencer.forget(instance);
-        self.correlator.drop_instance(instance)
+        self.correlator.drop_instance(instance, why)
     }
 
     /// Closes, as incomplete, open state that needs records below `lsn`.

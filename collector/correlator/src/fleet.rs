@@ -7,6 +7,17 @@
 
 use super::*;
 
+/// Why an instance's open state is forgotten ([`Correlator::drop_instance`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Departure {
+    /// It moved to another collector of its fleet (its handoff, or a
+    /// replicated collector's drain): counted in [`Stats::turns_handed_off`].
+    HandedOff,
+    /// Replayed after a restart, it did not come back to this collector:
+    /// counted in [`Stats::turns_orphaned`].
+    Orphaned,
+}
+
 /// Lowers `into[instance]` to `lsn`.
 pub(crate) fn note_lsn(into: &mut HashMap<String, u64>, instance: &str, lsn: u64) {
     match into.get_mut(instance) {
@@ -39,8 +50,8 @@ impl Correlator {
     /// turns (with their attempts, tools and approvals), subagents, links
     /// and pending session starts. Not remembered as closed: the same
     /// turns may come back whole (the shim returns). The number of turns
-    /// forgotten, counted in [`Stats::turns_handed_off`].
-    pub fn drop_instance(&mut self, instance: &str) -> usize {
+    /// forgotten, counted by `why`.
+    pub fn drop_instance(&mut self, instance: &str, why: Departure) -> usize {
         let turns = sorted_keys(&self.turns, |_, t| t.instance.as_str() == instance);
         for k in &turns {
             if let Some(turn) = self.turns.remove(k) {
@@ -56,7 +67,11 @@ impl Correlator {
             self.remove_link(&k);
         }
         self.drop_pending_starts(|p| p.instance.as_str() == instance);
-        self.stats.turns_handed_off += turns.len() as u64;
+        let n = turns.len() as u64;
+        match why {
+            Departure::HandedOff => self.stats.turns_handed_off += n,
+            Departure::Orphaned => self.stats.turns_orphaned += n,
+        }
         turns.len()
     }
 }

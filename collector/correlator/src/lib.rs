@@ -43,6 +43,7 @@ mod emit;
 mod exit;
 mod fair;
 mod fleet;
+pub use fleet::Departure;
 pub mod ids;
 mod ingest;
 pub mod sequencer;
@@ -192,6 +193,10 @@ pub struct Stats {
     /// to another collector of its fleet (a handoff, or a replicated
     /// collector's drain): the other collector exports them.
     pub turns_handed_off: u64,
+    /// Open turns replayed after a restart whose shim instance did not come
+    /// back to this collector of a replicated fleet within the state TTL:
+    /// forgotten without export (the agent replayed them elsewhere).
+    pub turns_orphaned: u64,
 }
 
 /// How much state the correlator holds now.

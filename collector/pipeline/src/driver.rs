@@ -24,7 +24,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hermes_correlator::{Correlation, Expiry, FinishedSpan, to_resource_spans};
+use hermes_correlator::{Correlation, Departure, Expiry, FinishedSpan, to_resource_spans};
 use hermes_processor::SpanProcessor;
 use hermes_receiver::Ingested;
 use hermes_sampling::{Policy, Sampler};
@@ -161,7 +161,13 @@ impl<C: Clock> Driver<C> {
                 _ if !ledger.is_settled(open) => Expiry::EveryTick,
                 _ if settlement.as_ref().is_some_and(Settlement::is_pending) => Expiry::EveryTick,
                 Expiry::EveryTick => Expiry::EveryTick,
-                expiry => match (expiry, sampler.deadline()) {
+                expiry => match (
+                    expiry,
+                    lowest(
+                        sampler.deadline(),
+                        settlement.as_ref().and_then(Settlement::orphan_deadline),
+                    ),
+                ) {
                     (Expiry::At(at), Some(wait)) => Expiry::At(at.min(wait)),
                     (_, Some(wait)) => Expiry::At(wait),
                     (expiry, None) => expiry,
@@ -195,6 +201,9 @@ impl<C: Clock> Driver<C> {
                     let shim = batch.shim.unwrap_or_default();
                     let floor = ledger.floor(&shim.instance_id, lsn, batch.floor_seq);
                     let now = clock.now_unix_nanos();
+                    if let Some(settlement) = settlement.as_mut() {
+                        settlement.arrived(&shim.instance_id, ledger.is_replayed(lsn), now);
+                    }
                     if expiry != Expiry::EveryTick {
                         // The tick the stopped timer skipped: it sets the
                         // correlator's clock and closes nothing that is not
@@ -209,11 +218,17 @@ impl<C: Clock> Driver<C> {
                         settlement.ingested(&shim.instance_id, lsn, last_seq);
                     }
                     if handoff {
-                        hand_off(&shim.instance_id, &mut correlation, &mut sampler, settlement.as_mut());
+                        let instances = [shim.instance_id];
+                        depart(&instances, Departure::HandedOff, &mut correlation, &mut sampler, settlement.as_mut());
                     }
                 }
                 () = due => {
                     let now = clock.now_unix_nanos();
+                    // Before the TTL closes replayed state as incomplete.
+                    if let Some(settlement) = settlement.as_mut() {
+                        let orphans = settlement.take_orphans(now);
+                        depart(&orphans, Departure::Orphaned, &mut correlation, &mut sampler, Some(settlement));
+                    }
                     correlation.tick(now, &mut out);
                     sampler.expire(now);
                     let pinned = lowest(correlation.correlator().min_lsn(), sampler.min_held_lsn());
@@ -274,11 +289,33 @@ impl<C: Clock> Driver<C> {
                 }
             }
         }
-        if ledger.keeps_open_state() {
+        let replicated = settlement.as_ref().is_some_and(Settlement::is_replicated);
+        if ledger.keeps_open_state() && !replicated {
             // Open state stays open, held traces undecided: the queue keeps
             // their records for the next start.
             let open = lowest(correlation.min_open_lsn(), sampler.min_held_lsn());
             return Ended { ledger, open };
+        }
+        if let Some(settlement) = settlement.as_mut().filter(|s| s.is_replicated()) {
+            // One replica of a fleet keeps nothing open: what moved (or
+            // will move) to another replica is dropped, what a dead agent
+            // left is closed below.
+            let orphans = settlement.take_orphans(u64::MAX);
+            depart(
+                &orphans,
+                Departure::Orphaned,
+                &mut correlation,
+                &mut sampler,
+                Some(settlement),
+            );
+            let departed = settlement.departed();
+            depart(
+                &departed,
+                Departure::HandedOff,
+                &mut correlation,
+                &mut sampler,
+                Some(settlement),
+            );
         }
         correlation.flush_all(&mut out);
         stats.publish(&correlation);
@@ -293,6 +330,7 @@ impl<C: Clock> Driver<C> {
         sampler.decide_all(now);
         batch.extend(sampler.admit(Vec::new(), ledger.low_water(), now));
         if !batch.is_empty() {
+            ledger.sending(&batch);
             let n: usize = batch
                 .iter()
                 .flat_map(|rs| &rs.scope_spans)
@@ -309,26 +347,31 @@ impl<C: Clock> Driver<C> {
     }
 }
 
-/// A fleet shim moved to another collector (a handoff): its held events,
-/// open state and held traces are forgotten without export, and nothing of
-/// its batches will be settled here (the other collector builds the same
-/// spans from the same events).
-fn hand_off(
-    instance: &str,
+/// Fleet shims moved to another collector (a handoff, or they replayed
+/// there after this one restarted): their held events, open state and held
+/// traces are forgotten without export, and nothing of their batches will
+/// be settled here (the other collector builds the same spans from the same
+/// events).
+fn depart(
+    instances: &[String],
+    why: Departure,
     correlation: &mut Correlation,
     sampler: &mut Sampler,
-    settlement: Option<&mut Settlement>,
+    mut settlement: Option<&mut Settlement>,
 ) {
-    let turns = correlation.drop_instance(instance);
-    let traces = sampler.forget_instance(instance);
-    if let Some(settlement) = settlement {
-        settlement.forget(instance);
+    for instance in instances {
+        let turns = correlation.drop_instance(instance, why);
+        let traces = sampler.forget_instance(instance);
+        if let Some(settlement) = settlement.as_deref_mut() {
+            settlement.forget(instance);
+        }
+        tracing::debug!(
+            ?why,
+            turns,
+            traces,
+            "a shim's open state went to another collector of its fleet; forgotten here"
+        );
     }
-    tracing::debug!(
-        turns,
-        traces,
-        "a shim handed off to another collector of its fleet; its open state is forgotten here"
-    );
 }
 
 /// Groups spans by resource, applies attribute sets, redaction and

@@ -20,8 +20,14 @@
 //!
 //! Lsns: the persistent queue's (`queue.kind: disk`); with the memory
 //! queue the stage numbers the batches itself ([`Settlement::number`]).
+//!
+//! With `fleet.replicated` it also knows which instances went elsewhere:
+//! at the end of the stage every fleet instance whose agent is not presumed
+//! dead ([`Settlement::departed`]), and after a restart the instances whose
+//! replayed state no live batch followed within the state TTL
+//! ([`Settlement::take_orphans`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use hermes_correlator::Correlation;
@@ -52,6 +58,15 @@ pub struct Settlement {
     last_lsn: u64,
     /// The lowest lsn open state or held traces needed at the last settle.
     low_water: u64,
+    /// `fleet.replicated`: after how long (nanoseconds) replayed state
+    /// whose instance did not come back is an orphan.
+    replicated: Option<u64>,
+    /// Instances that sent fleet batches and may hold open state.
+    seen: HashSet<String>,
+    /// Instances replayed from the persistent queue, not back yet.
+    replayed: HashSet<String>,
+    /// When the replayed instances not back by then are orphans.
+    orphan_deadline: Option<u64>,
 }
 
 impl Settlement {
@@ -66,7 +81,71 @@ impl Settlement {
             numbered: 0,
             last_lsn: 0,
             low_water: 0,
+            replicated: None,
+            seen: HashSet::new(),
+            replayed: HashSet::new(),
+            orphan_deadline: None,
         }
+    }
+
+    /// One replica of a fleet (`fleet.replicated`): replayed state of an
+    /// instance that sends no live batch within `state_ttl_nanos` is an
+    /// orphan.
+    pub fn replicated(mut self, state_ttl_nanos: u64) -> Self {
+        self.replicated = Some(state_ttl_nanos);
+        self
+    }
+
+    pub fn is_replicated(&self) -> bool {
+        self.replicated.is_some()
+    }
+
+    /// A batch of `instance` at clock time `now`: replayed from the
+    /// persistent queue, or live (it came back).
+    pub fn arrived(&mut self, instance: &str, replayed: bool, now: u64) {
+        let Some(ttl) = self.replicated else { return };
+        if replayed {
+            if !self.replayed.contains(instance) {
+                self.replayed.insert(instance.to_owned());
+            }
+            self.orphan_deadline
+                .get_or_insert_with(|| now.saturating_add(ttl));
+        } else if !self.replayed.is_empty() {
+            self.replayed.remove(instance);
+        }
+    }
+
+    /// When the replayed instances not back by then are orphans.
+    pub fn orphan_deadline(&self) -> Option<u64> {
+        self.orphan_deadline.filter(|_| !self.replayed.is_empty())
+    }
+
+    /// The replayed instances that did not come back, once their time is
+    /// up at clock time `now` (or all of them with `now` = `u64::MAX`).
+    pub fn take_orphans(&mut self, now: u64) -> Vec<String> {
+        match self.orphan_deadline {
+            Some(at) if at <= now => {
+                self.orphan_deadline = None;
+                let mut orphans: Vec<String> = self.replayed.drain().collect();
+                orphans.sort();
+                orphans
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// At the end of a replicated collector's stage: the fleet instances
+    /// that moved, or will move, to another replica (every one but those
+    /// whose agent is presumed dead), whose open state goes unexported.
+    pub fn departed(&self) -> Vec<String> {
+        let mut departed: Vec<String> = self
+            .seen
+            .iter()
+            .filter(|i| !self.registry.is_abandoned(i))
+            .cloned()
+            .collect();
+        departed.sort();
+        departed
     }
 
     /// The lsn of a batch that came without one (the memory queue).
@@ -79,6 +158,9 @@ impl Settlement {
     /// stored at `lsn`.
     pub fn ingested(&mut self, instance: &str, lsn: u64, last_seq: u64) {
         self.last_lsn = self.last_lsn.max(lsn);
+        if self.replicated.is_some() && !self.seen.contains(instance) {
+            self.seen.insert(instance.to_owned());
+        }
         let track = match self.tracks.get_mut(instance) {
             Some(track) => track,
             None => self.tracks.entry(instance.to_owned()).or_default(),
@@ -95,6 +177,7 @@ impl Settlement {
     /// be settled here).
     pub fn forget(&mut self, instance: &str) {
         self.tracks.remove(instance);
+        self.seen.remove(instance);
     }
 
     /// A lower bound of the lsns of the events any span finished from now
@@ -118,10 +201,13 @@ impl Settlement {
             .flatten()
             .min();
         self.low_water = open_all.unwrap_or(next).min(next);
-        if self.tracks.is_empty() {
+        if self.tracks.is_empty() && self.seen.is_empty() {
             return;
         }
         let open = correlation.min_open_lsn_by_instance();
+        let registry = &self.registry;
+        self.seen
+            .retain(|i| open.contains_key(i) || registry.is_connected(i));
         let done = (self.done)();
         let sent = self.sent;
         self.tracks.retain(|instance, track| {

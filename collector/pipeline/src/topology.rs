@@ -58,6 +58,8 @@ pub(crate) struct ReceiverPart {
     pub stats: Arc<ReceiverStats>,
     /// Settled seqs of fleet shims, and the drain's `leave`.
     pub settlements: Arc<Settlements>,
+    /// `fleet.replicated`: the drain asks fleet shims to leave first.
+    pub replicated: bool,
     /// How long the drain waits for ingest connections to close.
     pub linger: Duration,
     /// Logged once serving: authenticated, mutual TLS.
@@ -161,10 +163,20 @@ impl Topology {
             (&mut probes, &mut stage_metrics),
         );
         let receiver = receiver_part(config, listen, listener, token, receiver_tls, ingest_tx)?;
-        correlation.driver.settlement = Some(Settlement::new(receiver.settlements.clone(), {
+        let settlement = Settlement::new(receiver.settlements.clone(), {
             let stats = exporter_stats.clone();
             Box::new(move || stats.done_through())
-        }));
+        });
+        correlation.driver.settlement = Some(if config.fleet.replicated {
+            settlement.replicated(
+                config
+                    .correlator
+                    .state_ttl_secs
+                    .saturating_mul(1_000_000_000),
+            )
+        } else {
+            settlement
+        });
 
         if let Some(trajectories) = trajectories {
             correlation.driver.session_ends = Some(trajectories.ends);
@@ -364,6 +376,7 @@ fn receiver_part(
         tls: receiver_tls.map(|t| t.server),
         stats,
         settlements,
+        replicated: config.fleet.replicated,
         linger,
         authenticated,
         shown_listen,

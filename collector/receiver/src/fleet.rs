@@ -12,7 +12,7 @@
 //! settled_seq}` when it advances. At the drain, [`Settlements::leave`]
 //! asks every fleet stream to hand its instance off to another replica.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -35,6 +35,10 @@ pub struct Settlements {
     streams: AtomicU64,
     /// Handoffs received (every stream that sent one).
     handoffs: AtomicU64,
+    /// Instances whose last fleet stream ended without a handoff, not by
+    /// this collector's shutdown: their agent is presumed dead (until it
+    /// comes back).
+    abandoned: Mutex<HashSet<String>>,
 }
 
 impl Settlements {
@@ -68,6 +72,19 @@ impl Settlements {
         }
     }
 
+    /// Whether `instance`'s last fleet stream ended without a handoff
+    /// before the shutdown (its agent is presumed dead: nobody replays its
+    /// open turns).
+    pub fn is_abandoned(&self, instance: &str) -> bool {
+        self.abandoned_set().contains(instance)
+    }
+
+    fn abandoned_set(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.abandoned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The drain: every fleet stream sends `leave`; the shims hand off.
     pub fn leave(&self) {
         self.leave.cancel();
@@ -88,13 +105,16 @@ impl Settlements {
         self.handoffs.load(Ordering::Relaxed)
     }
 
-    /// A fleet stream opened (before its first batch names its instance).
-    pub(crate) fn stream_opened(&self) {
+    /// A fleet stream opened (before its first batch names its instance);
+    /// the receiver's stream task calls it, and [`Settlements::stream_closed`]
+    /// when the stream ends.
+    pub fn stream_opened(&self) {
         self.streams.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The fleet stream's instance: the receiver of its settled seq.
     pub fn subscribe(&self, instance: &str) -> watch::Receiver<u64> {
+        self.abandoned_set().remove(instance);
         let mut map = self.map();
         match map.get(instance) {
             Some(tx) => tx.subscribe(),
@@ -106,8 +126,13 @@ impl Settlements {
         }
     }
 
-    /// A fleet stream ended; its instance is forgotten with its last one.
-    pub(crate) fn stream_closed(&self, subscription: Option<(String, watch::Receiver<u64>)>) {
+    /// A fleet stream ended (`abandoned`: without a handoff, not by the
+    /// shutdown); its instance is forgotten with its last one.
+    pub fn stream_closed(
+        &self,
+        subscription: Option<(String, watch::Receiver<u64>)>,
+        abandoned: bool,
+    ) {
         if let Some((instance, rx)) = subscription {
             let mut map = self.map();
             drop(rx);
@@ -116,6 +141,10 @@ impl Settlements {
                 .is_some_and(|tx| tx.receiver_count() == 0)
             {
                 map.remove(&instance);
+                drop(map);
+                if abandoned {
+                    self.abandoned_set().insert(instance);
+                }
             }
         }
         self.streams.fetch_sub(1, Ordering::AcqRel);

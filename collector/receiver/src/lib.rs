@@ -367,6 +367,7 @@ impl EventIngest for Ingest {
             // A fleet stream's instance and its settled seq.
             let mut subscription: Option<(String, tokio::sync::watch::Receiver<u64>)> = None;
             let mut left = false;
+            let mut handed_off = false;
             loop {
                 let next = tokio::select! {
                     next = inbound.message() => next,
@@ -463,6 +464,7 @@ impl EventIngest for Ingest {
                     // The shim moves to another replica: the stage forgets
                     // its open state; nothing to acknowledge.
                     this.settlements.handed_off();
+                    handed_off = true;
                     let ingested = Ingested {
                         batch,
                         lsn: 0,
@@ -515,7 +517,8 @@ impl EventIngest for Ingest {
                 }
             }
             if fleet {
-                this.settlements.stream_closed(subscription);
+                let abandoned = !handed_off && !this.shutdown.is_cancelled();
+                this.settlements.stream_closed(subscription, abandoned);
             }
         });
         let mut response: Response<AckStream> =

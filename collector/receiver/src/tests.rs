@@ -567,6 +567,42 @@ async fn a_fleet_stream_learns_settlement_and_leave_and_hands_off() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(!settlements.is_connected("i-1"));
+    assert!(!settlements.is_abandoned("i-1"), "it handed off");
+    server.stop.cancel();
+}
+
+#[tokio::test]
+async fn a_fleet_stream_that_ends_without_a_handoff_is_abandoned_until_it_returns() {
+    let settlements = Arc::new(Settlements::default());
+    let (server, mut pipeline) = serve(loopback(), Limits::default(), {
+        let settlements = settlements.clone();
+        |ingest| ingest.with_settlements(settlements)
+    })
+    .await;
+    let mut client = client(&server.endpoint).await;
+    for round in 0..2 {
+        let (tx, rx) = mpsc::channel(8);
+        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        request
+            .metadata_mut()
+            .insert(fleet::FLEET_METADATA, "1".parse().unwrap());
+        tx.send(batch(1 + round, 1)).await.unwrap();
+        let mut acks = client.stream(request).await.unwrap().into_inner();
+        assert_eq!(acks.message().await.unwrap().unwrap().last_seq, 1 + round);
+        tokio::time::timeout(WAIT, pipeline.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!settlements.is_abandoned("i-1"), "connected (again)");
+        // The agent goes away without a handoff.
+        drop(tx);
+        assert!(acks.message().await.unwrap().is_none());
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !settlements.is_abandoned("i-1") {
+            assert!(tokio::time::Instant::now() < deadline, "presumed dead");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     server.stop.cancel();
 }
 
