@@ -491,20 +491,44 @@ async fn another_wire_protocol_is_refused_with_a_clear_error() {
     server.stop.cancel();
 }
 
-#[tokio::test]
-async fn a_fleet_stream_learns_settlement_and_leave_and_hands_off() {
+/// A server whose pipeline side is the test's, settling into the
+/// returned registry.
+async fn serve_fleet() -> (Server, mpsc::Receiver<Ingested>, Arc<Settlements>) {
     let settlements = Arc::new(Settlements::default());
-    let (server, mut pipeline) = serve(loopback(), Limits::default(), {
+    let (server, pipeline) = serve(loopback(), Limits::default(), {
         let settlements = settlements.clone();
         |ingest| ingest.with_settlements(settlements)
     })
     .await;
-    let mut client = client(&server.endpoint).await;
-    let (tx, rx) = mpsc::channel(8);
+    (server, pipeline, settlements)
+}
+
+/// A stream call in fleet mode sending what `rx` gives.
+fn fleet_request(
+    rx: mpsc::Receiver<EventBatch>,
+) -> tonic::Request<tokio_stream::wrappers::ReceiverStream<EventBatch>> {
     let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
     request
         .metadata_mut()
         .insert(fleet::FLEET_METADATA, "1".parse().unwrap());
+    request
+}
+
+/// Waits (at most [`WAIT`]) until `done`, failing with `what`.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_fleet_stream_learns_settlement_and_leave_and_hands_off() {
+    let (server, mut pipeline, settlements) = serve_fleet().await;
+    let mut client = client(&server.endpoint).await;
+    let (tx, rx) = mpsc::channel(8);
+    let request = fleet_request(rx);
     tx.send(batch(1, 1)).await.unwrap();
     let response = client.stream(request).await.unwrap();
     assert_eq!(
@@ -561,11 +585,7 @@ async fn a_fleet_stream_learns_settlement_and_leave_and_hands_off() {
             .unwrap()
             .is_none()
     );
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while settlements.streams() > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the stream is gone");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the stream is gone", || settlements.streams() == 0).await;
     assert!(!settlements.is_connected("i-1"));
     assert!(!settlements.is_abandoned("i-1"), "it handed off");
     server.stop.cancel();
@@ -573,19 +593,11 @@ async fn a_fleet_stream_learns_settlement_and_leave_and_hands_off() {
 
 #[tokio::test]
 async fn a_fleet_stream_that_ends_without_a_handoff_is_abandoned_until_it_returns() {
-    let settlements = Arc::new(Settlements::default());
-    let (server, mut pipeline) = serve(loopback(), Limits::default(), {
-        let settlements = settlements.clone();
-        |ingest| ingest.with_settlements(settlements)
-    })
-    .await;
+    let (server, mut pipeline, settlements) = serve_fleet().await;
     let mut client = client(&server.endpoint).await;
     for round in 0..2 {
         let (tx, rx) = mpsc::channel(8);
-        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-        request
-            .metadata_mut()
-            .insert(fleet::FLEET_METADATA, "1".parse().unwrap());
+        let request = fleet_request(rx);
         tx.send(batch(1 + round, 1)).await.unwrap();
         let mut acks = client.stream(request).await.unwrap().into_inner();
         assert_eq!(acks.message().await.unwrap().unwrap().last_seq, 1 + round);
@@ -597,23 +609,14 @@ async fn a_fleet_stream_that_ends_without_a_handoff_is_abandoned_until_it_return
         // The agent goes away without a handoff.
         drop(tx);
         assert!(acks.message().await.unwrap().is_none());
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while !settlements.is_abandoned("i-1") {
-            assert!(tokio::time::Instant::now() < deadline, "presumed dead");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        eventually("presumed dead", || settlements.is_abandoned("i-1")).await;
     }
     server.stop.cancel();
 }
 
 #[tokio::test]
 async fn a_stream_without_fleet_mode_gets_the_header_and_no_settlement() {
-    let settlements = Arc::new(Settlements::default());
-    let (server, mut pipeline) = serve(loopback(), Limits::default(), {
-        let settlements = settlements.clone();
-        |ingest| ingest.with_settlements(settlements)
-    })
-    .await;
+    let (server, mut pipeline, settlements) = serve_fleet().await;
     let mut client = client(&server.endpoint).await;
     let (tx, rx) = mpsc::channel(8);
     tx.send(batch(1, 1)).await.unwrap();
