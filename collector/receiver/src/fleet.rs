@@ -112,12 +112,21 @@ impl Settlements {
         self.streams.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// The fleet stream's instance: the receiver of its settled seq.
+    /// The fleet stream's instance: the receiver of its settled seq. A
+    /// second stream of an instance (it reconnected before its old stream
+    /// was gone) is told the current value at once: it may resend events
+    /// settled already, whose settlement would not advance the value.
     pub fn subscribe(&self, instance: &str) -> watch::Receiver<u64> {
         self.abandoned_set().remove(instance);
         let mut map = self.map();
         match map.get(instance) {
-            Some(tx) => tx.subscribe(),
+            Some(tx) => {
+                let mut rx = tx.subscribe();
+                if *rx.borrow() > 0 {
+                    rx.mark_changed();
+                }
+                rx
+            }
             None => {
                 let (tx, rx) = watch::channel(0);
                 map.insert(instance.to_owned(), tx);

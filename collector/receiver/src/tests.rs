@@ -558,6 +558,32 @@ async fn a_fleet_stream_learns_settlement_and_leave_and_hands_off() {
         .unwrap();
     assert_eq!((ack.first_seq, ack.last_seq, ack.settled_seq), (0, 0, 1));
     assert!(!ack.leave);
+    // A second stream of the instance (a reconnect before the first one is
+    // gone) learns the current value at once.
+    let (tx2, rx2) = mpsc::channel(8);
+    tx2.send(batch(2, 1)).await.unwrap();
+    let mut acks2 = client
+        .stream(fleet_request(rx2))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let ack = tokio::time::timeout(WAIT, acks2.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        got.push((ack.last_seq, ack.settled_seq));
+    }
+    got.sort_unstable();
+    assert_eq!(got, [(0, 1), (2, 0)]);
+    tokio::time::timeout(WAIT, pipeline.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    drop(tx2);
+    assert!(acks2.message().await.unwrap().is_none());
 
     // The drain asks it to leave; it hands off and ends its stream.
     settlements.leave();
