@@ -96,7 +96,7 @@ impl Correlation {
 
     /// For every instance with held events or open state, the lowest lsn
     /// they need.
-    pub fn min_open_lsn_by_instance(&self) -> std::collections::HashMap<String, u64> {
+    pub fn min_open_lsn_by_instance(&self) -> std::collections::HashMap<&str, u64> {
         let mut lsns = std::collections::HashMap::new();
         self.sequencer.min_held_lsn_by_instance(&mut lsns);
         self.correlator.min_lsn_by_instance(&mut lsns);

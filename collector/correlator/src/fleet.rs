@@ -19,20 +19,16 @@ pub enum Departure {
 }
 
 /// Lowers `into[instance]` to `lsn`.
-pub(crate) fn note_lsn(into: &mut HashMap<String, u64>, instance: &str, lsn: u64) {
-    match into.get_mut(instance) {
-        Some(min) => *min = (*min).min(lsn),
-        None => {
-            into.insert(instance.to_owned(), lsn);
-        }
-    }
+pub(crate) fn note_lsn<'a>(into: &mut HashMap<&'a str, u64>, instance: &'a str, lsn: u64) {
+    let min = into.entry(instance).or_insert(lsn);
+    *min = (*min).min(lsn);
 }
 
 impl Correlator {
     /// For every instance holding open state, the lowest persistent-queue
     /// position (lsn) it needs, lowered into `into` ([`Correlator::min_lsn`]
     /// per instance).
-    pub fn min_lsn_by_instance(&self, into: &mut HashMap<String, u64>) {
+    pub fn min_lsn_by_instance<'a>(&'a self, into: &mut HashMap<&'a str, u64>) {
         for turn in self.turns.values() {
             note_lsn(into, &turn.instance, turn.min_lsn);
         }

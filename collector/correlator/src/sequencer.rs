@@ -137,7 +137,10 @@ impl Sequencer {
 
     /// For every instance holding events, the lowest lsn among them,
     /// lowered into `into`.
-    pub fn min_held_lsn_by_instance(&self, into: &mut std::collections::HashMap<String, u64>) {
+    pub fn min_held_lsn_by_instance<'a>(
+        &'a self,
+        into: &mut std::collections::HashMap<&'a str, u64>,
+    ) {
         for (id, instance) in &self.instances {
             if let Some(lsn) = instance.held.values().map(|h| h.lsn).min() {
                 crate::fleet::note_lsn(into, id, lsn);

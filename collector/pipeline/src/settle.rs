@@ -207,11 +207,11 @@ impl Settlement {
         let open = correlation.min_open_lsn_by_instance();
         let registry = &self.registry;
         self.seen
-            .retain(|i| open.contains_key(i) || registry.is_connected(i));
+            .retain(|i| open.contains_key(i.as_str()) || registry.is_connected(i));
         let done = (self.done)();
         let sent = self.sent;
         self.tracks.retain(|instance, track| {
-            let bound = [open.get(instance).copied(), held]
+            let bound = [open.get(instance.as_str()).copied(), held]
                 .into_iter()
                 .flatten()
                 .min()
