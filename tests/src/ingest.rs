@@ -80,6 +80,18 @@ pub fn basic_events() -> Vec<Event> {
     events_of(&fixture_records("basic"))
 }
 
+/// The basic fixture's events before its turn's end (`post_llm_call`):
+/// a turn still open.
+pub fn basic_open_turn() -> Vec<Event> {
+    let mut events = basic_events();
+    let end = events
+        .iter()
+        .position(|e| e.hook == "post_llm_call")
+        .unwrap_or(events.len());
+    events.truncate(end);
+    events
+}
+
 pub fn shim_info(instance_id: &str) -> ShimInfo {
     ShimInfo {
         instance_id: instance_id.into(),

@@ -10,19 +10,10 @@ use std::time::Duration;
 
 use hermes_e2e::OtlpReceiver;
 use hermes_e2e::collector::Collector;
-use hermes_e2e::ingest::{FleetStream, basic_events, batch_of, connect, fleet_stream};
+use hermes_e2e::ingest::{
+    FleetStream, basic_events, basic_open_turn, batch_of, connect, fleet_stream,
+};
 use hermes_e2e::span_tree::AttrsExt;
-use hermes_proto::v1::Event;
-
-/// The basic turn up to (not including) its end.
-fn open_turn() -> Vec<Event> {
-    let events = basic_events();
-    let end = events
-        .iter()
-        .position(|e| e.hook == "post_llm_call")
-        .unwrap();
-    events[..end].to_vec()
-}
 
 /// The `service.instance.id` of every root span the receiver holds, and
 /// whether the turn is incomplete.
@@ -54,7 +45,7 @@ fn a_draining_replica_hands_fleet_agents_off_and_exports_only_a_dead_agents_turn
         ),
     );
     let endpoint = collector.endpoint.clone();
-    let open = open_turn();
+    let open = basic_open_turn();
     let last_seq = open.last().unwrap().seq;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

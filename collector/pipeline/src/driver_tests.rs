@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Correlation, Correlator};
-use hermes_e2e::ingest::{basic_events, batch_of};
+use hermes_e2e::ingest::{basic_events, basic_open_turn as open_turn, batch_of};
 use hermes_processor::{ProcessorConfig, SpanProcessor};
 use hermes_proto::v1::Event;
 use hermes_receiver::Ingested;
@@ -31,16 +31,6 @@ const SEC: u64 = 1_000_000_000;
 const TTL: Duration = Duration::from_secs(60);
 const GRACE: Duration = Duration::from_secs(2);
 const TICK: Duration = Duration::from_millis(500);
-
-/// The basic turn without its end (`post_llm_call`) and what follows.
-fn open_turn() -> Vec<Event> {
-    let events = basic_events();
-    let end = events
-        .iter()
-        .position(|e| e.hook == "post_llm_call")
-        .unwrap();
-    events[..end].to_vec()
-}
 
 /// A running stage fed by `ingest`, read at `export`.
 struct Stage {
