@@ -73,6 +73,7 @@ impl EventIngest for Service {
                     None => Ok(Ack {
                         first_seq: batch.events.first().map_or(0, |e| e.seq),
                         last_seq: batch.events.last().map_or(0, |e| e.seq),
+                        ..Default::default()
                     }),
                 };
                 let ends = reply.is_err();

@@ -268,6 +268,7 @@ fn wire_batches(level: CaptureLevel, copies: usize) -> Vec<Vec<u8>> {
                 events: chunk.to_vec(),
                 dropped_events: 0,
                 floor_seq: 0,
+                ..Default::default()
             }
             .encode_to_vec()
         })

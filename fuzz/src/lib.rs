@@ -405,6 +405,7 @@ fn step(op: &Op, now: u64) -> Step {
                 events,
                 dropped_events: 0,
                 floor_seq: u64::from(*floor_seq),
+                ..Default::default()
             }))
         }
         Op::Wire { instance, bytes } => match ReceivedBatch::decode(bytes.as_slice()) {
@@ -663,6 +664,7 @@ mod smoke {
             events,
             dropped_events: 0,
             floor_seq: 0,
+            ..Default::default()
         };
         let mut oversized = turn.clone();
         oversized[3].hook = "x".repeat(5000);

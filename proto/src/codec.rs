@@ -110,6 +110,7 @@ mod tests {
                 .collect(),
             dropped_events: 2,
             floor_seq: 1,
+            ..Default::default()
         }
     }
 

@@ -149,6 +149,7 @@ impl<C: Convert> Batcher<C> {
                 + shared.lost_events.load(Ordering::Acquire),
             // Set when sent (the floor moves with acks and evictions).
             floor_seq: 0,
+            ..Default::default()
         };
         let evicted = pending.push(batch);
         if evicted > 0 {

@@ -261,6 +261,7 @@ mod tests {
                     let ack = Ack {
                         first_seq: seq,
                         last_seq: seq,
+                        ..Default::default()
                     };
                     if tx.send(Ok(ack)).await.is_err() {
                         return;

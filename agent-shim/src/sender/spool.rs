@@ -474,6 +474,7 @@ mod tests {
                 .collect(),
             dropped_events: 3,
             floor_seq: 0,
+            ..Default::default()
         }
     }
 

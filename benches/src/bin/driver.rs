@@ -169,6 +169,7 @@ impl Stream {
             events,
             dropped_events: 0,
             floor_seq: 0,
+            ..Default::default()
         };
         self.tx
             .send(batch)

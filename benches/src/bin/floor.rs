@@ -361,6 +361,7 @@ impl<M: Batch> StreamingService<M> for Method<M> {
                             Some(Ok(Ack {
                                 first_seq,
                                 last_seq,
+                                ..Default::default()
                             }))
                         }
                         Ok(None) => None,

@@ -125,6 +125,8 @@ pub struct Config {
     pub queue: QueueConfig,
     /// Shutdown behaviour.
     pub shutdown: ShutdownConfig,
+    /// One replica of a fleet of collectors.
+    pub fleet: FleetConfig,
     /// The async runtime's threads.
     pub runtime: RuntimeConfig,
     /// The collector's own logs.

@@ -287,6 +287,7 @@ async fn run_instance(index: usize, run: Arc<Run>) -> anyhow::Result<()> {
                     events,
                     dropped_events: 0,
                     floor_seq: 0,
+                    ..Default::default()
                 })
             };
             for turn in 0..args.turns {
