@@ -11,6 +11,7 @@
 //! | `metrics` | the sink's counters on `/metrics` ([`TrajectoryStats`]) |
 //! | [`record`] | a span reduced to what a trajectory needs ([`SpanRecord`]), grouped by session |
 //! | [`build`](mod@build) | records of one session → its [`Trajectory`] (pure) |
+//! | [`logs`] | each written trajectory as one OTLP log record, and the task that sends them |
 //! | [`files`] | the directory's files (partial, trajectory, continuation segments), atomic writes |
 //! | [`render`] | a trajectory as readable steps (`hermes-collector view --session`) |
 //! | [`sessions`] | sessions in progress: merged per batch, kept on disk, written when ended or idle |
@@ -24,6 +25,7 @@
 pub mod atif;
 pub mod build;
 pub mod files;
+pub mod logs;
 mod metrics;
 pub mod record;
 pub mod render;
@@ -33,6 +35,7 @@ pub mod time;
 
 pub use atif::{SCHEMA_VERSION, Trajectory};
 pub use build::{Ending, build};
+pub use logs::{AtifLogs, Finished};
 pub use record::{AgentInfo, Kind, SessionRecords, SpanRecord, records_of};
 pub use render::render;
 pub use sessions::{END_GRACE_MS, SessionEnd, Sessions, TrajectoryStats};

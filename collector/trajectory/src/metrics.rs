@@ -28,6 +28,16 @@ impl StageMetrics for TrajectoryStats {
                 &self.spans_without_messages,
             ),
             (
+                "trajectory_log_records_sent",
+                "Trajectories sent as OTLP log records (exporters.atif.otlp_logs).",
+                &self.log_records_sent,
+            ),
+            (
+                "trajectory_log_records_failed",
+                "Trajectories not sent as OTLP log records (queue full, retries given up, refused, or queued at shutdown); their files are written.",
+                &self.log_records_failed,
+            ),
+            (
                 "trajectory_unreadable_partials",
                 "Files of sessions in progress found at start that could not be read (left in place).",
                 &self.unreadable_partials,

@@ -29,6 +29,7 @@ use crate::files::{
     PARTIAL_SUFFIX, Partial, link_continuation, load_partials, next_segment, segment_name, stem,
     write_atomic, write_trajectory,
 };
+use crate::logs::Finished;
 use crate::record::records_of;
 
 /// After its host ended a session, how long its last spans may take to
@@ -65,6 +66,12 @@ pub struct TrajectoryStats {
     pub unreadable_partials: AtomicU64,
     /// Sessions in progress now (a gauge).
     pub in_progress: AtomicU64,
+    /// Trajectories sent as OTLP log records (`otlp_logs`).
+    pub log_records_sent: AtomicU64,
+    /// Trajectories not sent as log records: the queue to the sender full,
+    /// given up after the retries, refused by the backend, or still queued
+    /// at shutdown. Their files are written.
+    pub log_records_failed: AtomicU64,
 }
 
 /// The sessions in progress of one trajectory directory.
@@ -82,6 +89,9 @@ pub struct Sessions {
     early_ends: Vec<(SessionEnd, u64)>,
     /// [`MAX_SESSIONS`], lower in tests.
     max_sessions: usize,
+    /// Where each written file goes to be sent as a log record
+    /// ([`crate::logs`]), with `otlp_logs`.
+    outbox: Option<tokio::sync::mpsc::Sender<Finished>>,
     stats: Arc<TrajectoryStats>,
 }
 
@@ -117,6 +127,7 @@ impl Sessions {
             warned: BTreeSet::new(),
             early_ends: Vec::new(),
             max_sessions: MAX_SESSIONS,
+            outbox: None,
             stats,
         };
         sessions.bound()?;
@@ -129,6 +140,12 @@ impl Sessions {
         sessions.max_sessions = max.max(1);
         sessions.bound()?;
         Ok(sessions)
+    }
+
+    /// Hands every trajectory written from now on to `outbox` (never
+    /// waiting: a full channel counts the record as failed).
+    pub fn send_to(&mut self, outbox: tokio::sync::mpsc::Sender<Finished>) {
+        self.outbox = Some(outbox);
     }
 
     /// The exporter's counters.
@@ -311,6 +328,23 @@ impl Sessions {
         );
         let name = segment_name(key, partial.segment);
         write_trajectory(&self.dir.join(&name), &trajectory)?;
+        if let Some(outbox) = &self.outbox {
+            let finished = Finished {
+                session_id: partial.session_id.clone(),
+                file: name.clone(),
+                complete: ending == Ending::Ended,
+                body: serde_json::to_string(&trajectory).map_err(std::io::Error::other)?,
+                last_step_ns: partial.records.iter().map(|r| r.end_ns).max().unwrap_or(0),
+                written_ns: now_ns(),
+                resource: partial.agent.resource.clone(),
+            };
+            if outbox.try_send(finished).is_err() {
+                self.stats
+                    .log_records_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(file = %name, "trajectory not sent as a log record: the sender is behind");
+            }
+        }
         if partial.segment > 1 {
             link_continuation(
                 &self.dir.join(segment_name(key, partial.segment - 1)),
@@ -333,4 +367,12 @@ impl Sessions {
         tracing::info!(file = %name, "trajectory written");
         Ok(())
     }
+}
+
+/// Wall-clock Unix nanoseconds (the log record's observed time).
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or_default()
 }

@@ -218,7 +218,7 @@ async fn the_sink_holds_an_exported_batch_on_disk_and_keeps_it_at_the_stop() {
         dir: dir.path().to_owned(),
         idle_ms: 3_600_000,
     };
-    let mut sink = AtifExporter::new(config.clone(), None).unwrap();
+    let mut sink = AtifExporter::new(config.clone(), None, None).unwrap();
     let request = ExportTraceServiceRequest {
         resource_spans: turn("s1", "t1", 1, "content"),
     };
@@ -236,7 +236,7 @@ async fn the_sink_holds_an_exported_batch_on_disk_and_keeps_it_at_the_stop() {
         ["s1.partial.json"],
         "kept for the next start"
     );
-    let again = AtifExporter::new(config, None).unwrap();
+    let again = AtifExporter::new(config, None, None).unwrap();
     assert!(again.destination().contains("ATIF"));
 }
 
@@ -356,4 +356,38 @@ fn past_the_bound_the_least_recently_active_session_is_written() {
     );
     assert_eq!(read(dir.path(), "s2.json")["extra"]["incomplete"], true);
     assert_eq!(sessions.stats().incomplete.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn each_written_file_goes_to_the_log_outbox_without_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    sessions.send_to(tx);
+    sessions
+        .add(&turn("s1", "t1", 1, "content"), 5_000)
+        .unwrap();
+    sessions
+        .add(&turn("s2", "t1", 1, "content"), 5_000)
+        .unwrap();
+    assert_eq!(
+        sessions.write_due(6_000).unwrap(),
+        2,
+        "a full outbox never holds a file"
+    );
+    assert_eq!(names(dir.path()), ["s1.json", "s2.json"]);
+    let finished = rx.try_recv().unwrap();
+    assert_eq!(finished.file, "s1.json");
+    assert_eq!(finished.session_id, "s1");
+    assert!(!finished.complete, "written after the idle time");
+    let body: Value = serde_json::from_str(&finished.body).unwrap();
+    assert_eq!(body, read(dir.path(), "s1.json"));
+    assert_eq!(
+        finished.resource.get("service.name"),
+        Some(&Value::from("hermes-agent"))
+    );
+    assert!(finished.last_step_ns > 0);
+    assert!(rx.try_recv().is_err(), "the second did not fit");
+    let stats = sessions.stats();
+    assert_eq!(stats.log_records_failed.load(Ordering::Relaxed), 1);
 }

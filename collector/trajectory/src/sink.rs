@@ -8,6 +8,9 @@
 //! A failed write is an I/O error the stage retries; merging again is
 //! harmless, a span seen twice replaces its first copy.
 //!
+//! With `otlp_logs`, a second task sends each written trajectory as an
+//! OTLP log record ([`crate::logs`]); it is stopped with the timer.
+//!
 //! The timer is a task started with the exporter and stopped by
 //! [`SpanExporter::shutdown`]: it takes the session ends the correlation
 //! stage reports (a bounded channel; an end lost there leaves the session
@@ -23,6 +26,7 @@ use hermes_exporter::{ExportBatch, ExportError, ExportFuture, ExportOutcome, Spa
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::logs::{AtifLogs, OUTBOX, sender};
 use crate::sessions::{SessionEnd, Sessions, TrajectoryStats};
 
 /// Longest wait between two looks for idle sessions.
@@ -45,27 +49,36 @@ pub struct AtifExporter {
     stats: Arc<TrajectoryStats>,
     stop: CancellationToken,
     timer: Option<JoinHandle<()>>,
+    /// The log records' sender, with `otlp_logs`.
+    sender: Option<JoinHandle<()>>,
 }
 
 impl AtifExporter {
     /// Opens the directory (reloading the sessions in progress) and starts
     /// the timer on the current tokio runtime, taking session ends from
-    /// `ends` when given.
+    /// `ends` when given; with `logs`, starts the task sending each
+    /// written trajectory as an OTLP log record.
     pub fn new(
         config: AtifExporterConfig,
         ends: Option<tokio::sync::mpsc::Receiver<SessionEnd>>,
+        logs: Option<AtifLogs>,
     ) -> Result<Self, ExportError> {
         let io = |source| ExportError::Io {
             path: config.dir.clone(),
             source,
         };
-        let sessions = Sessions::open(&config.dir, config.idle_ms).map_err(io)?;
-        let stats = sessions.stats();
-        let sessions = Arc::new(Mutex::new(sessions));
-        let stop = CancellationToken::new();
-        let tick = Duration::from_millis((config.idle_ms / 4).max(1)).min(MAX_TICK);
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|e| io(std::io::Error::other(e)))?;
+        let mut sessions = Sessions::open(&config.dir, config.idle_ms).map_err(io)?;
+        let stats = sessions.stats();
+        let stop = CancellationToken::new();
+        let sender = logs.map(|logs| {
+            let (tx, rx) = tokio::sync::mpsc::channel(OUTBOX);
+            sessions.send_to(tx);
+            runtime.spawn(sender(logs, rx, stats.clone(), stop.clone()))
+        });
+        let sessions = Arc::new(Mutex::new(sessions));
+        let tick = Duration::from_millis((config.idle_ms / 4).max(1)).min(MAX_TICK);
         let timer = runtime.spawn(timer(
             sessions.clone(),
             config.dir.clone(),
@@ -79,6 +92,7 @@ impl AtifExporter {
             stats,
             stop,
             timer: Some(timer),
+            sender,
         })
     }
 
@@ -114,6 +128,9 @@ impl SpanExporter for AtifExporter {
             self.stop.cancel();
             if let Some(timer) = self.timer.take() {
                 let _ = timer.await;
+            }
+            if let Some(sender) = self.sender.take() {
+                let _ = sender.await;
             }
             Ok(ExportOutcome::default())
         })
