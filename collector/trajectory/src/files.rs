@@ -8,8 +8,9 @@
 //!
 //! `<stem>` is the session id made safe for a file name ([`stem`]). Every
 //! file is written to a temporary name in the directory, synced, and
-//! renamed over the target, so a reader (or a crash) sees the old file or
-//! the new one, never a part.
+//! renamed over the target, and the directory synced after the rename, so
+//! a reader (or a crash) sees the old file or the new one, never a part,
+//! and a file reported written stays written.
 
 use std::fs::File;
 use std::io::Write;
@@ -86,10 +87,15 @@ pub fn next_segment(dir: &Path, stem: &str) -> u32 {
     n
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same
-/// directory, synced, renamed over `path`.
+/// Writes `bytes` to `path` atomically and durably: a temporary file in
+/// the same directory, synced, renamed over `path`, then the directory
+/// synced, so that the rename (the new name's entry) survives a power
+/// loss as the content does.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -99,7 +105,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let mut file = File::create(&tmp)?;
         file.write_all(bytes)?;
         file.sync_all()?;
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
