@@ -101,7 +101,7 @@ pub fn build_sinks(validated: &Validated) -> anyhow::Result<(Vec<Sink>, Option<T
         )
         .context("exporters.atif.dir")?;
         trajectories = Some(TrajectorySink {
-            ends: tx,
+            ends: SessionEnds::new(tx, exporter.stats()),
             stats: exporter.stats(),
         });
         sinks.push(Sink::new("atif", exporter));
@@ -113,4 +113,4 @@ pub fn build_sinks(validated: &Validated) -> anyhow::Result<(Vec<Sink>, Option<T
 }
 
 /// Where the correlation stage reports the sessions their host ended.
-pub type SessionEnds = tokio::sync::mpsc::Sender<hermes_trajectory::SessionEnd>;
+pub use hermes_trajectory::SessionEnds;

@@ -39,7 +39,7 @@ pub use logs::{AtifLogs, Finished};
 pub use record::{AgentInfo, Kind, SessionRecords, SpanRecord, records_of};
 pub use render::render;
 pub use sessions::{END_GRACE_MS, SessionEnd, Sessions, TrajectoryStats};
-pub use sink::{AtifExporter, AtifExporterConfig};
+pub use sink::{AtifExporter, AtifExporterConfig, SessionEnds};
 
 #[cfg(test)]
 mod build_tests;

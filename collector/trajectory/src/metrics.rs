@@ -38,6 +38,11 @@ impl StageMetrics for TrajectoryStats {
                 &self.log_records_failed,
             ),
             (
+                "trajectory_session_ends_lost",
+                "Session ends that did not fit the trajectory sink's queue: those sessions are written at their idle time, marked incomplete.",
+                &self.session_ends_lost,
+            ),
+            (
                 "trajectory_unreadable_partials",
                 "Files of sessions in progress found at start that could not be read (left in place).",
                 &self.unreadable_partials,

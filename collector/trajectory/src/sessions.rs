@@ -72,6 +72,10 @@ pub struct TrajectoryStats {
     /// given up after the retries, refused by the backend, or still queued
     /// at shutdown. Their files are written.
     pub log_records_failed: AtomicU64,
+    /// Session ends that did not fit the channel from the correlation
+    /// stage ([`crate::sink::SessionEnds`]): those sessions are written at
+    /// their idle time, marked incomplete.
+    pub session_ends_lost: AtomicU64,
 }
 
 /// The sessions in progress of one trajectory directory.

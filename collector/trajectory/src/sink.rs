@@ -13,12 +13,13 @@
 //!
 //! The timer is a task started with the exporter and stopped by
 //! [`SpanExporter::shutdown`]: it takes the session ends the correlation
-//! stage reports (a bounded channel; an end lost there leaves the session
-//! to its idle time) and writes the sessions that are due. The sessions
+//! stage reports ([`SessionEnds`]: a bounded channel; an end lost there
+//! leaves the session to its idle time, counted) and writes the sessions that are due. The sessions
 //! still in progress at the stop stay in their partial files for the next
 //! start.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -28,6 +29,46 @@ use tokio_util::sync::CancellationToken;
 
 use crate::logs::{AtifLogs, OUTBOX, sender};
 use crate::sessions::{SessionEnd, Sessions, TrajectoryStats};
+
+/// The sending end of the session ends the correlation stage reports to
+/// the sink. It never waits: an end that does not fit the bounded channel
+/// is lost, and its session is written at its idle time instead, marked
+/// incomplete; each such loss is counted
+/// (`hermes_collector_trajectory_session_ends_lost_total`), the first
+/// logged as a warning.
+#[derive(Debug, Clone)]
+pub struct SessionEnds {
+    tx: tokio::sync::mpsc::Sender<SessionEnd>,
+    stats: Arc<TrajectoryStats>,
+}
+
+impl SessionEnds {
+    /// Ends sent on `tx`, losses counted in `stats` (the sink's).
+    pub fn new(tx: tokio::sync::mpsc::Sender<SessionEnd>, stats: Arc<TrajectoryStats>) -> Self {
+        Self { tx, stats }
+    }
+
+    /// Hands `end` to the sink without waiting. A closed channel (the sink
+    /// stopped, at shutdown) loses nothing it would still write.
+    pub fn hand(&self, end: SessionEnd) {
+        match self.tx.try_send(end) {
+            Ok(()) => {}
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                let before = self.stats.session_ends_lost.fetch_add(1, Ordering::Relaxed);
+                if before == 0 {
+                    tracing::warn!(
+                        "a session end did not fit the trajectory sink's queue: the session is written at its idle time, marked incomplete (further losses are counted in /metrics only)"
+                    );
+                } else {
+                    tracing::debug!("session end lost; its idle time applies");
+                }
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {
+                tracing::debug!("session end after the trajectory sink stopped");
+            }
+        }
+    }
+}
 
 /// Longest wait between two looks for idle sessions.
 const MAX_TICK: Duration = Duration::from_secs(1);
@@ -202,4 +243,36 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn end(session: &str) -> SessionEnd {
+        SessionEnd {
+            instance_id: "i-1".into(),
+            session_id: session.into(),
+        }
+    }
+
+    #[test]
+    fn an_end_that_does_not_fit_is_counted() {
+        let stats = Arc::new(TrajectoryStats::default());
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let ends = SessionEnds::new(tx, stats.clone());
+        ends.hand(end("s1"));
+        ends.hand(end("s2"));
+        ends.hand(end("s3"));
+        assert_eq!(stats.session_ends_lost.load(Ordering::Relaxed), 2);
+        assert_eq!(rx.try_recv().unwrap(), end("s1"));
+        drop(rx);
+        ends.hand(end("s4"));
+        assert_eq!(
+            stats.session_ends_lost.load(Ordering::Relaxed),
+            2,
+            "a stopped sink loses nothing it would write"
+        );
+    }
 }
