@@ -15,7 +15,8 @@ pub struct AtifConfig {
     /// Directory the trajectories are written to, one `<session_id>.json`
     /// per session (the id made safe for a file name), written atomically.
     /// It must exist and be writable; the sessions in progress are kept
-    /// there too (`<session_id>.partial.json`), so a restart continues them.
+    /// there too (`<session_id>.partial.jsonl`, an append-only record log), so
+    /// a restart continues them.
     pub dir: PathBuf,
     /// A session with no new span for this long is written as it is,
     /// marked incomplete (its agent was killed or lost its connection).

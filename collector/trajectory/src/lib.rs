@@ -11,6 +11,7 @@
 //! | `metrics` | the sink's counters on `/metrics` ([`TrajectoryStats`]) |
 //! | [`record`] | a span reduced to what a trajectory needs ([`SpanRecord`]), grouped by session |
 //! | [`build`](mod@build) | records of one session → its [`Trajectory`] (pure) |
+//! | [`journal`] | a session in progress on disk: its append-only record log, replayed at start |
 //! | [`logs`] | each written trajectory as one OTLP log record, and the task that sends them |
 //! | [`files`] | the directory's files (partial, trajectory, continuation segments), atomic writes |
 //! | [`render`] | a trajectory as readable steps (`hermes-collector view --session`) |
@@ -25,6 +26,7 @@
 pub mod atif;
 pub mod build;
 pub mod files;
+pub mod journal;
 pub mod logs;
 mod metrics;
 pub mod record;

@@ -43,6 +43,11 @@ impl StageMetrics for TrajectoryStats {
                 &self.session_ends_lost,
             ),
             (
+                "trajectory_partial_lines_skipped",
+                "Lines of the record logs of sessions in progress found at start that did not parse (torn by a crash mid-write), skipped.",
+                &self.partial_lines_skipped,
+            ),
+            (
                 "trajectory_unreadable_partials",
                 "Files of sessions in progress found at start that could not be read (left in place).",
                 &self.unreadable_partials,
