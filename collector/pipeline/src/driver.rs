@@ -76,18 +76,15 @@ pub struct Ended {
 }
 
 /// Hands the sessions ended since the last pass to `to` (never waiting: a
-/// full channel loses the end, and the session is written at its idle
-/// time instead); without a receiver they are dropped.
+/// full channel loses the end, counted, and the session is written at its
+/// idle time instead); without a receiver they are dropped.
 fn report_session_ends(correlation: &mut Correlation, to: Option<&crate::sinks::SessionEnds>) {
     for end in correlation.take_session_ends() {
         let Some(to) = to else { continue };
-        let end = hermes_trajectory::SessionEnd {
+        to.hand(hermes_trajectory::SessionEnd {
             instance_id: end.instance_id,
             session_id: end.session_id,
-        };
-        if to.try_send(end).is_err() {
-            tracing::debug!("session end not handed to the trajectory sink; its idle time applies");
-        }
+        });
     }
 }
 

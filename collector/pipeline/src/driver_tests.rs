@@ -349,7 +349,7 @@ async fn a_finalized_session_is_reported_after_its_spans_were_sent() {
         &events,
         Sampler::keep_all(),
         DerivedMetrics::default(),
-        Some(ends_tx),
+        Some(crate::sinks::SessionEnds::new(ends_tx, Default::default())),
     );
     feed(&stage, events).await;
     let end = ends.recv().await.unwrap();
