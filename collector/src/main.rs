@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use hermes_config as config;
-use hermes_config::{Config, ConfigError, EXIT_CONFIG, Validated};
+use hermes_config::{Config, ConfigError, EXIT_CONFIG, SamplingConfig, Validated};
 use hermes_pipeline::{Outcome, Topology};
 
 /// mimalloc instead of glibc's malloc: every event and span is a tree of
@@ -355,11 +355,7 @@ struct Reload {
 
 impl Reload {
     fn apply(&self) {
-        let read = Config::parse_file(&self.path).and_then(|c| match &c.sampling {
-            Some(sampling) => sampling.validate().map(|()| sampling.policies()),
-            None => Ok(Vec::new()),
-        });
-        match read {
+        match SamplingConfig::policies_from_file(&self.path) {
             Ok(policies) => {
                 let names: Vec<String> = policies.iter().map(|p| p.name.clone()).collect();
                 self.policies.send_replace(policies);

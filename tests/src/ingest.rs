@@ -80,6 +80,18 @@ pub fn basic_events() -> Vec<Event> {
     events_of(&fixture_records("basic"))
 }
 
+/// The basic fixture's events before its turn's end (`post_llm_call`):
+/// a turn still open.
+pub fn basic_open_turn() -> Vec<Event> {
+    let mut events = basic_events();
+    let end = events
+        .iter()
+        .position(|e| e.hook == "post_llm_call")
+        .unwrap_or(events.len());
+    events.truncate(end);
+    events
+}
+
 pub fn shim_info(instance_id: &str) -> ShimInfo {
     ShimInfo {
         instance_id: instance_id.into(),
@@ -148,6 +160,59 @@ pub async fn stream_batches(
         }
     }
     Ok(seqs)
+}
+
+/// One stream of a shim in fleet mode (`hermes-fleet: 1`): where its
+/// further batches go (dropping it ends the stream), its acknowledgements
+/// (settlement-only acks and `leave` among them), and whether the
+/// collector answered `hermes-settles: 1`.
+pub struct FleetStream {
+    pub batches: tokio::sync::mpsc::Sender<EventBatch>,
+    pub acks: tonic::Streaming<hermes_proto::v1::Ack>,
+    pub settles: bool,
+}
+
+/// Opens a fleet stream on `client`, `first` its first batch.
+pub async fn fleet_stream(
+    client: &mut EventIngestClient<Channel>,
+    first: EventBatch,
+) -> Result<FleetStream, tonic::Status> {
+    let (batches, rx) = tokio::sync::mpsc::channel(16);
+    batches
+        .send(first)
+        .await
+        .map_err(|_| tonic::Status::internal("stream closed"))?;
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    request.metadata_mut().insert(
+        "hermes-fleet",
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    let response = client.stream(request).await?;
+    let settles = response
+        .metadata()
+        .get("hermes-settles")
+        .is_some_and(|v| v == "1");
+    Ok(FleetStream {
+        batches,
+        acks: response.into_inner(),
+        settles,
+    })
+}
+
+impl FleetStream {
+    /// Ends the stream (as a shim does after its handoff, or as it dies).
+    pub fn end(&mut self) {
+        let (closed, _) = tokio::sync::mpsc::channel(1);
+        drop(std::mem::replace(&mut self.batches, closed));
+    }
+
+    /// The next acknowledgement, within 30 s; None when the stream ended.
+    pub async fn next_ack(&mut self) -> Result<Option<hermes_proto::v1::Ack>, tonic::Status> {
+        match tokio::time::timeout(WAIT, self.acks.message()).await {
+            Ok(next) => next,
+            Err(_) => panic!("no acknowledgement within {WAIT:?}"),
+        }
+    }
 }
 
 /// Runs `future` to completion on a runtime of its own, for plain

@@ -13,6 +13,9 @@
 //!   span and header, with scripted rejections.
 //! - [`otlp_metrics_receiver`]: in-test OTLP metrics receivers, gRPC and
 //!   HTTP/protobuf ([`MetricsReceiver`]), recording every export.
+//! - [`otlp_logs_receiver`]: in-test OTLP logs receivers, gRPC and
+//!   HTTP/protobuf ([`LogsReceiver`]), recording every
+//!   log record with its resource.
 //! - [`server`]: what those servers share (their thread and runtime, TLS
 //!   with [`ServerTls`], request bodies).
 //! - [`pki`]: a CA and the certificates it signs, made at test time.
@@ -61,6 +64,7 @@ pub mod fleet;
 pub mod hermes;
 pub mod ingest;
 pub mod json;
+pub mod otlp_logs_receiver;
 pub mod otlp_metrics_receiver;
 pub mod otlp_receiver;
 pub mod phoenix;
@@ -78,6 +82,7 @@ use std::time::{Duration, Instant};
 
 pub use fake_openai::FakeOpenAi;
 pub use hermes::HermesHome;
+pub use otlp_logs_receiver::{LogStore, LogsReceiver, ReceivedLog};
 pub use otlp_metrics_receiver::{HistogramPoint, MetricStore, MetricsReceiver, ReceivedHistogram};
 pub use otlp_receiver::{OtlpHttpReceiver, OtlpReceiver, ReceivedExport, SpanStore};
 pub use phoenix::{PhoenixServer, PhoenixSpan};

@@ -11,6 +11,7 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::Value;
 
+use crate::otlp_logs_receiver::ReceivedLog;
 use crate::span_tree::AttrsExt;
 use crate::{run_with_timeout, wait_until};
 
@@ -21,6 +22,69 @@ pub fn atif_section(dir: &Path, idle_ms: u64) -> String {
         "  atif:\n    dir: {}\n    idle_ms: {idle_ms}\n",
         dir.display()
     )
+}
+
+/// YAML continuing [`atif_section`] with its OTLP log export to
+/// `endpoint` (`protocol`: `grpc` or `http/protobuf`), giving up a record
+/// after `max_elapsed_secs`.
+pub fn otlp_logs_section(endpoint: &str, protocol: &str, max_elapsed_secs: u64) -> String {
+    format!(
+        "    otlp_logs:\n      endpoint: {endpoint}\n      protocol: {protocol}\n      max_elapsed_secs: {max_elapsed_secs}\n"
+    )
+}
+
+/// Checks that `log` is the OTLP log record of the trajectory file it
+/// names (`hermes.trajectory.file`) in `dir`: its body is the file's JSON
+/// (validated with the pinned ATIF models in `venv` as the file is), its
+/// attributes say the session, schema version and whether it is complete,
+/// and its resource is the agent's (`service_name`). Returns the file's
+/// document; panics naming what differs.
+pub fn assert_log_is_file(log: &ReceivedLog, dir: &Path, venv: &Path, service_name: &str) -> Value {
+    let file = log
+        .attr("hermes.trajectory.file")
+        .unwrap_or_else(|| panic!("no hermes.trajectory.file: {log:?}"));
+    let path = dir.join(&file);
+    let doc: Value = serde_json::from_slice(
+        &std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let body = log
+        .body()
+        .unwrap_or_else(|| panic!("no string body: {log:?}"));
+    let sent: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("body: {e}\n{body}"));
+    assert_eq!(sent, doc, "the record of {file} is the file's JSON");
+    let copy = dir.join(format!(".{file}.log-body"));
+    std::fs::write(&copy, body).unwrap_or_else(|e| panic!("{}: {e}", copy.display()));
+    let valid = validate_atif(venv, &copy);
+    let _ = std::fs::remove_file(&copy);
+    if let Err(e) = valid {
+        panic!("the record of {file} is not valid ATIF:\n{e}");
+    }
+    assert_eq!(
+        log.attr("session.id").as_deref(),
+        doc["session_id"].as_str()
+    );
+    assert_eq!(
+        log.attr("hermes.trajectory.schema_version").as_deref(),
+        doc["schema_version"].as_str()
+    );
+    let complete = doc["extra"]["incomplete"] != true;
+    assert_eq!(
+        log.attr("hermes.trajectory.complete"),
+        Some(complete.to_string()),
+        "{log:?}"
+    );
+    assert_eq!(log.record.event_name, "hermes.trajectory");
+    assert_eq!(
+        log.resource_attr("service.name").as_deref(),
+        Some(service_name)
+    );
+    assert!(log.record.time_unix_nano > 0, "{log:?}");
+    assert!(
+        log.record.observed_time_unix_nano >= log.record.time_unix_nano,
+        "{log:?}"
+    );
+    doc
 }
 
 /// The file of segment `segment` of `session` in `dir` (`<id>.json`, then

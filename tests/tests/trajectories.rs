@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use hermes_e2e::rig::{AgentRig, WAIT, session_id, subagent_script};
 use hermes_e2e::trajectory::{
-    assert_matches_spans, atif_section, own_spans, trajectory_path, validate_atif,
-    wait_for_trajectory,
+    assert_log_is_file, assert_matches_spans, atif_section, otlp_logs_section, own_spans,
+    trajectory_path, validate_atif, wait_for_trajectory,
 };
-use hermes_e2e::{AttrsExt, ChildGuard, DEFAULT_HERMES_VERSION};
+use hermes_e2e::{AttrsExt, ChildGuard, DEFAULT_HERMES_VERSION, LogsReceiver, wait_until};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
@@ -31,11 +31,16 @@ const IDLE_MS: u64 = 8_000;
 const CONTENT: (&str, &str) = ("HERMES_COLLECTOR_CAPTURE", "content");
 
 fn rig(script: Value) -> (AgentRig, TempDir) {
+    rig_with(script, "")
+}
+
+/// As [`rig`], the `exporters.atif` section continued with `more`.
+fn rig_with(script: Value, more: &str) -> (AgentRig, TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let rig = AgentRig::start_configured(
         script,
         DEFAULT_HERMES_VERSION,
-        &atif_section(dir.path(), IDLE_MS),
+        &format!("{}{more}", atif_section(dir.path(), IDLE_MS)),
     );
     (rig, dir)
 }
@@ -299,4 +304,92 @@ fn assert_matches_spans_without_turn(
         "the killed turn's span came"
     );
     assert_matches_spans(doc, spans);
+}
+
+#[test]
+fn each_trajectory_file_is_also_one_otlp_log_record() {
+    let logs = LogsReceiver::start_http();
+    let (rig, dir) = rig_with(
+        json!([
+            {"tool_calls": [{"name": "terminal", "arguments": {"command": "echo logged"}}],
+             "usage": {"prompt_tokens": 30, "completion_tokens": 3}},
+            {"content": "Echoed.", "usage": {"prompt_tokens": 40, "completion_tokens": 4}},
+            {"content": "Second.", "usage": {"prompt_tokens": 50, "completion_tokens": 5}}
+        ]),
+        &otlp_logs_section(&logs.endpoint(), "http/protobuf", 30),
+    );
+    let first = chat(&rig, "Echo logged", "terminal", &[]);
+    let second = chat(&rig, "Say second", "terminal", &[]);
+    trajectory(&rig, dir.path(), &first, 1);
+    trajectory(&rig, dir.path(), &second, 1);
+    assert!(
+        logs.store().wait_for_records(2, WAIT),
+        "{:?}\n{}",
+        logs.store().records(),
+        rig.report()
+    );
+    let spans = rig.receiver.spans();
+    let service = spans[0].0.str_attr("service.name").unwrap().to_owned();
+    let records = logs.store().records();
+    let mut sessions: Vec<String> = records
+        .iter()
+        .map(|log| {
+            let doc = assert_log_is_file(log, dir.path(), rig.home.venv(), &service);
+            assert!(!incomplete(&doc), "{doc:#}");
+            doc["session_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    sessions.sort();
+    let mut expected = vec![first, second];
+    expected.sort();
+    assert_eq!(sessions, expected, "one record per file");
+    let files = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            let name = name.to_string_lossy();
+            name.ends_with(".json") && !name.starts_with('.')
+        })
+        .count();
+    assert_eq!(files, records.len(), "one record per written file");
+    assert_eq!(
+        rig.collector
+            .metric("hermes_collector_trajectory_log_records_sent_total"),
+        2.0
+    );
+}
+
+#[test]
+fn a_log_backend_that_is_down_leaves_the_files_and_counts_the_failure() {
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let (rig, dir) = rig_with(
+        json!([{"content": "Unlogged.", "usage": {"prompt_tokens": 10, "completion_tokens": 1}}]),
+        &otlp_logs_section(&endpoint, "grpc", 1),
+    );
+    let session = chat(&rig, "Say unlogged", "terminal", &[]);
+    let doc = trajectory(&rig, dir.path(), &session, 1);
+    assert!(!incomplete(&doc), "{doc:#}");
+    let failed = || {
+        rig.collector
+            .metric("hermes_collector_trajectory_log_records_failed_total")
+    };
+    assert!(
+        wait_until(WAIT, Duration::from_millis(200), || failed() >= 1.0),
+        "the failed record is counted: {}\n{}",
+        failed(),
+        rig.report()
+    );
+    assert_eq!(
+        rig.collector
+            .metric("hermes_collector_trajectory_log_records_sent_total"),
+        0.0
+    );
+    assert_eq!(
+        rig.collector
+            .metric("hermes_collector_trajectories_written_total"),
+        1.0
+    );
 }

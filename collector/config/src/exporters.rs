@@ -109,13 +109,22 @@ impl OtlpConfig {
     /// `headers` and the values of `header_files`, read and checked. Errors
     /// name the key, never a value.
     pub fn all_headers(&self) -> Result<Vec<(String, String)>, ConfigError> {
+        self.all_headers_at("exporters.otlp")
+    }
+
+    /// As [`OtlpConfig::all_headers`] for this section at `section` (its
+    /// key in the file, for the errors).
+    pub(crate) fn all_headers_at(
+        &self,
+        section: &str,
+    ) -> Result<Vec<(String, String)>, ConfigError> {
         let mut all: Vec<(String, String)> = self
             .headers
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         for (name, path) in &self.header_files {
-            let key = format!("exporters.otlp.header_files.{name}");
+            let key = format!("{section}.header_files.{name}");
             if self
                 .headers
                 .keys()
@@ -123,7 +132,7 @@ impl OtlpConfig {
             {
                 return Err(ConfigError::new(
                     key,
-                    "also set in exporters.otlp.headers; set it in one place",
+                    format!("also set in {section}.headers; set it in one place"),
                 ));
             }
             let text =
@@ -140,9 +149,9 @@ impl OtlpConfig {
         for (name, value) in &all {
             let key = || {
                 if self.header_files.contains_key(name) {
-                    format!("exporters.otlp.header_files.{name}")
+                    format!("{section}.header_files.{name}")
                 } else {
-                    format!("exporters.otlp.headers.{name}")
+                    format!("{section}.headers.{name}")
                 }
             };
             check_header(name, value, key)?;
@@ -154,6 +163,17 @@ impl OtlpConfig {
     /// PEM files read and checked. Errors name the key at fault.
     pub fn tls_settings(&self) -> Result<Option<hermes_exporter::TlsSettings>, ConfigError> {
         tls_settings("exporters.otlp", &self.endpoint, self.tls.as_ref())
+    }
+
+    /// Checks this section at `section` (its key in the file): endpoint,
+    /// timeout, headers (with those of `header_files` read) and TLS
+    /// material; the exporter's settings. Errors name the key at fault.
+    pub(crate) fn validate_at(&self, section: &str) -> Result<crate::OtlpExport, ConfigError> {
+        check_endpoint(&format!("{section}.endpoint"), &self.endpoint)?;
+        positive(&format!("{section}.timeout_ms"), self.timeout_ms)?;
+        let headers = self.all_headers_at(section)?;
+        let tls = tls_settings(section, &self.endpoint, self.tls.as_ref())?;
+        Ok(crate::OtlpExport::new(self, headers, tls))
     }
 }
 

@@ -125,6 +125,8 @@ pub struct Config {
     pub queue: QueueConfig,
     /// Shutdown behaviour.
     pub shutdown: ShutdownConfig,
+    /// One replica of a fleet of collectors.
+    pub fleet: FleetConfig,
     /// The async runtime's threads.
     pub runtime: RuntimeConfig,
     /// The collector's own logs.
@@ -365,21 +367,20 @@ impl Config {
         ] {
             positive(key, value)?;
         }
-        let mut otlp_export = None;
-        if let Some(otlp) = &self.exporters.otlp {
-            crate::exporters::check_endpoint("exporters.otlp.endpoint", &otlp.endpoint)?;
-            positive("exporters.otlp.timeout_ms", otlp.timeout_ms)?;
-            let headers = otlp.all_headers()?;
-            let tls = otlp.tls_settings()?;
-            otlp_export = Some(OtlpExport::new(otlp, headers, tls));
-        }
+        let otlp_export = self
+            .exporters
+            .otlp
+            .as_ref()
+            .map(|otlp| otlp.validate_at("exporters.otlp"))
+            .transpose()?;
         if let Some(path) = self.span_file() {
             crate::checks::span_file(&path)
                 .map_err(|reason| ConfigError::new("exporters.file.path", reason))?;
         }
-        if let Some(atif) = &self.exporters.atif {
-            atif.validate()?;
-        }
+        let atif_logs = match &self.exporters.atif {
+            Some(atif) => atif.validate()?,
+            None => None,
+        };
         let otlp_metrics = match &self.exporters.otlp_metrics {
             Some(metrics) => Some(OtlpMetricsExport {
                 tls: metrics.validate()?,
@@ -418,6 +419,7 @@ impl Config {
             receiver_tls,
             otlp: otlp_export,
             otlp_metrics,
+            atif_logs,
         })
     }
 }

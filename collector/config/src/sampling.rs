@@ -268,6 +268,19 @@ impl SamplingConfig {
         Ok(())
     }
 
+    /// The policies of the `sampling` section of the configuration file at
+    /// `path`, re-read for a live change (SIGHUP): checked as at startup;
+    /// a file without the section keeps every turn (no policies). Other
+    /// sections are parsed but not applied.
+    pub fn policies_from_file(
+        path: &std::path::Path,
+    ) -> Result<Vec<hermes_sampling::Policy>, ConfigError> {
+        match crate::Config::parse_file(path)?.sampling {
+            Some(sampling) => sampling.validate().map(|()| sampling.policies()),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// The sampler's policies, in order.
     pub fn policies(&self) -> Vec<hermes_sampling::Policy> {
         self.policies

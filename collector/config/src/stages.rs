@@ -162,6 +162,22 @@ impl Default for ShutdownConfig {
     }
 }
 
+/// This collector as one replica of a fleet that agents spread over
+/// (docs/SCALING.md; the agents' endpoint `dns:///NAME:PORT`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetConfig {
+    /// One of several replicas: at the drain (SIGTERM) every fleet agent
+    /// is asked to leave and hands its open turns to another replica,
+    /// whose open state is then dropped here, not exported incomplete (an
+    /// agent that disconnected without a handoff is presumed dead and its
+    /// turns are exported incomplete as usual); nothing open is kept for a
+    /// next start; and after a restart with the persistent queue, the
+    /// replayed open state of an agent that does not come back within
+    /// `correlator.state_ttl_secs` is dropped (it went to another replica).
+    pub replicated: bool,
+}
+
 /// Most worker threads `runtime.worker_threads` accepts.
 pub const MAX_WORKER_THREADS: usize = 256;
 

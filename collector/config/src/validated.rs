@@ -47,6 +47,9 @@ pub struct Validated {
     pub otlp: Option<OtlpExport>,
     /// The OTLP export of the derived metrics (`exporters.otlp_metrics`).
     pub otlp_metrics: Option<OtlpMetricsExport>,
+    /// The OTLP log export of the trajectories
+    /// (`exporters.atif.otlp_logs`).
+    pub atif_logs: Option<OtlpExport>,
 }
 
 /// The ingest listener's TLS, its files read and checked.

@@ -94,6 +94,24 @@ impl Correlation {
             .min()
     }
 
+    /// For every instance with held events or open state, the lowest lsn
+    /// they need.
+    pub fn min_open_lsn_by_instance(&self) -> std::collections::HashMap<&str, u64> {
+        let mut lsns = std::collections::HashMap::new();
+        self.sequencer.min_held_lsn_by_instance(&mut lsns);
+        self.correlator.min_lsn_by_instance(&mut lsns);
+        lsns
+    }
+
+    /// Forgets `instance`'s held events and open state without exporting
+    /// anything (it moved to another collector of its fleet, which gets the
+    /// same events, or replayed them there); the number of open turns
+    /// forgotten.
+    pub fn drop_instance(&mut self, instance: &str, why: crate::Departure) -> usize {
+        self.sequencer.forget(instance);
+        self.correlator.drop_instance(instance, why)
+    }
+
     /// Closes, as incomplete, open state that needs records below `lsn`.
     pub fn evict_below_lsn(&mut self, lsn: u64, out: &mut Vec<FinishedSpan>) {
         self.correlator.evict_below_lsn(lsn, out);

@@ -160,6 +160,14 @@ impl Closed {
     pub fn len(&self) -> usize {
         self.order.len()
     }
+
+    /// Gives up `instance`'s claim on `turn_id`'s plain ids (its open turn
+    /// was forgotten, not closed).
+    pub fn release(&mut self, turn_id: &str, instance: &Str) {
+        if self.owners.get(turn_id) == Some(instance) {
+            self.owners.remove(turn_id);
+        }
+    }
 }
 
 /// A budget [`Correlator::enforce_budgets`] keeps: what it reads of a

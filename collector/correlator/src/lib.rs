@@ -30,6 +30,7 @@
 //! | this file | [`Config`], [`Stats`], the open-state records, [`Correlator`] and its accessors |
 //! | [`ingest`](Correlator::ingest) (`ingest.rs`) | each hook event to the state it opens, updates or closes |
 //! | `turns.rs`, `sessions.rs`, `subagents.rs`, `approval.rs`, `exit.rs` | the state of turns, sessions, subagents, approvals, and work cut off by an agent's exit |
+//! | `fleet.rs` | open state's queue positions per instance, forgetting an instance's state (a fleet's handoff) |
 //! | `timers.rs` | TTLs, end graces, closing by queue position and at shutdown |
 //! | `emit.rs` | closed state to spans; [`to_resource_spans`] |
 //! | [`correlation`], [`sequencer`], [`ids`], `fair.rs`, `attrs.rs`, `content.rs` | the sequencer in front, deterministic ids, per-agent budgets, attribute building, content capture |
@@ -41,6 +42,8 @@ pub mod correlation;
 mod emit;
 mod exit;
 mod fair;
+mod fleet;
+pub use fleet::Departure;
 pub mod ids;
 mod ingest;
 pub mod sequencer;
@@ -186,6 +189,14 @@ pub struct Stats {
     /// Turns still running when their agent process exited (its shim's
     /// `process_exit` marker): closed as cut off.
     pub cut_off_at_exit: u64,
+    /// Turns forgotten without export because their shim instance moved
+    /// to another collector of its fleet (a handoff, or a replicated
+    /// collector's drain): the other collector exports them.
+    pub turns_handed_off: u64,
+    /// Open turns replayed after a restart whose shim instance did not come
+    /// back to this collector of a replicated fleet within the state TTL:
+    /// forgotten without export (the agent replayed them elsewhere).
+    pub turns_orphaned: u64,
 }
 
 /// How much state the correlator holds now.

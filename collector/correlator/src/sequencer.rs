@@ -135,6 +135,26 @@ impl Sequencer {
             .min()
     }
 
+    /// For every instance holding events, the lowest lsn among them,
+    /// lowered into `into`.
+    pub fn min_held_lsn_by_instance<'a>(
+        &'a self,
+        into: &mut std::collections::HashMap<&'a str, u64>,
+    ) {
+        for (id, instance) in &self.instances {
+            if let Some(lsn) = instance.held.values().map(|h| h.lsn).min() {
+                crate::fleet::note_lsn(into, id, lsn);
+            }
+        }
+    }
+
+    /// Forgets `instance`: its held events are dropped and its next seq
+    /// forgotten, so that it can come back with the same events (a fleet's
+    /// handoff). The number of held events dropped.
+    pub fn forget(&mut self, instance: &str) -> usize {
+        self.instances.remove(instance).map_or(0, |i| i.held.len())
+    }
+
     /// Lowest lsn among the events released since the last call, if any.
     pub fn take_released_lsn(&mut self) -> Option<u64> {
         let lsn = std::mem::replace(&mut self.released_lsn, u64::MAX);

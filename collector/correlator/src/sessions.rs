@@ -73,6 +73,8 @@ impl Correlator {
                 dropped_attributes_count: 0,
             });
             turn.start = turn.start.min(p.at);
+            // The turn now holds the start's event: it needs its record.
+            turn.min_lsn = turn.min_lsn.min(p.min_lsn);
         }
         self.charge_turn(&turn_key);
     }

@@ -144,8 +144,9 @@ fn open_state_remembers_the_lowest_queue_position_that_touched_it() {
     assert_eq!(f.c.min_lsn(), Some(7), "a pending session start counts");
     f.c.set_lsn(9);
     f.turn_start(1, "turn-1");
-    // The turn took the pending start: the turn (9) is what is open now.
-    assert_eq!(f.c.min_lsn(), Some(9));
+    // The turn took the pending start as an event of its span: it needs
+    // the start's record (7) as well as its own (9).
+    assert_eq!(f.c.min_lsn(), Some(7));
     // A late event from an older record (released by the sequencer after a
     // hole closed) lowers the turn's position.
     f.c.set_lsn(4);

@@ -1,7 +1,8 @@
 //! OTLP/gRPC exporter.
 //!
 //! This module owns [`GrpcExporter`]: one tonic gRPC client of the OTLP
-//! `TraceService/Export` method over a lazily connected HTTP/2 channel, whose
+//! `TraceService/Export` method (or another signal's `Export`, for
+//! [`crate::logs`]) over a lazily connected HTTP/2 channel, whose
 //! codec encodes the shared batch in place (no copy per attempt), with a per-request timeout (enforced
 //! locally and sent as `grpc-timeout`), optional gzip compression and extra
 //! metadata. Configuration is validated in [`GrpcExporter::new`], which
@@ -21,7 +22,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BufMut as _;
+use bytes::{BufMut as _, Bytes};
 use http::uri::PathAndQuery;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use prost::Message as _;
@@ -101,6 +102,9 @@ pub struct GrpcExporter {
     compression: Compression,
     timeout: Duration,
     client: Option<Grpc<Channel>>,
+    /// The `Export` method called: the trace service's, or another
+    /// signal's ([`crate::logs`]).
+    path: &'static str,
 }
 
 impl std::fmt::Debug for GrpcExporter {
@@ -143,7 +147,15 @@ impl GrpcExporter {
             compression: config.compression,
             timeout: config.timeout,
             client: None,
+            path: EXPORT_PATH,
         })
+    }
+
+    /// The same exporter calling the `Export` method at `path` (another
+    /// signal's service) instead of the trace service's.
+    pub(crate) fn with_path(mut self, path: &'static str) -> Self {
+        self.path = path;
+        self
     }
 
     /// Builds the tonic endpoint, with TLS for `https`.
@@ -213,55 +225,58 @@ impl SpanExporter for GrpcExporter {
     }
 
     fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
-        Box::pin(async move {
-            let mut client = self.client();
-            // The batch is shared with the other sinks and kept for retries:
-            // it is encoded once, and the request is never copied.
-            let mut grpc_request = tonic::Request::new(batch);
-            *grpc_request.metadata_mut() = self.metadata.clone();
-            grpc_request.set_timeout(self.timeout);
-            let call = async {
-                client.ready().await.map_err(|e| {
-                    tonic::Status::unavailable(format!("OTLP gRPC channel not ready: {e}"))
-                })?;
-                client
-                    .unary(
-                        grpc_request,
-                        PathAndQuery::from_static(EXPORT_PATH),
-                        SharedCodec,
-                    )
-                    .await
-            };
-            let response = tokio::time::timeout(self.timeout, call)
-                .await
-                .map_err(|_| ExportError::Timeout(self.timeout))?
-                .map_err(|status| ExportError::from_status(&status))?;
-            let rejected_spans = response
-                .into_inner()
-                .partial_success
-                .map(|p| {
-                    if p.rejected_spans > 0 {
-                        tracing::debug!(
-                            rejected = p.rejected_spans,
-                            message = %truncate(&p.error_message, 256),
-                            "OTLP gRPC partial success"
-                        );
-                    }
-                    u64::try_from(p.rejected_spans).unwrap_or(0)
-                })
-                .unwrap_or(0);
-            Ok(ExportOutcome { rejected_spans })
-        })
+        // The batch is shared with the other sinks and kept for retries:
+        // its encoding is made once, and the request is never copied.
+        Box::pin(self.send(batch.protobuf().clone()))
+    }
+}
+
+impl GrpcExporter {
+    /// One `Export` call with `body`, an encoded request of the method's
+    /// service. The OTLP services' responses share one layout (field 1, a
+    /// partial success whose field 1 counts the rejected items), so the
+    /// trace response reads every signal's.
+    pub(crate) async fn send(&mut self, body: Bytes) -> Result<ExportOutcome, ExportError> {
+        let mut client = self.client();
+        let mut grpc_request = tonic::Request::new(body);
+        *grpc_request.metadata_mut() = self.metadata.clone();
+        grpc_request.set_timeout(self.timeout);
+        let path = PathAndQuery::from_static(self.path);
+        let call = async {
+            client.ready().await.map_err(|e| {
+                tonic::Status::unavailable(format!("OTLP gRPC channel not ready: {e}"))
+            })?;
+            client.unary(grpc_request, path, SharedCodec).await
+        };
+        let response = tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| ExportError::Timeout(self.timeout))?
+            .map_err(|status| ExportError::from_status(&status))?;
+        let rejected_spans = response
+            .into_inner()
+            .partial_success
+            .map(|p| {
+                if p.rejected_spans > 0 {
+                    tracing::debug!(
+                        rejected = p.rejected_spans,
+                        message = %truncate(&p.error_message, 256),
+                        "OTLP gRPC partial success"
+                    );
+                }
+                u64::try_from(p.rejected_spans).unwrap_or(0)
+            })
+            .unwrap_or(0);
+        Ok(ExportOutcome { rejected_spans })
     }
 }
 
 /// The OTLP trace service's `Export` method.
 const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
-/// Protobuf codec of the `Export` call whose request is an
-/// `Arc<ExportBatch>`: the shared batch's encoding (made once for every sink
-/// and attempt; the generated client takes the request by value, which meant
-/// a deep copy of every batch on every attempt), copied into tonic's buffer
+/// Protobuf codec of the `Export` call whose request is already encoded:
+/// the shared batch's encoding (made once for every sink and attempt; the
+/// generated client takes the request by value, which meant a deep copy of
+/// every batch on every attempt), copied into tonic's buffer
 /// whole: tonic's `EncodeBuf` takes single bytes through `put_slice`, so
 /// writing the request into it directly costs more than the copy
 /// (`docs/BENCHMARKS.md`).
@@ -269,7 +284,7 @@ const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/
 struct SharedCodec;
 
 impl Codec for SharedCodec {
-    type Encode = Arc<ExportBatch>;
+    type Encode = Bytes;
     type Decode = ExportTraceServiceResponse;
     type Encoder = SharedCodec;
     type Decoder = SharedCodec;
@@ -284,11 +299,11 @@ impl Codec for SharedCodec {
 }
 
 impl Encoder for SharedCodec {
-    type Item = Arc<ExportBatch>;
+    type Item = Bytes;
     type Error = tonic::Status;
 
     fn encode(&mut self, item: Self::Item, buf: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
-        buf.put_slice(item.protobuf());
+        buf.put_slice(&item);
         Ok(())
     }
 }

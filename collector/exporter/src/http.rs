@@ -162,7 +162,18 @@ impl HttpExporter {
         config: HttpExporterConfig,
         tls: Option<TlsSettings>,
     ) -> Result<Self, ExportError> {
-        let uri = traces_uri(&config.endpoint)?;
+        Self::for_path(config, tls, TRACES_PATH)
+    }
+
+    /// Like [`HttpExporter::new_with_tls`], posting to `{endpoint}{path}`
+    /// (another signal's path, for [`crate::logs`]) unless the endpoint
+    /// already ends with `path`.
+    pub(crate) fn for_path(
+        config: HttpExporterConfig,
+        tls: Option<TlsSettings>,
+        path: &str,
+    ) -> Result<Self, ExportError> {
+        let uri = signal_uri(&config.endpoint, path)?;
         let headers = header_map(&config.headers)?;
         let connector = https_connector(&uri, tls, config.timeout)?;
         let client = Client::builder(TokioExecutor::new())
@@ -180,6 +191,16 @@ impl HttpExporter {
     /// The full URL requests are sent to.
     pub fn uri(&self) -> &Uri {
         &self.uri
+    }
+
+    /// One POST of `body`, an encoded request of the signal posted to,
+    /// within the timeout. The OTLP services' responses share one layout
+    /// (field 1, a partial success whose field 1 counts the rejected
+    /// items), so the trace response reads every signal's.
+    pub(crate) async fn post(&self, body: Bytes) -> Result<ExportOutcome, ExportError> {
+        tokio::time::timeout(self.timeout, self.send(body))
+            .await
+            .map_err(|_| ExportError::Timeout(self.timeout))?
     }
 
     async fn send(&self, body: Bytes) -> Result<ExportOutcome, ExportError> {
@@ -238,26 +259,22 @@ impl SpanExporter for HttpExporter {
     }
 
     fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
-        Box::pin(async move {
-            let body = batch.protobuf().clone();
-            tokio::time::timeout(self.timeout, self.send(body))
-                .await
-                .map_err(|_| ExportError::Timeout(self.timeout))?
-        })
+        Box::pin(self.post(batch.protobuf().clone()))
     }
 }
 
-/// `{endpoint}/v1/traces`, or `endpoint` itself when it already ends so.
-fn traces_uri(endpoint: &str) -> Result<Uri, ExportError> {
+/// `{endpoint}{path}` (`/v1/traces`, `/v1/logs`), or `endpoint` itself
+/// when it already ends so.
+fn signal_uri(endpoint: &str, path: &str) -> Result<Uri, ExportError> {
     let invalid = |reason: String| ExportError::InvalidEndpoint {
         endpoint: shown_endpoint(endpoint),
         reason,
     };
     let trimmed = endpoint.trim_end_matches('/');
-    let full = if trimmed.ends_with(TRACES_PATH) {
+    let full = if trimmed.ends_with(path) {
         trimmed.to_owned()
     } else {
-        format!("{trimmed}{TRACES_PATH}")
+        format!("{trimmed}{path}")
     };
     let uri: Uri = full
         .parse()
@@ -310,7 +327,7 @@ mod tests {
 
     #[test]
     fn appends_traces_path_once() {
-        let uri = |e: &str| traces_uri(e).map(|u| u.to_string());
+        let uri = |e: &str| signal_uri(e, TRACES_PATH).map(|u| u.to_string());
         for (endpoint, traces) in [
             ("http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"),
             ("http://127.0.0.1:4318/", "http://127.0.0.1:4318/v1/traces"),
@@ -323,6 +340,13 @@ mod tests {
         ] {
             assert_eq!(uri(endpoint).ok().as_deref(), Some(traces), "{endpoint}");
         }
+        assert_eq!(
+            signal_uri("http://h:4318/", "/v1/logs")
+                .map(|u| u.to_string())
+                .ok()
+                .as_deref(),
+            Some("http://h:4318/v1/logs")
+        );
         assert!(uri("h:4318").is_err());
         assert!(uri("not a url").is_err());
     }

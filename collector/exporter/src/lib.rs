@@ -10,6 +10,7 @@
 //! | [`sink`] | the [`SpanExporter`] trait, the named [`Sink`] and the shared [`ExportBatch`] |
 //! | [`grpc`] | OTLP/gRPC exporter ([`GrpcExporter`]) |
 //! | [`http`] | OTLP/HTTP protobuf exporter ([`HttpExporter`]) |
+//! | [`logs`] | OTLP log export over the same transports and retry policy ([`LogsExporter`]) |
 //! | [`file`](mod@file) | OTLP JSON lines file exporter ([`FileExporter`]) |
 //! | [`console`] | human-readable turn trees ([`ConsoleExporter`]) |
 //! | [`encode`] | the OTLP request's protobuf bytes in two passes (each length measured once) |
@@ -46,6 +47,7 @@ pub mod error;
 pub mod file;
 pub mod grpc;
 pub mod http;
+pub mod logs;
 mod metrics;
 pub mod retry;
 pub mod sink;
@@ -57,6 +59,7 @@ pub use error::{ExportError, RetryClass};
 pub use file::{FileExporter, FileExporterConfig};
 pub use grpc::{Compression, GrpcExporter, GrpcExporterConfig};
 pub use http::{HttpExporter, HttpExporterConfig, https_connector};
+pub use logs::{Delivery, LogsExporter};
 pub use retry::RetrySettings;
 pub use sink::{ExportBatch, ExportFuture, ExportOutcome, Sink, SpanExporter, shown_endpoint};
 pub use stage::{ExporterSettings, ExporterStage, ExporterStats, SinkStats, run};

@@ -43,6 +43,37 @@ impl Default for RetrySettings {
     }
 }
 
+/// The retry policy of one batch (or one log request): after each failed
+/// attempt, whether and when to try again. Shared by the stage's sink
+/// workers and the log export ([`crate::logs`]).
+#[derive(Debug)]
+pub(crate) struct Attempts {
+    give_up_at: tokio::time::Instant,
+    backoff: Backoff,
+}
+
+impl Attempts {
+    /// The policy of a batch whose first attempt starts now.
+    pub(crate) fn new(settings: &RetrySettings) -> Self {
+        Self {
+            give_up_at: tokio::time::Instant::now() + settings.max_elapsed,
+            backoff: Backoff::new(settings),
+        }
+    }
+
+    /// The delay before the next attempt after `error`: the backoff's, or
+    /// the server's throttle delay; None when `error` is final (not
+    /// retryable, or the next attempt would start past `max_elapsed`).
+    pub(crate) fn after(&mut self, error: &crate::ExportError) -> Option<Duration> {
+        let delay = match error.retry_class() {
+            crate::RetryClass::NonRetryable => return None,
+            crate::RetryClass::Retryable => self.backoff.next_delay(),
+            crate::RetryClass::Throttled(delay) => delay,
+        };
+        (tokio::time::Instant::now() + delay <= self.give_up_at).then_some(delay)
+    }
+}
+
 /// The delays between the attempts of one batch.
 #[derive(Debug)]
 pub(crate) struct Backoff {

@@ -51,8 +51,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::Batcher;
-use crate::error::{ExportError, RetryClass};
-use crate::retry::{Backoff, RetrySettings};
+use crate::error::ExportError;
+use crate::retry::{Attempts, RetrySettings};
 use crate::sink::{ExportBatch, ExportOutcome, Sink, span_count};
 
 /// Settings of the exporter stage, filled by the binary from its config.
@@ -605,8 +605,7 @@ impl SinkWorker {
         &mut self,
         batch: Arc<ExportBatch>,
     ) -> Result<ExportOutcome, Failure> {
-        let give_up_at = Instant::now() + self.retry.max_elapsed;
-        let mut backoff = Backoff::new(&self.retry);
+        let mut attempts = Attempts::new(&self.retry);
         let mut attempt: u32 = 1;
         loop {
             let result = tokio::select! {
@@ -618,14 +617,9 @@ impl SinkWorker {
                 Ok(outcome) => return Ok(outcome),
                 Err(error) => error,
             };
-            let delay = match error.retry_class() {
-                RetryClass::NonRetryable => return Err(Failure::Error(error)),
-                RetryClass::Retryable => backoff.next_delay(),
-                RetryClass::Throttled(delay) => delay,
-            };
-            if Instant::now() + delay > give_up_at {
+            let Some(delay) = attempts.after(&error) else {
                 return Err(Failure::Error(error));
-            }
+            };
             let name = self.sink.name();
             if attempt == 1 {
                 tracing::warn!(sink = %name, error = %error, ?delay, "export failed; retrying");

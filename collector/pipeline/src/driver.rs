@@ -24,7 +24,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hermes_correlator::{Correlation, Expiry, FinishedSpan, to_resource_spans};
+use hermes_correlator::{Correlation, Departure, Expiry, FinishedSpan, to_resource_spans};
 use hermes_processor::SpanProcessor;
 use hermes_receiver::Ingested;
 use hermes_sampling::{Policy, Sampler};
@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::derived::DerivedMetrics;
 use crate::ledger::Ledger;
+use crate::settle::Settlement;
 use crate::stats::PipelineStats;
 
 /// What the stage runs, in order: events through the sequencer and the
@@ -62,6 +63,9 @@ pub struct Driver<C> {
     /// Where the sessions their host ended go (the trajectory sink), after
     /// the spans finished with them were sent on.
     pub session_ends: Option<crate::sinks::SessionEnds>,
+    /// Settlement of fleet shims' events ([`crate::settle`]); none: no
+    /// shim is told.
+    pub settlement: Option<Settlement>,
 }
 
 /// What the stage hands back when it ends: its ledger and the lowest lsn
@@ -72,18 +76,15 @@ pub struct Ended {
 }
 
 /// Hands the sessions ended since the last pass to `to` (never waiting: a
-/// full channel loses the end, and the session is written at its idle
-/// time instead); without a receiver they are dropped.
+/// full channel loses the end, counted, and the session is written at its
+/// idle time instead); without a receiver they are dropped.
 fn report_session_ends(correlation: &mut Correlation, to: Option<&crate::sinks::SessionEnds>) {
     for end in correlation.take_session_ends() {
         let Some(to) = to else { continue };
-        let end = hermes_trajectory::SessionEnd {
+        to.hand(hermes_trajectory::SessionEnd {
             instance_id: end.instance_id,
             session_id: end.session_id,
-        };
-        if to.try_send(end).is_err() {
-            tracing::debug!("session end not handed to the trajectory sink; its idle time applies");
-        }
+        });
     }
 }
 
@@ -110,6 +111,7 @@ impl<C: Clock> Driver<C> {
             clock,
             policies: None,
             session_ends: None,
+            settlement: None,
         }
     }
 
@@ -138,6 +140,7 @@ impl<C: Clock> Driver<C> {
             clock,
             mut policies,
             session_ends,
+            mut settlement,
         } = self;
         let mut timer = tokio::time::interval(tick);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -153,8 +156,15 @@ impl<C: Clock> Driver<C> {
             // wait of a held trace whose root will not come.
             let expiry = match correlation.expiry() {
                 _ if !ledger.is_settled(open) => Expiry::EveryTick,
+                _ if settlement.as_ref().is_some_and(Settlement::is_pending) => Expiry::EveryTick,
                 Expiry::EveryTick => Expiry::EveryTick,
-                expiry => match (expiry, sampler.deadline()) {
+                expiry => match (
+                    expiry,
+                    lowest(
+                        sampler.deadline(),
+                        settlement.as_ref().and_then(Settlement::orphan_deadline),
+                    ),
+                ) {
                     (Expiry::At(at), Some(wait)) => Expiry::At(at.min(wait)),
                     (_, Some(wait)) => Expiry::At(wait),
                     (expiry, None) => expiry,
@@ -179,10 +189,18 @@ impl<C: Clock> Driver<C> {
                     continue;
                 }
                 received = ingest.recv() => {
-                    let Some(Ingested { batch, lsn, .. }) = received else { break };
+                    let Some(Ingested { batch, lsn, fleet, .. }) = received else { break };
+                    let lsn = match settlement.as_mut() {
+                        Some(settlement) if lsn == 0 => settlement.number(),
+                        _ => lsn,
+                    };
+                    let (handoff, last_seq) = (batch.handoff, batch.events.last().map(|e| e.seq));
                     let shim = batch.shim.unwrap_or_default();
                     let floor = ledger.floor(&shim.instance_id, lsn, batch.floor_seq);
                     let now = clock.now_unix_nanos();
+                    if let Some(settlement) = settlement.as_mut() {
+                        settlement.arrived(&shim.instance_id, ledger.is_replayed(lsn), now);
+                    }
                     if expiry != Expiry::EveryTick {
                         // The tick the stopped timer skipped: it sets the
                         // correlator's clock and closes nothing that is not
@@ -193,9 +211,21 @@ impl<C: Clock> Driver<C> {
                         timer.reset();
                     }
                     correlation.push_batch(&shim, floor, batch.events, lsn, now, &mut out);
+                    if let (Some(settlement), Some(last_seq), true) = (settlement.as_mut(), last_seq, fleet) {
+                        settlement.ingested(&shim.instance_id, lsn, last_seq);
+                    }
+                    if handoff {
+                        let instances = [shim.instance_id];
+                        depart(&instances, Departure::HandedOff, &mut correlation, &mut sampler, settlement.as_mut());
+                    }
                 }
                 () = due => {
                     let now = clock.now_unix_nanos();
+                    // Before the TTL closes replayed state as incomplete.
+                    if let Some(settlement) = settlement.as_mut() {
+                        let orphans = settlement.take_orphans(now);
+                        depart(&orphans, Departure::Orphaned, &mut correlation, &mut sampler, Some(settlement));
+                    }
                     correlation.tick(now, &mut out);
                     sampler.expire(now);
                     let pinned = lowest(correlation.correlator().min_lsn(), sampler.min_held_lsn());
@@ -226,9 +256,16 @@ impl<C: Clock> Driver<C> {
                 } else {
                     processed(&mut processor, &mut derived, spans)
                 };
-                let batch = sampler.admit(processed, ledger.low_water(), clock.now_unix_nanos());
+                let low_water = match &settlement {
+                    Some(settlement) if !ledger.keeps_open_state() => settlement.low_water(),
+                    _ => ledger.low_water(),
+                };
+                let batch = sampler.admit(processed, low_water, clock.now_unix_nanos());
                 if !batch.is_empty() {
                     ledger.sending(&batch);
+                    if let Some(settlement) = settlement.as_mut() {
+                        settlement.sending();
+                    }
                     if export.send(batch).await.is_err() {
                         tracing::error!(
                             "exporter stage is gone; spans of the remaining events are lost"
@@ -244,13 +281,38 @@ impl<C: Clock> Driver<C> {
             // records of spans not exported yet).
             if std::mem::take(&mut ticked) {
                 ledger.settle(lowest(correlation.min_open_lsn(), sampler.min_held_lsn()));
+                if let Some(settlement) = settlement.as_mut() {
+                    settlement.settle(&correlation, sampler.min_held_lsn());
+                }
             }
         }
-        if ledger.keeps_open_state() {
+        let replicated = settlement.as_ref().is_some_and(Settlement::is_replicated);
+        if ledger.keeps_open_state() && !replicated {
             // Open state stays open, held traces undecided: the queue keeps
             // their records for the next start.
             let open = lowest(correlation.min_open_lsn(), sampler.min_held_lsn());
             return Ended { ledger, open };
+        }
+        if let Some(settlement) = settlement.as_mut().filter(|s| s.is_replicated()) {
+            // One replica of a fleet keeps nothing open: what moved (or
+            // will move) to another replica is dropped, what a dead agent
+            // left is closed below.
+            let orphans = settlement.take_orphans(u64::MAX);
+            depart(
+                &orphans,
+                Departure::Orphaned,
+                &mut correlation,
+                &mut sampler,
+                Some(settlement),
+            );
+            let departed = settlement.departed();
+            depart(
+                &departed,
+                Departure::HandedOff,
+                &mut correlation,
+                &mut sampler,
+                Some(settlement),
+            );
         }
         correlation.flush_all(&mut out);
         stats.publish(&correlation);
@@ -265,6 +327,7 @@ impl<C: Clock> Driver<C> {
         sampler.decide_all(now);
         batch.extend(sampler.admit(Vec::new(), ledger.low_water(), now));
         if !batch.is_empty() {
+            ledger.sending(&batch);
             let n: usize = batch
                 .iter()
                 .flat_map(|rs| &rs.scope_spans)
@@ -278,6 +341,33 @@ impl<C: Clock> Driver<C> {
             }
         }
         Ended { ledger, open: None }
+    }
+}
+
+/// Fleet shims moved to another collector (a handoff, or they replayed
+/// there after this one restarted): their held events, open state and held
+/// traces are forgotten without export, and nothing of their batches will
+/// be settled here (the other collector builds the same spans from the same
+/// events).
+fn depart(
+    instances: &[String],
+    why: Departure,
+    correlation: &mut Correlation,
+    sampler: &mut Sampler,
+    mut settlement: Option<&mut Settlement>,
+) {
+    for instance in instances {
+        let turns = correlation.drop_instance(instance, why);
+        let traces = sampler.forget_instance(instance);
+        if let Some(settlement) = settlement.as_deref_mut() {
+            settlement.forget(instance);
+        }
+        tracing::debug!(
+            ?why,
+            turns,
+            traces,
+            "a shim's open state went to another collector of its fleet; forgotten here"
+        );
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Correlation, Correlator};
-use hermes_e2e::ingest::{basic_events, batch_of};
+use hermes_e2e::ingest::{basic_events, basic_open_turn as open_turn, batch_of};
 use hermes_processor::{ProcessorConfig, SpanProcessor};
 use hermes_proto::v1::Event;
 use hermes_receiver::Ingested;
@@ -31,16 +31,6 @@ const SEC: u64 = 1_000_000_000;
 const TTL: Duration = Duration::from_secs(60);
 const GRACE: Duration = Duration::from_secs(2);
 const TICK: Duration = Duration::from_millis(500);
-
-/// The basic turn without its end (`post_llm_call`) and what follows.
-fn open_turn() -> Vec<Event> {
-    let events = basic_events();
-    let end = events
-        .iter()
-        .position(|e| e.hook == "post_llm_call")
-        .unwrap();
-    events[..end].to_vec()
-}
 
 /// A running stage fed by `ingest`, read at `export`.
 struct Stage {
@@ -71,6 +61,16 @@ fn start_sampling(
     derived: DerivedMetrics,
     session_ends: Option<crate::sinks::SessionEnds>,
 ) -> Stage {
+    let mut driver = driver(ledger, events);
+    driver.steps.sampler = sampler;
+    driver.steps.derived = derived;
+    driver.session_ends = session_ends;
+    spawn(driver)
+}
+
+/// A stage with `ledger`, not running; its clock reads the capture time
+/// of `events`' last event now.
+fn driver(ledger: Ledger, events: &[Event]) -> Driver<TokioClock> {
     let last = events.last().map_or(0, |e| e.time_unix_nano);
     let correlation = Correlation::new(
         Sequencer::new(SequencerConfig::default()),
@@ -80,7 +80,7 @@ fn start_sampling(
             ..Default::default()
         }),
     );
-    let mut driver = Driver {
+    Driver {
         tick: TICK,
         ledger,
         ..Driver::in_memory(
@@ -88,10 +88,11 @@ fn start_sampling(
             SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
             TokioClock::starting_at(last),
         )
-    };
-    driver.steps.sampler = sampler;
-    driver.steps.derived = derived;
-    driver.session_ends = session_ends;
+    }
+}
+
+/// Runs `driver`.
+fn spawn(driver: Driver<TokioClock>) -> Stage {
     let (ingest, ingest_rx) = mpsc::channel(64);
     let (export_tx, export) = mpsc::channel(64);
     let stop = CancellationToken::new();
@@ -165,11 +166,12 @@ fn disk_ledger(done: Arc<AtomicU64>) -> (Ledger, mpsc::Receiver<Settle>) {
     (ledger, settles)
 }
 
-/// The lsn of the turn's first event (`pre_llm_call`), as [`feed`] numbers.
+/// The lowest lsn the basic turn needs while open, as [`feed`] numbers:
+/// its session's start, an event of the turn's span.
 fn turn_lsn() -> u64 {
     1 + basic_events()
         .iter()
-        .position(|e| e.hook == "pre_llm_call")
+        .position(|e| e.hook == "on_session_start")
         .unwrap() as u64
 }
 
@@ -347,7 +349,7 @@ async fn a_finalized_session_is_reported_after_its_spans_were_sent() {
         &events,
         Sampler::keep_all(),
         DerivedMetrics::default(),
-        Some(ends_tx),
+        Some(crate::sinks::SessionEnds::new(ends_tx, Default::default())),
     );
     feed(&stage, events).await;
     let end = ends.recv().await.unwrap();
@@ -365,3 +367,6 @@ async fn a_finalized_session_is_reported_after_its_spans_were_sent() {
     }
     one_root(&sent, "sent before the end was reported");
 }
+
+#[path = "fleet_tests.rs"]
+mod fleet;

@@ -73,6 +73,15 @@ impl Ledger {
         }
     }
 
+    /// Whether the batch at `lsn` is one the persistent queue replayed at
+    /// the start.
+    pub fn is_replayed(&self, lsn: u64) -> bool {
+        match self {
+            Self::Memory => false,
+            Self::Disk(disk) => lsn <= disk.durable.recovered.replay_end,
+        }
+    }
+
     /// Drops spans a backend already has (replayed after a restart).
     pub fn suppress_exported(&mut self, spans: &mut Vec<FinishedSpan>) {
         if let Self::Disk(disk) = self {

@@ -11,8 +11,8 @@
 //! - [`driver`]: the correlation stage on an injected [`clock`] (its last
 //!   step before the export channel: `hermes_sampling`'s tail sampler), with the
 //!   [`ledger`] that owns the persistent queue's sequence numbers,
-//!   watermark and export markers; [`writer`]: the persistent queue's
-//!   writer.
+//!   watermark and export markers; [`settle`]: which events of fleet
+//!   shims are settled; [`writer`]: the persistent queue's writer.
 //! - [`admin`]: `/livez`, `/readyz`, `/metrics`; each stage's stats encode
 //!   themselves ([`hermes_metrics::StageMetrics`]); [`derived`]: the
 //!   metrics derived from the spans (Prometheus and OTLP).
@@ -26,6 +26,7 @@ pub mod driver;
 mod fault;
 pub mod ledger;
 mod series;
+pub mod settle;
 mod sinks;
 pub mod stats;
 mod supervise;

@@ -73,16 +73,35 @@ pub fn build_sinks(validated: &Validated) -> anyhow::Result<(Vec<Sink>, Option<T
     let mut trajectories = None;
     if let Some(atif) = &config.exporters.atif {
         let (tx, rx) = tokio::sync::mpsc::channel(SESSION_ENDS);
+        let logs = match (&validated.atif_logs, &atif.otlp_logs) {
+            (Some(export), Some(logs)) => Some(hermes_trajectory::AtifLogs {
+                exporter: match export.protocol {
+                    config::OtlpProtocol::Grpc => {
+                        hermes_exporter::LogsExporter::grpc(export.grpc(), export.tls.clone())
+                    }
+                    config::OtlpProtocol::HttpProtobuf => {
+                        hermes_exporter::LogsExporter::http(export.http(), export.tls.clone())
+                    }
+                }
+                .context("exporters.atif.otlp_logs")?,
+                retry: hermes_exporter::RetrySettings {
+                    max_elapsed: std::time::Duration::from_secs(logs.max_elapsed_secs),
+                    ..Default::default()
+                },
+            }),
+            _ => None,
+        };
         let exporter = hermes_trajectory::AtifExporter::new(
             hermes_trajectory::AtifExporterConfig {
                 dir: atif.dir.clone(),
                 idle_ms: atif.idle_ms,
             },
             Some(rx),
+            logs,
         )
         .context("exporters.atif.dir")?;
         trajectories = Some(TrajectorySink {
-            ends: tx,
+            ends: SessionEnds::new(tx, exporter.stats()),
             stats: exporter.stats(),
         });
         sinks.push(Sink::new("atif", exporter));
@@ -94,4 +113,4 @@ pub fn build_sinks(validated: &Validated) -> anyhow::Result<(Vec<Sink>, Option<T
 }
 
 /// Where the correlation stage reports the sessions their host ended.
-pub type SessionEnds = tokio::sync::mpsc::Sender<hermes_trajectory::SessionEnd>;
+pub use hermes_trajectory::SessionEnds;

@@ -25,6 +25,8 @@ pub struct PipelineStats {
     pub late_events_dropped: AtomicU64,
     pub cross_instance_turns: AtomicU64,
     pub turns_cut_off_at_exit: AtomicU64,
+    pub turns_handed_off: AtomicU64,
+    pub turns_orphaned: AtomicU64,
     pub sessions: AtomicU64,
     pub held_bytes: AtomicU64,
     pub agents: AtomicU64,
@@ -42,6 +44,8 @@ impl PipelineStats {
         store(&self.turns_evicted, s.turns_evicted);
         store(&self.expired, s.expired);
         store(&self.turns_cut_off_at_exit, s.cut_off_at_exit);
+        store(&self.turns_handed_off, s.turns_handed_off);
+        store(&self.turns_orphaned, s.turns_orphaned);
         let g = correlator.gauges();
         store(&self.open_turns, g.open_turns);
         store(&self.sessions, g.sessions);
@@ -124,6 +128,16 @@ impl StageMetrics for PipelineStats {
                 "correlator_turns_cut_off_at_exit",
                 "Turns still running when their agent process exited (the shim's process_exit marker), closed as incomplete.",
                 &self.turns_cut_off_at_exit,
+            ),
+            (
+                "correlator_turns_handed_off",
+                "Open turns forgotten without export: their agent moved to another collector of its fleet, which exports them.",
+                &self.turns_handed_off,
+            ),
+            (
+                "correlator_turns_orphaned",
+                "Open turns replayed after a restart whose agent did not come back to this replica within state_ttl (fleet.replicated), forgotten without export: the agent replayed them to another replica.",
+                &self.turns_orphaned,
             ),
             (
                 "correlator_expired",

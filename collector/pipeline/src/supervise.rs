@@ -6,6 +6,8 @@
 //! [`Outcome::StageFailed`] (exit 70).
 //!
 //! The drain, after a stop or a failure, goes downstream:
+//! 0. with `fleet.replicated`, every fleet shim is asked to leave, and the
+//!    drain waits (at most half the grace) for their handoffs;
 //! 1. the receiver stops accepting (streams end with `UNAVAILABLE`; open
 //!    connections are closed after the linger, never waited on beyond it);
 //! 2. the correlation stage takes what is queued and closes what is open
@@ -207,6 +209,10 @@ impl Topology {
                 "a stage of the pipeline stopped; draining what is left and exiting"
             ),
         }
+        // 0. One replica of a fleet: the agents move to the others first.
+        if receiver.replicated {
+            leave_fleet(&receiver.settlements, deadline, grace).await;
+        }
         // 1. Stop accepting.
         receiver_shutdown.cancel();
         let receiver_deadline = deadline.min(tokio::time::Instant::now() + receiver.linger);
@@ -311,6 +317,27 @@ impl Topology {
         }
         Outcome::Clean
     }
+}
+
+/// Asks every fleet shim to leave and waits until their streams are gone
+/// (each sends its handoff, then ends it), for at most half the grace
+/// (before `deadline`): the rest is the exporters'. Those still connected
+/// then are dropped by the correlation stage all the same.
+async fn leave_fleet(
+    settlements: &hermes_receiver::Settlements,
+    deadline: tokio::time::Instant,
+    grace: Duration,
+) {
+    settlements.leave();
+    let until = deadline.min(tokio::time::Instant::now() + grace / 2);
+    while settlements.streams() > 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::info!(
+        handoffs = settlements.handoffs(),
+        still_connected = settlements.streams(),
+        "asked the fleet's agents to move to another replica"
+    );
 }
 
 fn spans_failed(stats: &hermes_exporter::ExporterStats) -> u64 {

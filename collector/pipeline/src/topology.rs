@@ -18,7 +18,7 @@ use hermes_correlator::sequencer::Sequencer;
 use hermes_correlator::{Correlation, Correlator};
 use hermes_exporter::ExporterStage;
 use hermes_metrics::collector;
-use hermes_receiver::{Ingest, Ingested, ListenAddr, Listener, ReceiverStats};
+use hermes_receiver::{Ingest, Ingested, ListenAddr, Listener, ReceiverStats, Settlements};
 use hermes_sampling::{Policy, Sampler};
 use hermes_span::trace::v1::ResourceSpans;
 use prometheus_client::collector::Collector;
@@ -30,6 +30,7 @@ use crate::clock::WallClock;
 use crate::derived::{DerivedMetrics, OtlpMetricsExport};
 use crate::driver::{Driver, Steps};
 use crate::ledger::{Durable, Ledger};
+use crate::settle::Settlement;
 use crate::sinks::build_sinks;
 use crate::stats::PipelineStats;
 use crate::writer::{QueueStats, Recovered, Settle, Writer};
@@ -55,6 +56,10 @@ pub(crate) struct ReceiverPart {
     /// Ends every stream with `UNAVAILABLE` and stops accepting.
     pub shutdown: CancellationToken,
     pub stats: Arc<ReceiverStats>,
+    /// Settled seqs of fleet shims, and the drain's `leave`.
+    pub settlements: Arc<Settlements>,
+    /// `fleet.replicated`: the drain asks fleet shims to leave first.
+    pub replicated: bool,
     /// How long the drain waits for ingest connections to close.
     pub linger: Duration,
     /// Logged once serving: authenticated, mutual TLS.
@@ -158,6 +163,20 @@ impl Topology {
             (&mut probes, &mut stage_metrics),
         );
         let receiver = receiver_part(config, listen, listener, token, receiver_tls, ingest_tx)?;
+        let settlement = Settlement::new(receiver.settlements.clone(), {
+            let stats = exporter_stats.clone();
+            Box::new(move || stats.done_through())
+        });
+        correlation.driver.settlement = Some(if config.fleet.replicated {
+            settlement.replicated(
+                config
+                    .correlator
+                    .state_ttl_secs
+                    .saturating_mul(1_000_000_000),
+            )
+        } else {
+            settlement
+        });
 
         if let Some(trajectories) = trajectories {
             correlation.driver.session_ends = Some(trajectories.ends);
@@ -299,6 +318,7 @@ fn correlation_part(
         clock: WallClock,
         policies: Some(updates),
         session_ends: None,
+        settlement: None,
     };
     let part = CorrelationPart {
         driver,
@@ -336,7 +356,9 @@ fn receiver_part(
     });
     let linger = limits.connections.shutdown_linger + Duration::from_millis(500);
     let shutdown = CancellationToken::new();
+    let settlements = Arc::new(Settlements::default());
     let ingest = Ingest::new(ingest, limits, stats.clone(), shutdown.clone())
+        .with_settlements(settlements.clone())
         .with_token(token)
         .with_delivery(config.queue.delivery())
         .with_memory_limit(memory_limit);
@@ -353,6 +375,8 @@ fn receiver_part(
         mutual_tls: receiver_tls.as_ref().is_some_and(|t| t.mutual),
         tls: receiver_tls.map(|t| t.server),
         stats,
+        settlements,
+        replicated: config.fleet.replicated,
         linger,
         authenticated,
         shown_listen,

@@ -357,6 +357,7 @@ impl Writer {
                     batch,
                     lsn,
                     safe: None,
+                    fleet: false,
                 };
                 if out.send(ingested).await.is_err() {
                     return Ok(());

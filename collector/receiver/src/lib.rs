@@ -33,6 +33,7 @@
 
 pub mod auth;
 pub mod conn;
+pub mod fleet;
 pub mod identity;
 pub mod listener;
 pub mod memory;
@@ -59,6 +60,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 
 pub use auth::{AuthFailure, BearerToken, TokenError};
 pub use conn::{Conn, ConnectionLimits, GuardedIncoming};
+pub use fleet::Settlements;
 pub use identity::{InstanceBindings, Principal};
 pub use listener::{ListenAddr, Listener};
 pub use memory::MemoryLimit;
@@ -76,6 +78,9 @@ pub struct Ingested {
     /// batch is written; the receiver acknowledges it then. Dropping it
     /// unfired ends the stream with `UNAVAILABLE` (the shim resends).
     pub safe: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Came on a stream that announced fleet mode: its shim keeps the
+    /// events until they are settled ([`fleet`]).
+    pub fleet: bool,
 }
 
 impl Ingested {
@@ -85,6 +90,7 @@ impl Ingested {
             batch,
             lsn: 0,
             safe: None,
+            fleet: false,
         }
     }
 }
@@ -207,6 +213,7 @@ pub struct Ingest {
     delivery: Delivery,
     memory: Option<Arc<MemoryLimit>>,
     bindings: Arc<InstanceBindings>,
+    settlements: Arc<Settlements>,
 }
 
 impl Ingest {
@@ -228,7 +235,15 @@ impl Ingest {
             delivery: Delivery::Memory,
             memory: None,
             bindings: Arc::default(),
+            settlements: Arc::default(),
         }
+    }
+
+    /// Where the correlation stage publishes what is settled, and the
+    /// drain asks fleet streams to leave ([`fleet`]).
+    pub fn with_settlements(mut self, settlements: Arc<Settlements>) -> Self {
+        self.settlements = settlements;
+        self
     }
 
     /// Refuses batches with `UNAVAILABLE` while `limit` says the process is
@@ -327,10 +342,17 @@ impl EventIngest for Ingest {
             .get::<TlsConnectInfo<Conn>>()
             .and_then(TlsConnectInfo::peer_certs)
             .and_then(|certs| certs.first().map(|c| self.bindings.principal(c.as_ref())));
+        let fleet = request
+            .metadata()
+            .get(fleet::FLEET_METADATA)
+            .is_some_and(|v| v == "1");
         let mut inbound = request.into_inner();
         let (ack_tx, ack_rx) = mpsc::channel::<Result<Ack, Status>>(64);
         let this = self.clone();
         this.stats.streams_opened.fetch_add(1, Ordering::Relaxed);
+        if fleet {
+            this.settlements.stream_opened();
+        }
         let durable_acks = match this.delivery {
             Delivery::Memory => None,
             Delivery::Durable => Some(spawn_acker(ack_tx.clone())),
@@ -342,12 +364,31 @@ impl EventIngest for Ingest {
             let mut last_dropped = 0u64;
             let mut version_noted = false;
             let mut rate = rate::StreamRate::new(&this.limits, tokio::time::Instant::now());
+            // A fleet stream's instance and its settled seq.
+            let mut subscription: Option<(String, tokio::sync::watch::Receiver<u64>)> = None;
+            let mut left = false;
+            let mut handed_off = false;
             loop {
                 let next = tokio::select! {
                     next = inbound.message() => next,
                     () = this.shutdown.cancelled() => {
                         let _ = ack_tx.send(Err(Status::unavailable("collector is shutting down"))).await;
                         break;
+                    }
+                    settled_seq = settled(&mut subscription) => {
+                        let ack = Ack { settled_seq, ..Ack::default() };
+                        if ack_tx.send(Ok(ack)).await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    () = this.settlements.leaving().cancelled(), if fleet && !left => {
+                        left = true;
+                        let ack = Ack { leave: true, ..Ack::default() };
+                        if ack_tx.send(Ok(ack)).await.is_err() {
+                            break;
+                        }
+                        continue;
                     }
                 };
                 let received = match next {
@@ -383,6 +424,11 @@ impl EventIngest for Ingest {
                     break;
                 }
                 let batch = received.batch;
+                if fleet && subscription.is_none() {
+                    let instance = batch.shim.as_ref().map_or("", |s| s.instance_id.as_str());
+                    let rx = this.settlements.subscribe(instance);
+                    subscription = Some((instance.to_owned(), rx));
+                }
                 if !version_noted {
                     version_noted = true;
                     this.note_shim_version(&batch);
@@ -414,12 +460,29 @@ impl EventIngest for Ingest {
                         .fetch_add(batch.dropped_events - last_dropped, Ordering::Relaxed);
                     last_dropped = batch.dropped_events;
                 }
+                if batch.handoff {
+                    // The shim moves to another replica: the stage forgets
+                    // its open state; nothing to acknowledge.
+                    this.settlements.handed_off();
+                    handed_off = true;
+                    let ingested = Ingested {
+                        batch,
+                        lsn: 0,
+                        safe: None,
+                        fleet,
+                    };
+                    if this.tx.send(ingested).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
                 let (Some(first), Some(last)) = (batch.events.first(), batch.events.last()) else {
                     continue;
                 };
                 let ack = Ack {
                     first_seq: first.seq,
                     last_seq: last.seq,
+                    ..Ack::default()
                 };
                 let events = batch.events.len() as u64;
                 let (safe, written) = match durable_acks {
@@ -433,6 +496,7 @@ impl EventIngest for Ingest {
                     batch,
                     lsn: 0,
                     safe,
+                    fleet,
                 };
                 if this.tx.send(ingested).await.is_err() {
                     let _ = ack_tx
@@ -452,9 +516,30 @@ impl EventIngest for Ingest {
                     break;
                 }
             }
+            if fleet {
+                let abandoned = !handed_off && !this.shutdown.is_cancelled();
+                this.settlements.stream_closed(subscription, abandoned);
+            }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(ack_rx))))
+        let mut response: Response<AckStream> =
+            Response::new(Box::pin(ReceiverStream::new(ack_rx)));
+        response.metadata_mut().insert(
+            fleet::SETTLES_HEADER,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
+        Ok(response)
     }
+}
+
+/// The next settled seq of a fleet stream's instance; never, before the
+/// stream's first batch named it (or for a stream not in fleet mode).
+async fn settled(subscription: &mut Option<(String, tokio::sync::watch::Receiver<u64>)>) -> u64 {
+    if let Some((_, rx)) = subscription
+        && rx.changed().await.is_ok()
+    {
+        return *rx.borrow_and_update();
+    }
+    std::future::pending().await
 }
 
 /// Acknowledges the batches of one stream in order, each once the persistent

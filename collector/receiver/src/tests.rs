@@ -490,3 +490,179 @@ async fn another_wire_protocol_is_refused_with_a_clear_error() {
     );
     server.stop.cancel();
 }
+
+/// A server whose pipeline side is the test's, settling into the
+/// returned registry.
+async fn serve_fleet() -> (Server, mpsc::Receiver<Ingested>, Arc<Settlements>) {
+    let settlements = Arc::new(Settlements::default());
+    let (server, pipeline) = serve(loopback(), Limits::default(), {
+        let settlements = settlements.clone();
+        |ingest| ingest.with_settlements(settlements)
+    })
+    .await;
+    (server, pipeline, settlements)
+}
+
+/// A stream call in fleet mode sending what `rx` gives.
+fn fleet_request(
+    rx: mpsc::Receiver<EventBatch>,
+) -> tonic::Request<tokio_stream::wrappers::ReceiverStream<EventBatch>> {
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    request
+        .metadata_mut()
+        .insert(fleet::FLEET_METADATA, "1".parse().unwrap());
+    request
+}
+
+/// Waits (at most [`WAIT`]) until `done`, failing with `what`.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_fleet_stream_learns_settlement_and_leave_and_hands_off() {
+    let (server, mut pipeline, settlements) = serve_fleet().await;
+    let mut client = client(&server.endpoint).await;
+    let (tx, rx) = mpsc::channel(8);
+    let request = fleet_request(rx);
+    tx.send(batch(1, 1)).await.unwrap();
+    let response = client.stream(request).await.unwrap();
+    assert_eq!(
+        response.metadata().get(fleet::SETTLES_HEADER).unwrap(),
+        "1",
+        "this collector settles"
+    );
+    let mut acks = response.into_inner();
+    let ack = acks.message().await.unwrap().unwrap();
+    assert_eq!((ack.first_seq, ack.last_seq, ack.settled_seq), (1, 1, 0));
+    let ingested = tokio::time::timeout(WAIT, pipeline.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        ingested.fleet,
+        "the pipeline knows the batch's shim keeps it"
+    );
+    assert!(settlements.is_connected("i-1"));
+
+    // The stage settled seq 1: a settlement-only ack.
+    settlements.publish("i-1", 1);
+    let ack = tokio::time::timeout(WAIT, acks.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!((ack.first_seq, ack.last_seq, ack.settled_seq), (0, 0, 1));
+    assert!(!ack.leave);
+    // A second stream of the instance (a reconnect before the first one is
+    // gone) learns the current value at once.
+    let (tx2, rx2) = mpsc::channel(8);
+    tx2.send(batch(2, 1)).await.unwrap();
+    let mut acks2 = client
+        .stream(fleet_request(rx2))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let ack = tokio::time::timeout(WAIT, acks2.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        got.push((ack.last_seq, ack.settled_seq));
+    }
+    got.sort_unstable();
+    assert_eq!(got, [(0, 1), (2, 0)]);
+    tokio::time::timeout(WAIT, pipeline.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    drop(tx2);
+    assert!(acks2.message().await.unwrap().is_none());
+
+    // The drain asks it to leave; it hands off and ends its stream.
+    settlements.leave();
+    let ack = tokio::time::timeout(WAIT, acks.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(ack.leave, "{ack:?}");
+    let mut handoff = batch(1, 1);
+    handoff.events.clear();
+    handoff.handoff = true;
+    tx.send(handoff).await.unwrap();
+    let ingested = tokio::time::timeout(WAIT, pipeline.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(ingested.batch.handoff && ingested.fleet);
+    assert_eq!(settlements.handoffs(), 1);
+    drop(tx);
+    assert!(
+        tokio::time::timeout(WAIT, acks.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
+    eventually("the stream is gone", || settlements.streams() == 0).await;
+    assert!(!settlements.is_connected("i-1"));
+    assert!(!settlements.is_abandoned("i-1"), "it handed off");
+    server.stop.cancel();
+}
+
+#[tokio::test]
+async fn a_fleet_stream_that_ends_without_a_handoff_is_abandoned_until_it_returns() {
+    let (server, mut pipeline, settlements) = serve_fleet().await;
+    let mut client = client(&server.endpoint).await;
+    for round in 0..2 {
+        let (tx, rx) = mpsc::channel(8);
+        let request = fleet_request(rx);
+        tx.send(batch(1 + round, 1)).await.unwrap();
+        let mut acks = client.stream(request).await.unwrap().into_inner();
+        assert_eq!(acks.message().await.unwrap().unwrap().last_seq, 1 + round);
+        tokio::time::timeout(WAIT, pipeline.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!settlements.is_abandoned("i-1"), "connected (again)");
+        // The agent goes away without a handoff.
+        drop(tx);
+        assert!(acks.message().await.unwrap().is_none());
+        eventually("presumed dead", || settlements.is_abandoned("i-1")).await;
+    }
+    server.stop.cancel();
+}
+
+#[tokio::test]
+async fn a_stream_without_fleet_mode_gets_the_header_and_no_settlement() {
+    let (server, mut pipeline, settlements) = serve_fleet().await;
+    let mut client = client(&server.endpoint).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(batch(1, 1)).await.unwrap();
+    let response = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap();
+    assert_eq!(response.metadata().get(fleet::SETTLES_HEADER).unwrap(), "1");
+    let mut acks = response.into_inner();
+    assert_eq!(acks.message().await.unwrap().unwrap().last_seq, 1);
+    let ingested = tokio::time::timeout(WAIT, pipeline.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!ingested.fleet);
+    assert!(
+        !settlements.is_connected("i-1"),
+        "not watched: nothing to tell it"
+    );
+    assert_eq!(settlements.streams(), 0);
+    drop(tx);
+    server.stop.cancel();
+}

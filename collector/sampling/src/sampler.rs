@@ -295,6 +295,34 @@ impl Sampler {
         !self.ready.is_empty()
     }
 
+    /// Forgets the held traces of shim instance `instance` (their
+    /// resource's `service.instance.id`), undecided and unsent: it moved to
+    /// another collector of its fleet, which builds and decides the same
+    /// traces. The number of traces forgotten.
+    pub fn forget_instance(&mut self, instance: &str) -> usize {
+        let keys: Vec<TraceKey> = self
+            .held
+            .iter()
+            .filter(|(_, t)| {
+                t.spans
+                    .first()
+                    .is_some_and(|h| instance_of(&h.shell) == Some(instance))
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for key in &keys {
+            if let Some(trace) = self.held.remove(key) {
+                self.by_age.remove(&trace.order);
+                self.floors.remove(&(trace.floor, trace.order));
+                self.held_spans -= trace.spans.len();
+            }
+        }
+        if !keys.is_empty() {
+            self.publish();
+        }
+        keys.len()
+    }
+
     /// The lowest lsn a held trace may have been built from: the
     /// persistent queue must keep its records.
     pub fn min_held_lsn(&self) -> Option<u64> {
@@ -459,4 +487,20 @@ fn regroup(spans: Vec<HeldSpan>) -> Vec<ResourceSpans> {
         rs.scope_spans.retain(|ss| !ss.spans.is_empty());
     }
     out
+}
+
+/// The shim instance of a batch's resource (`service.instance.id`).
+fn instance_of(shell: &ResourceSpans) -> Option<&str> {
+    let value = shell
+        .resource
+        .as_ref()?
+        .attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == "service.instance.id")?
+        .value
+        .as_ref()?;
+    match value.value.as_ref()? {
+        any_value::Value::StringValue(s) => Some(s.as_str()),
+        _ => None,
+    }
 }

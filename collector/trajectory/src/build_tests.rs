@@ -16,6 +16,7 @@ fn agent() -> AgentInfo {
         instance: "i-1".into(),
         capture: "content".into(),
         shim_version: "0.1.0".into(),
+        resource: Default::default(),
     }
 }
 

@@ -2,14 +2,15 @@
 //!
 //! | file | holds |
 //! |---|---|
-//! | `<stem>.partial.json` | a session in progress: its records ([`Partial`]), rewritten after every batch that touched it, reloaded at start |
+//! | `<stem>.partial.jsonl` | a session in progress: its append-only record log ([`crate::journal`]), replayed into a [`Partial`] at start |
 //! | `<stem>.json` | the session's trajectory, written when it ends |
 //! | `<stem>.<n>.json` | the `n`-th segment (n ≥ 2) of a session resumed after its trajectory was written; the previous segment's `continued_trajectory_ref` names it |
 //!
 //! `<stem>` is the session id made safe for a file name ([`stem`]). Every
-//! file is written to a temporary name in the directory, synced, and
-//! renamed over the target, so a reader (or a crash) sees the old file or
-//! the new one, never a part.
+//! trajectory file (and a compacted record log) is written to a temporary name in the directory, synced, and
+//! renamed over the target, and the directory synced after the rename, so
+//! a reader (or a crash) sees the old file or the new one, never a part,
+//! and a file reported written stays written.
 
 use std::fs::File;
 use std::io::Write;
@@ -20,13 +21,10 @@ use serde::{Deserialize, Serialize};
 use crate::atif::Trajectory;
 use crate::record::{AgentInfo, SpanRecord};
 
-/// Suffix of a session in progress.
-pub const PARTIAL_SUFFIX: &str = ".partial.json";
-
 /// Longest stem kept from a session id (file names are at most 255 bytes).
 const MAX_STEM: usize = 160;
 
-/// A session in progress, as kept on disk between its batches.
+/// A session in progress, as its record log replays.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Partial {
     pub session_id: String,
@@ -86,10 +84,15 @@ pub fn next_segment(dir: &Path, stem: &str) -> u32 {
     n
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same
-/// directory, synced, renamed over `path`.
+/// Writes `bytes` to `path` atomically and durably: a temporary file in
+/// the same directory, synced, renamed over `path`, then the directory
+/// synced, so that the rename (the new name's entry) survives a power
+/// loss as the content does.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -99,7 +102,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let mut file = File::create(&tmp)?;
         file.write_all(bytes)?;
         file.sync_all()?;
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -131,28 +135,6 @@ pub fn link_continuation(path: &Path, next: &str) -> std::io::Result<()> {
 /// A partial file that could not be read: its path and why.
 pub type Unreadable = (PathBuf, String);
 
-/// Every session in progress kept in `dir` (`*.partial.json`). A file that
-/// does not parse is skipped and named in the returned errors.
-pub fn load_partials(dir: &Path) -> std::io::Result<(Vec<Partial>, Vec<Unreadable>)> {
-    let mut partials = Vec::new();
-    let mut bad = Vec::new();
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.to_string_lossy().ends_with(PARTIAL_SUFFIX))
-        .collect();
-    paths.sort();
-    for path in paths {
-        match std::fs::read(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice::<Partial>(&b).map_err(|e| e.to_string()))
-        {
-            Ok(p) => partials.push(p),
-            Err(e) => bad.push((path, e)),
-        }
-    }
-    Ok((partials, bad))
-}
-
 /// The trajectory of `session_id` in `dir`, for reading: every written
 /// segment in order, then the session in progress (its partial file, built
 /// as it stands and marked incomplete). Empty when the directory has
@@ -174,10 +156,10 @@ pub fn read_session(dir: &Path, session_id: &str) -> Result<Vec<(String, Traject
         out.push((name, t));
         segment += 1;
     }
-    let partial = dir.join(format!("{key}{PARTIAL_SUFFIX}"));
+    let partial = crate::journal::log_path(dir, &key);
     match std::fs::read(&partial) {
         Ok(bytes) => {
-            let p: Partial = serde_json::from_slice(&bytes)
+            let (p, _) = crate::journal::replay(&bytes)
                 .map_err(|e| format!("{}: not a session in progress ({e})", partial.display()))?;
             let mut t = crate::build::build(
                 &p.session_id,
@@ -186,7 +168,7 @@ pub fn read_session(dir: &Path, session_id: &str) -> Result<Vec<(String, Traject
                 crate::build::Ending::Idle,
             );
             t.notes = Some("in progress: the session has not ended yet".to_owned());
-            out.push((format!("{key}{PARTIAL_SUFFIX}"), t));
+            out.push((format!("{key}{}", crate::journal::LOG_SUFFIX), t));
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(format!("cannot read {}: {e}", partial.display())),

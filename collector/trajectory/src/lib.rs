@@ -11,6 +11,8 @@
 //! | `metrics` | the sink's counters on `/metrics` ([`TrajectoryStats`]) |
 //! | [`record`] | a span reduced to what a trajectory needs ([`SpanRecord`]), grouped by session |
 //! | [`build`](mod@build) | records of one session → its [`Trajectory`] (pure) |
+//! | [`journal`] | a session in progress on disk: its append-only record log, replayed at start |
+//! | [`logs`] | each written trajectory as one OTLP log record, and the task that sends them |
 //! | [`files`] | the directory's files (partial, trajectory, continuation segments), atomic writes |
 //! | [`render`] | a trajectory as readable steps (`hermes-collector view --session`) |
 //! | [`sessions`] | sessions in progress: merged per batch, kept on disk, written when ended or idle |
@@ -24,6 +26,8 @@
 pub mod atif;
 pub mod build;
 pub mod files;
+pub mod journal;
+pub mod logs;
 mod metrics;
 pub mod record;
 pub mod render;
@@ -33,10 +37,11 @@ pub mod time;
 
 pub use atif::{SCHEMA_VERSION, Trajectory};
 pub use build::{Ending, build};
+pub use logs::{AtifLogs, Finished};
 pub use record::{AgentInfo, Kind, SessionRecords, SpanRecord, records_of};
 pub use render::render;
 pub use sessions::{END_GRACE_MS, SessionEnd, Sessions, TrajectoryStats};
-pub use sink::{AtifExporter, AtifExporterConfig};
+pub use sink::{AtifExporter, AtifExporterConfig, SessionEnds};
 
 #[cfg(test)]
 mod build_tests;

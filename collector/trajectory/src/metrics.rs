@@ -28,6 +28,26 @@ impl StageMetrics for TrajectoryStats {
                 &self.spans_without_messages,
             ),
             (
+                "trajectory_log_records_sent",
+                "Trajectories sent as OTLP log records (exporters.atif.otlp_logs).",
+                &self.log_records_sent,
+            ),
+            (
+                "trajectory_log_records_failed",
+                "Trajectories not sent as OTLP log records (queue full, retries given up, refused, or queued at shutdown); their files are written.",
+                &self.log_records_failed,
+            ),
+            (
+                "trajectory_session_ends_lost",
+                "Session ends that did not fit the trajectory sink's queue: those sessions are written at their idle time, marked incomplete.",
+                &self.session_ends_lost,
+            ),
+            (
+                "trajectory_partial_lines_skipped",
+                "Lines of the record logs of sessions in progress found at start that did not parse (torn by a crash mid-write), skipped.",
+                &self.partial_lines_skipped,
+            ),
+            (
                 "trajectory_unreadable_partials",
                 "Files of sessions in progress found at start that could not be read (left in place).",
                 &self.unreadable_partials,

@@ -74,6 +74,10 @@ pub struct AgentInfo {
     pub capture: String,
     /// `hermes.shim.version`.
     pub shim_version: String,
+    /// Every scalar attribute of the resource (these four included), for
+    /// the trajectory's OTLP log record ([`crate::logs`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resource: BTreeMap<String, Value>,
 }
 
 impl AgentInfo {
@@ -108,6 +112,10 @@ pub fn records_of(batch: &[ResourceSpans]) -> Vec<SessionRecords> {
             instance: string(resource, "service.instance.id").unwrap_or_default(),
             capture: string(resource, "hermes.capture").unwrap_or_default(),
             shim_version: string(resource, "hermes.shim.version").unwrap_or_default(),
+            resource: resource
+                .iter()
+                .filter_map(|kv| Some((kv.key.to_string(), scalar(kv.value.as_ref()?)?)))
+                .collect(),
         };
         for span in rs.scope_spans.iter().flat_map(|ss| ss.spans.iter()) {
             let Some((session_id, record)) = record_of(span) else {

@@ -2,14 +2,14 @@
 //!
 //! Owns: merging each batch's records into its session (a span seen again,
 //! after a replay or a retry, replaces the first copy), keeping every
-//! session in progress on disk after every batch (`<stem>.partial.json`,
-//! see [`crate::files`]), and writing a session's trajectory once its host
+//! session in progress on disk after every batch (its append-only record
+//! log `<stem>.partial.jsonl`, see [`crate::journal`]), and writing a session's trajectory once its host
 //! ended it ([`Sessions::end`], then [`END_GRACE_MS`] for its last spans to
 //! come through the exporter stage's batch), or once it is idle for
 //! `idle_ms`, marked incomplete. At most [`MAX_SESSIONS`] are held; past
 //! it the least recently active is written as it is, marked incomplete.
 //!
-//! Durability: a batch counts as exported once the partial files it touched
+//! Durability: a batch counts as exported once the record logs it touched
 //! are written, so the persistent queue may delete its records; what the
 //! collector held in memory only is on disk, and [`Sessions::open`] reloads
 //! it at the next start, idle times included.
@@ -26,9 +26,10 @@ use hermes_span::trace::v1::ResourceSpans;
 
 use crate::build::{Ending, build};
 use crate::files::{
-    PARTIAL_SUFFIX, Partial, link_continuation, load_partials, next_segment, segment_name, stem,
-    write_atomic, write_trajectory,
+    Partial, link_continuation, next_segment, segment_name, stem, write_trajectory,
 };
+use crate::journal::{self, Line, log_path};
+use crate::logs::Finished;
 use crate::record::records_of;
 
 /// After its host ended a session, how long its last spans may take to
@@ -63,8 +64,21 @@ pub struct TrajectoryStats {
     pub spans_without_messages: AtomicU64,
     /// Partial files found at start that did not parse, left in place.
     pub unreadable_partials: AtomicU64,
+    /// Lines of the record logs found at start that did not parse (a line
+    /// torn by a crash mid-write), skipped.
+    pub partial_lines_skipped: AtomicU64,
     /// Sessions in progress now (a gauge).
     pub in_progress: AtomicU64,
+    /// Trajectories sent as OTLP log records (`otlp_logs`).
+    pub log_records_sent: AtomicU64,
+    /// Trajectories not sent as log records: the queue to the sender full,
+    /// given up after the retries, refused by the backend, or still queued
+    /// at shutdown. Their files are written.
+    pub log_records_failed: AtomicU64,
+    /// Session ends that did not fit the channel from the correlation
+    /// stage ([`crate::sink::SessionEnds`]): those sessions are written at
+    /// their idle time, marked incomplete.
+    pub session_ends_lost: AtomicU64,
 }
 
 /// The sessions in progress of one trajectory directory.
@@ -82,10 +96,16 @@ pub struct Sessions {
     early_ends: Vec<(SessionEnd, u64)>,
     /// [`MAX_SESSIONS`], lower in tests.
     max_sessions: usize,
+    /// Sessions whose record log must be rewritten whole before the next
+    /// append (an append to it failed and may have left part of a line).
+    stale: BTreeSet<String>,
+    /// Where each written file goes to be sent as a log record
+    /// ([`crate::logs`]), with `otlp_logs`.
+    outbox: Option<tokio::sync::mpsc::Sender<Finished>>,
     stats: Arc<TrajectoryStats>,
 }
 
-/// The most sessions held in progress (memory and partial files); past it
+/// The most sessions held in progress (memory and record logs); past it
 /// the least recently active is written as incomplete.
 pub const MAX_SESSIONS: usize = 10_000;
 
@@ -93,20 +113,33 @@ pub const MAX_SESSIONS: usize = 10_000;
 const MAX_EARLY_ENDS: usize = 1024;
 
 impl Sessions {
-    /// The sessions of `dir`, those in progress reloaded from their partial
-    /// files. A partial file that does not parse is logged, counted and
-    /// left for a person to look at.
+    /// The sessions of `dir`, those in progress replayed from their record
+    /// logs. A log that no line opens is logged, counted and left for a
+    /// person to look at; a line that does not parse (torn by a crash) is
+    /// skipped and counted, and its log rewritten without it.
     pub fn open(dir: &Path, idle_ms: u64) -> std::io::Result<Self> {
         let stats = Arc::new(TrajectoryStats::default());
-        let (partials, bad) = load_partials(dir)?;
+        let (loaded, bad) = journal::load(dir)?;
         for (path, error) in bad {
             tracing::warn!(path = %path.display(), %error, "trajectory in progress cannot be read; left in place");
             stats.unreadable_partials.fetch_add(1, Ordering::Relaxed);
         }
-        let open: BTreeMap<String, Partial> = partials
-            .into_iter()
-            .map(|p| (stem(&p.session_id), p))
-            .collect();
+        let mut open = BTreeMap::new();
+        let mut stale = BTreeSet::new();
+        for (partial, path, skipped) in loaded {
+            let key = stem(&partial.session_id);
+            if skipped > 0 {
+                tracing::warn!(path = %path.display(), lines = skipped, "lines of a trajectory in progress skipped (torn by a crash?)");
+                stats
+                    .partial_lines_skipped
+                    .fetch_add(skipped, Ordering::Relaxed);
+                if let Err(error) = journal::rewrite(&path, &partial) {
+                    tracing::warn!(path = %path.display(), %error, "trajectory in progress not compacted; retried at its next batch");
+                    stale.insert(key.clone());
+                }
+            }
+            open.insert(key, partial);
+        }
         stats
             .in_progress
             .store(open.len() as u64, Ordering::Relaxed);
@@ -117,6 +150,8 @@ impl Sessions {
             warned: BTreeSet::new(),
             early_ends: Vec::new(),
             max_sessions: MAX_SESSIONS,
+            stale,
+            outbox: None,
             stats,
         };
         sessions.bound()?;
@@ -129,6 +164,12 @@ impl Sessions {
         sessions.max_sessions = max.max(1);
         sessions.bound()?;
         Ok(sessions)
+    }
+
+    /// Hands every trajectory written from now on to `outbox` (never
+    /// waiting: a full channel counts the record as failed).
+    pub fn send_to(&mut self, outbox: tokio::sync::mpsc::Sender<Finished>) {
+        self.outbox = Some(outbox);
     }
 
     /// The exporter's counters.
@@ -146,11 +187,12 @@ impl Sessions {
         self.open.is_empty()
     }
 
-    /// Merges `batch` into its sessions and rewrites the partial file of
-    /// each session it touched. On an error the batch may be added again
-    /// (a retry): its spans replace their first copies.
+    /// Merges `batch` into its sessions and appends to the record log of
+    /// each session it touched what the batch brought it. On an error the
+    /// batch may be added again (a retry): its spans replace their first
+    /// copies.
     pub fn add(&mut self, batch: &[ResourceSpans], now_ms: u64) -> std::io::Result<()> {
-        let mut touched = BTreeSet::new();
+        let mut touched: BTreeMap<String, Vec<Line>> = BTreeMap::new();
         for session in records_of(batch) {
             if !session.agent.has_messages() {
                 self.stats
@@ -172,13 +214,22 @@ impl Sessions {
             }
             let key = stem(&session.session_id);
             let dir = &self.dir;
-            let partial = self.open.entry(key.clone()).or_insert_with(|| Partial {
-                session_id: session.session_id.clone(),
-                agent: session.agent.clone(),
-                segment: next_segment(dir, &key),
-                last_seen_ms: now_ms,
-                ended_ms: None,
-                records: Vec::new(),
+            let lines = touched.entry(key.clone()).or_default();
+            let partial = self.open.entry(key.clone()).or_insert_with(|| {
+                let segment = next_segment(dir, &key);
+                lines.push(Line::Open {
+                    session_id: session.session_id.clone(),
+                    agent: session.agent.clone(),
+                    segment,
+                });
+                Partial {
+                    session_id: session.session_id.clone(),
+                    agent: session.agent.clone(),
+                    segment,
+                    last_seen_ms: now_ms,
+                    ended_ms: None,
+                    records: Vec::new(),
+                }
             });
             partial.last_seen_ms = now_ms;
             if partial.ended_ms.is_none()
@@ -187,18 +238,13 @@ impl Sessions {
                 })
             {
                 partial.ended_ms = Some(*at);
+                lines.push(Line::Ended { at_ms: *at });
             }
-            for record in session.records {
-                match partial
-                    .records
-                    .iter_mut()
-                    .find(|r| r.span_id == record.span_id)
-                {
-                    Some(same) => *same = record,
-                    None => partial.records.push(record),
-                }
-            }
-            touched.insert(key);
+            lines.push(Line::Batch {
+                seen_ms: now_ms,
+                records: session.records.clone(),
+            });
+            journal::merge(&mut partial.records, session.records);
         }
         self.stats
             .in_progress
@@ -228,26 +274,42 @@ impl Sessions {
         Ok(())
     }
 
-    /// Rewrites the partial files of the sessions `keys`.
-    fn save(&self, keys: BTreeSet<String>) -> std::io::Result<()> {
-        for key in keys {
-            if let Some(partial) = self.open.get(&key) {
-                let bytes = serde_json::to_vec(partial).map_err(std::io::Error::other)?;
-                write_atomic(&self.dir.join(format!("{key}{PARTIAL_SUFFIX}")), &bytes)?;
+    /// Appends `lines` to each session's record log, synced; a log whose
+    /// earlier append failed is rewritten whole instead (what it missed is
+    /// in memory). A failed append marks its log for that rewrite.
+    fn save(&mut self, lines: BTreeMap<String, Vec<Line>>) -> std::io::Result<()> {
+        for (key, lines) in lines {
+            let Some(partial) = self.open.get(&key) else {
+                continue;
+            };
+            let path = log_path(&self.dir, &key);
+            let written = if self.stale.contains(&key) {
+                journal::rewrite(&path, partial)
+            } else {
+                journal::append(&path, &lines)
+            };
+            match written {
+                Ok(()) => {
+                    self.stale.remove(&key);
+                }
+                Err(e) => {
+                    self.stale.insert(key);
+                    return Err(e);
+                }
             }
         }
         Ok(())
     }
 
     /// Marks the sessions `end` names as ended at `now_ms` (kept in their
-    /// partial files): they are written [`END_GRACE_MS`] later. An end of a
+    /// record logs): they are written [`END_GRACE_MS`] later. An end of a
     /// session this sink does not hold is ignored.
     pub fn end(&mut self, end: &SessionEnd, now_ms: u64) -> std::io::Result<()> {
-        let mut ended = BTreeSet::new();
+        let mut ended = BTreeMap::new();
         for (key, partial) in &mut self.open {
             if names(end, partial) && partial.ended_ms.is_none() {
                 partial.ended_ms = Some(now_ms);
-                ended.insert(key.clone());
+                ended.insert(key.clone(), vec![Line::Ended { at_ms: now_ms }]);
             }
         }
         self.early_ends
@@ -311,18 +373,36 @@ impl Sessions {
         );
         let name = segment_name(key, partial.segment);
         write_trajectory(&self.dir.join(&name), &trajectory)?;
+        if let Some(outbox) = &self.outbox {
+            let finished = Finished {
+                session_id: partial.session_id.clone(),
+                file: name.clone(),
+                complete: ending == Ending::Ended,
+                body: serde_json::to_string(&trajectory).map_err(std::io::Error::other)?,
+                last_step_ns: partial.records.iter().map(|r| r.end_ns).max().unwrap_or(0),
+                written_ns: now_ns(),
+                resource: partial.agent.resource.clone(),
+            };
+            if outbox.try_send(finished).is_err() {
+                self.stats
+                    .log_records_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(file = %name, "trajectory not sent as a log record: the sender is behind");
+            }
+        }
         if partial.segment > 1 {
             link_continuation(
                 &self.dir.join(segment_name(key, partial.segment - 1)),
                 &name,
             )?;
         }
-        match std::fs::remove_file(self.dir.join(format!("{key}{PARTIAL_SUFFIX}"))) {
+        match std::fs::remove_file(log_path(&self.dir, key)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
         self.open.remove(key);
+        self.stale.remove(key);
         self.stats
             .in_progress
             .store(self.open.len() as u64, Ordering::Relaxed);
@@ -333,4 +413,12 @@ impl Sessions {
         tracing::info!(file = %name, "trajectory written");
         Ok(())
     }
+}
+
+/// Wall-clock Unix nanoseconds (the log record's observed time).
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or_default()
 }

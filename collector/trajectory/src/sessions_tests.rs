@@ -92,7 +92,7 @@ fn a_session_is_kept_on_disk_until_idle_then_written_incomplete() {
     sessions
         .add(&turn("s1", "t1", 1, "content"), 5_000)
         .unwrap();
-    assert_eq!(names(dir.path()), ["s1.partial.json"]);
+    assert_eq!(names(dir.path()), ["s1.partial.jsonl"]);
     assert_eq!(sessions.stats().in_progress.load(Ordering::Relaxed), 1);
     assert_eq!(sessions.next_due(), Some(6_000));
     assert_eq!(sessions.write_due(5_999).unwrap(), 0);
@@ -196,14 +196,14 @@ fn a_resumed_session_continues_in_a_linked_segment() {
 #[test]
 fn an_unreadable_partial_is_left_in_place_and_counted() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("bad.partial.json"), b"{not json").unwrap();
+    std::fs::write(dir.path().join("bad.partial.jsonl"), b"{not json").unwrap();
     let sessions = Sessions::open(dir.path(), IDLE).unwrap();
     assert!(sessions.is_empty());
     assert_eq!(
         sessions.stats().unreadable_partials.load(Ordering::Relaxed),
         1
     );
-    assert_eq!(names(dir.path()), ["bad.partial.json"]);
+    assert_eq!(names(dir.path()), ["bad.partial.jsonl"]);
 }
 
 #[tokio::test]
@@ -218,7 +218,7 @@ async fn the_sink_holds_an_exported_batch_on_disk_and_keeps_it_at_the_stop() {
         dir: dir.path().to_owned(),
         idle_ms: 3_600_000,
     };
-    let mut sink = AtifExporter::new(config.clone(), None).unwrap();
+    let mut sink = AtifExporter::new(config.clone(), None, None).unwrap();
     let request = ExportTraceServiceRequest {
         resource_spans: turn("s1", "t1", 1, "content"),
     };
@@ -227,16 +227,16 @@ async fn the_sink_holds_an_exported_batch_on_disk_and_keeps_it_at_the_stop() {
         .unwrap();
     assert_eq!(
         names(dir.path()),
-        ["s1.partial.json"],
+        ["s1.partial.jsonl"],
         "on disk when export returns"
     );
     sink.shutdown().await.unwrap();
     assert_eq!(
         names(dir.path()),
-        ["s1.partial.json"],
+        ["s1.partial.jsonl"],
         "kept for the next start"
     );
-    let again = AtifExporter::new(config, None).unwrap();
+    let again = AtifExporter::new(config, None, None).unwrap();
     assert!(again.destination().contains("ATIF"));
 }
 
@@ -246,7 +246,7 @@ fn a_session_reads_as_its_segments_then_what_is_in_progress() {
     resumed(dir.path());
     let read = crate::files::read_session(dir.path(), "s1").unwrap();
     let names: Vec<&str> = read.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["s1.json", "s1.partial.json"]);
+    assert_eq!(names, ["s1.json", "s1.partial.jsonl"]);
     let text = crate::render::render(&read[0].1);
     let lines: Vec<&str> = text.lines().collect();
     assert!(
@@ -302,7 +302,7 @@ fn an_ended_session_is_written_complete_after_the_grace() {
     let doc = read(dir.path(), "s1.json");
     assert!(doc.get("extra").is_none(), "complete: {doc:#}");
     assert!(doc.get("notes").is_none(), "{doc:#}");
-    assert_eq!(names(dir.path()), ["s1.json", "s2.partial.json"]);
+    assert_eq!(names(dir.path()), ["s1.json", "s2.partial.jsonl"]);
     assert_eq!(sessions.stats().incomplete.load(Ordering::Relaxed), 0);
 }
 
@@ -352,8 +352,80 @@ fn past_the_bound_the_least_recently_active_session_is_written() {
     assert_eq!(sessions.len(), 2);
     assert_eq!(
         names(dir.path()),
-        ["s1.partial.json", "s2.json", "s3.partial.json"]
+        ["s1.partial.jsonl", "s2.json", "s3.partial.jsonl"]
     );
     assert_eq!(read(dir.path(), "s2.json")["extra"]["incomplete"], true);
     assert_eq!(sessions.stats().incomplete.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn each_written_file_goes_to_the_log_outbox_without_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sessions = Sessions::open(dir.path(), IDLE).unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    sessions.send_to(tx);
+    sessions
+        .add(&turn("s1", "t1", 1, "content"), 5_000)
+        .unwrap();
+    sessions
+        .add(&turn("s2", "t1", 1, "content"), 5_000)
+        .unwrap();
+    assert_eq!(
+        sessions.write_due(6_000).unwrap(),
+        2,
+        "a full outbox never holds a file"
+    );
+    assert_eq!(names(dir.path()), ["s1.json", "s2.json"]);
+    let finished = rx.try_recv().unwrap();
+    assert_eq!(finished.file, "s1.json");
+    assert_eq!(finished.session_id, "s1");
+    assert!(!finished.complete, "written after the idle time");
+    let body: Value = serde_json::from_str(&finished.body).unwrap();
+    assert_eq!(body, read(dir.path(), "s1.json"));
+    assert_eq!(
+        finished.resource.get("service.name"),
+        Some(&Value::from("hermes-agent"))
+    );
+    assert!(finished.last_step_ns > 0);
+    assert!(rx.try_recv().is_err(), "the second did not fit");
+    let stats = sessions.stats();
+    assert_eq!(stats.log_records_failed.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_restart_replays_the_record_log_and_skips_a_torn_last_line() {
+    use std::io::Write as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Sessions::open(dir.path(), IDLE).unwrap();
+    first.add(&turn("s1", "t1", 1, "content"), 5_000).unwrap();
+    first.add(&turn("s1", "t2", 10, "content"), 5_500).unwrap();
+    drop(first);
+    let log = dir.path().join("s1.partial.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.lines().count(), 3, "an open line, then one per batch");
+    // A crash in the middle of a third batch's line.
+    let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    file.write_all(b"{\"batch\":{\"seen_ms\":5600,\"rec")
+        .unwrap();
+    drop(file);
+
+    let mut again = Sessions::open(dir.path(), IDLE).unwrap();
+    assert_eq!(again.len(), 1);
+    let skipped = |s: &Sessions| s.stats().partial_lines_skipped.load(Ordering::Relaxed);
+    assert_eq!(skipped(&again), 1, "the torn line is counted");
+    assert_eq!(again.next_due(), Some(6_500), "both earlier batches kept");
+    again.add(&turn("s1", "t3", 20, "content"), 5_700).unwrap();
+    drop(again);
+
+    let mut third = Sessions::open(dir.path(), IDLE).unwrap();
+    assert_eq!(skipped(&third), 0, "no later line glued to the torn one");
+    third.write_due(10_000).unwrap();
+    let doc = read(dir.path(), "s1.json");
+    assert_eq!(
+        doc["steps"].as_array().unwrap().len(),
+        6,
+        "all three turns: {doc:#}"
+    );
+    assert_eq!(names(dir.path()), ["s1.json"]);
 }

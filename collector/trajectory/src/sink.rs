@@ -8,14 +8,18 @@
 //! A failed write is an I/O error the stage retries; merging again is
 //! harmless, a span seen twice replaces its first copy.
 //!
+//! With `otlp_logs`, a second task sends each written trajectory as an
+//! OTLP log record ([`crate::logs`]); it is stopped with the timer.
+//!
 //! The timer is a task started with the exporter and stopped by
 //! [`SpanExporter::shutdown`]: it takes the session ends the correlation
-//! stage reports (a bounded channel; an end lost there leaves the session
-//! to its idle time) and writes the sessions that are due. The sessions
+//! stage reports ([`SessionEnds`]: a bounded channel; an end lost there
+//! leaves the session to its idle time, counted) and writes the sessions that are due. The sessions
 //! still in progress at the stop stay in their partial files for the next
 //! start.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,7 +27,48 @@ use hermes_exporter::{ExportBatch, ExportError, ExportFuture, ExportOutcome, Spa
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::logs::{AtifLogs, OUTBOX, sender};
 use crate::sessions::{SessionEnd, Sessions, TrajectoryStats};
+
+/// The sending end of the session ends the correlation stage reports to
+/// the sink. It never waits: an end that does not fit the bounded channel
+/// is lost, and its session is written at its idle time instead, marked
+/// incomplete; each such loss is counted
+/// (`hermes_collector_trajectory_session_ends_lost_total`), the first
+/// logged as a warning.
+#[derive(Debug, Clone)]
+pub struct SessionEnds {
+    tx: tokio::sync::mpsc::Sender<SessionEnd>,
+    stats: Arc<TrajectoryStats>,
+}
+
+impl SessionEnds {
+    /// Ends sent on `tx`, losses counted in `stats` (the sink's).
+    pub fn new(tx: tokio::sync::mpsc::Sender<SessionEnd>, stats: Arc<TrajectoryStats>) -> Self {
+        Self { tx, stats }
+    }
+
+    /// Hands `end` to the sink without waiting. A closed channel (the sink
+    /// stopped, at shutdown) loses nothing it would still write.
+    pub fn hand(&self, end: SessionEnd) {
+        match self.tx.try_send(end) {
+            Ok(()) => {}
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                let before = self.stats.session_ends_lost.fetch_add(1, Ordering::Relaxed);
+                if before == 0 {
+                    tracing::warn!(
+                        "a session end did not fit the trajectory sink's queue: the session is written at its idle time, marked incomplete (further losses are counted in /metrics only)"
+                    );
+                } else {
+                    tracing::debug!("session end lost; its idle time applies");
+                }
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {
+                tracing::debug!("session end after the trajectory sink stopped");
+            }
+        }
+    }
+}
 
 /// Longest wait between two looks for idle sessions.
 const MAX_TICK: Duration = Duration::from_secs(1);
@@ -45,27 +90,36 @@ pub struct AtifExporter {
     stats: Arc<TrajectoryStats>,
     stop: CancellationToken,
     timer: Option<JoinHandle<()>>,
+    /// The log records' sender, with `otlp_logs`.
+    sender: Option<JoinHandle<()>>,
 }
 
 impl AtifExporter {
     /// Opens the directory (reloading the sessions in progress) and starts
     /// the timer on the current tokio runtime, taking session ends from
-    /// `ends` when given.
+    /// `ends` when given; with `logs`, starts the task sending each
+    /// written trajectory as an OTLP log record.
     pub fn new(
         config: AtifExporterConfig,
         ends: Option<tokio::sync::mpsc::Receiver<SessionEnd>>,
+        logs: Option<AtifLogs>,
     ) -> Result<Self, ExportError> {
         let io = |source| ExportError::Io {
             path: config.dir.clone(),
             source,
         };
-        let sessions = Sessions::open(&config.dir, config.idle_ms).map_err(io)?;
-        let stats = sessions.stats();
-        let sessions = Arc::new(Mutex::new(sessions));
-        let stop = CancellationToken::new();
-        let tick = Duration::from_millis((config.idle_ms / 4).max(1)).min(MAX_TICK);
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|e| io(std::io::Error::other(e)))?;
+        let mut sessions = Sessions::open(&config.dir, config.idle_ms).map_err(io)?;
+        let stats = sessions.stats();
+        let stop = CancellationToken::new();
+        let sender = logs.map(|logs| {
+            let (tx, rx) = tokio::sync::mpsc::channel(OUTBOX);
+            sessions.send_to(tx);
+            runtime.spawn(sender(logs, rx, stats.clone(), stop.clone()))
+        });
+        let sessions = Arc::new(Mutex::new(sessions));
+        let tick = Duration::from_millis((config.idle_ms / 4).max(1)).min(MAX_TICK);
         let timer = runtime.spawn(timer(
             sessions.clone(),
             config.dir.clone(),
@@ -79,6 +133,7 @@ impl AtifExporter {
             stats,
             stop,
             timer: Some(timer),
+            sender,
         })
     }
 
@@ -114,6 +169,9 @@ impl SpanExporter for AtifExporter {
             self.stop.cancel();
             if let Some(timer) = self.timer.take() {
                 let _ = timer.await;
+            }
+            if let Some(sender) = self.sender.take() {
+                let _ = sender.await;
             }
             Ok(ExportOutcome::default())
         })
@@ -185,4 +243,36 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn end(session: &str) -> SessionEnd {
+        SessionEnd {
+            instance_id: "i-1".into(),
+            session_id: session.into(),
+        }
+    }
+
+    #[test]
+    fn an_end_that_does_not_fit_is_counted() {
+        let stats = Arc::new(TrajectoryStats::default());
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let ends = SessionEnds::new(tx, stats.clone());
+        ends.hand(end("s1"));
+        ends.hand(end("s2"));
+        ends.hand(end("s3"));
+        assert_eq!(stats.session_ends_lost.load(Ordering::Relaxed), 2);
+        assert_eq!(rx.try_recv().unwrap(), end("s1"));
+        drop(rx);
+        ends.hand(end("s4"));
+        assert_eq!(
+            stats.session_ends_lost.load(Ordering::Relaxed),
+            2,
+            "a stopped sink loses nothing it would write"
+        );
+    }
 }

@@ -62,6 +62,22 @@ fn bad_values_name_their_path() {
             "exporters.atif.idle",
         ),
         (
+            "exporters:\n  atif:\n    dir: /tmp\n    otlp_logs:\n      endpoint: ftp://x\n",
+            "exporters.atif.otlp_logs.endpoint",
+        ),
+        (
+            "exporters:\n  atif:\n    dir: /tmp\n    otlp_logs:\n      endpoint: http://x:4317\n      timeout_ms: 0\n",
+            "exporters.atif.otlp_logs.timeout_ms",
+        ),
+        (
+            "exporters:\n  atif:\n    dir: /tmp\n    otlp_logs:\n      endpoint: http://x:4317\n      headers:\n        bad name: v\n",
+            "exporters.atif.otlp_logs.headers.bad name",
+        ),
+        (
+            "exporters:\n  atif:\n    dir: /tmp\n    otlp_logs:\n      endpoint: http://x:4318\n      tls:\n        server_name: x\n",
+            "exporters.atif.otlp_logs.tls",
+        ),
+        (
             "runtime:\n  worker_threads: 100000\n",
             "runtime.worker_threads",
         ),
@@ -98,7 +114,23 @@ fn the_atif_exporter_takes_a_directory_and_keeps_the_span_default() {
         c.is_embedded_default(),
         "trajectories do not replace the span sinks"
     );
-    c.validate_with(&no_env).unwrap();
+    assert!(c.validate_with(&no_env).unwrap().atif_logs.is_none());
+}
+
+#[test]
+fn the_atif_log_export_takes_the_otlp_exporter_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "exporters:\n  atif:\n    dir: {}\n    otlp_logs:\n      endpoint: http://127.0.0.1:4318\n      protocol: http/protobuf\n      headers:\n        x-api-key: k\n      max_elapsed_secs: 7\n",
+        dir.path().display()
+    );
+    let c = Config::from_yaml(&yaml).unwrap();
+    let logs = c.validate_with(&no_env).unwrap().atif_logs.unwrap();
+    assert_eq!(logs.protocol, OtlpProtocol::HttpProtobuf);
+    assert_eq!(logs.endpoint, "http://127.0.0.1:4318");
+    assert_eq!(logs.headers, [("x-api-key".to_owned(), "k".to_owned())]);
+    let atif = c.exporters.atif.as_ref().unwrap();
+    assert_eq!(atif.otlp_logs.as_ref().unwrap().max_elapsed_secs, 7);
 }
 
 fn no_env(_: &str) -> Option<String> {

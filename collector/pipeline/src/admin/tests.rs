@@ -130,6 +130,8 @@ async fn metrics_read_the_atomics_at_scrape_time() {
             "hermes_collector_correlator_late_events_dropped_total 0",
             "hermes_collector_correlator_cross_instance_turns_total 0",
             "hermes_collector_correlator_turns_cut_off_at_exit_total 0",
+            "hermes_collector_correlator_turns_handed_off_total 0",
+            "hermes_collector_correlator_turns_orphaned_total 0",
             "hermes_collector_correlator_sessions 0",
             "hermes_collector_correlator_held_bytes 0",
             "hermes_collector_correlator_agents 0",

@@ -1,0 +1,221 @@
+//! Stage tests of fleet mode: settlement of a fleet shim's events, and a
+//! handoff, on the memory queue (the stage numbers the batches).
+
+use hermes_receiver::Settlements;
+use tokio::sync::watch;
+
+use super::*;
+use crate::ledger::Durable;
+use crate::settle::Settlement;
+use crate::writer::{QueueStats, Recovered};
+
+const AGENT: &str = "agent-1";
+
+/// A stage settling into a fresh registry, with the exporter stage's
+/// finished messages read from `done`; the watch of [`AGENT`]'s settled
+/// seq (as its fleet stream would hold it); the stage's stats.
+fn start_fleet(
+    events: &[Event],
+    done: &Arc<AtomicU64>,
+) -> (Stage, watch::Receiver<u64>, Arc<PipelineStats>) {
+    let registry = Arc::new(Settlements::default());
+    let settled = registry.subscribe(AGENT);
+    let mut driver = driver(Ledger::Memory, events);
+    let done = done.clone();
+    driver.settlement = Some(Settlement::new(
+        registry,
+        Box::new(move || done.load(Ordering::Relaxed)),
+    ));
+    let stats = driver.stats.clone();
+    (spawn(driver), settled, stats)
+}
+
+/// Sends each event as a batch of its own from a fleet stream, without
+/// an lsn (the memory queue).
+async fn feed_fleet(stage: &Stage, events: Vec<Event>) {
+    for event in events {
+        let mut ingested = Ingested::new(batch_of(AGENT, vec![event]));
+        ingested.fleet = true;
+        stage.ingest.send(ingested).await.unwrap();
+    }
+}
+
+/// The handoff batch of [`AGENT`].
+async fn hand_off(stage: &Stage) {
+    let mut batch = batch_of(AGENT, Vec::new());
+    batch.handoff = true;
+    let mut ingested = Ingested::new(batch);
+    ingested.fleet = true;
+    stage.ingest.send(ingested).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_settle_only_once_their_turn_is_exported() {
+    let events = basic_events();
+    let last_seq = events.last().unwrap().seq;
+    let open = open_turn();
+    let rest = events[open.len()..].to_vec();
+    let done = Arc::new(AtomicU64::new(u64::MAX));
+    let (mut stage, settled, _) = start_fleet(&events, &done);
+    feed_fleet(&stage, open).await;
+    tokio::time::sleep(4 * TICK).await;
+    assert_eq!(*settled.borrow(), 0, "the turn is open: nothing settled");
+
+    // The exporter stage has finished nothing from here on.
+    done.store(0, Ordering::Relaxed);
+    feed_fleet(&stage, rest).await;
+    let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
+    assert!(!incomplete(one_root(&spans, "the turn ended")));
+    tokio::time::sleep(4 * TICK).await;
+    assert_eq!(*settled.borrow(), 0, "sent, not exported: nothing settled");
+
+    done.store(u64::MAX, Ordering::Relaxed);
+    tokio::time::sleep(2 * TICK).await;
+    assert_eq!(*settled.borrow(), last_seq, "exported: every event settled");
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handoff_forgets_open_state_without_exporting_it() {
+    let events = basic_events();
+    let done = Arc::new(AtomicU64::new(u64::MAX));
+    let (mut stage, settled, stats) = start_fleet(&events, &done);
+    feed_fleet(&stage, open_turn()).await;
+    hand_off(&stage).await;
+    // The end of the stage closes what is open (memory queue): nothing is.
+    stage.stop.cancel();
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+    // The attempts and tools that closed before the handoff went out as
+    // they closed (the next replica builds identical copies); the turn
+    // itself is not closed here, as incomplete or otherwise.
+    let spans = exported_within(&mut stage.export, TICK).await;
+    assert!(
+        roots(&spans).is_empty(),
+        "handed off, not exported: {spans:?}"
+    );
+    assert!(!spans.iter().any(incomplete), "{spans:?}");
+    assert_eq!(stats.turns_handed_off.load(Ordering::Relaxed), 1);
+    assert_eq!(*settled.borrow(), 0, "a handoff settles nothing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shim_that_comes_back_after_a_handoff_is_correlated_whole() {
+    let events = basic_events();
+    let done = Arc::new(AtomicU64::new(u64::MAX));
+    let (mut stage, settled, _) = start_fleet(&events, &done);
+    feed_fleet(&stage, open_turn()).await;
+    hand_off(&stage).await;
+    // It returns and sends every event it kept again, from seq 1.
+    feed_fleet(&stage, events.clone()).await;
+    let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
+    let root = one_root(&spans, "the turn ended once");
+    assert!(!incomplete(root), "{root:?}");
+    tokio::time::sleep(2 * TICK).await;
+    assert_eq!(*settled.borrow(), events.last().unwrap().seq);
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+}
+
+/// A replicated stage (`fleet.replicated`) on `ledger`, settling into
+/// `registry`, everything exported at once.
+fn start_replicated(ledger: Ledger, events: &[Event], registry: &Arc<Settlements>) -> Stage {
+    let mut driver = driver(ledger, events);
+    driver.settlement = Some(
+        Settlement::new(registry.clone(), Box::new(|| u64::MAX)).replicated(TTL.as_secs() * SEC),
+    );
+    spawn(driver)
+}
+
+/// How many turns `spans` hold, and how many of them are incomplete.
+fn roots_incomplete(spans: &[Span]) -> (usize, usize) {
+    let roots = roots(spans);
+    let incomplete = roots.iter().filter(|s| incomplete(s)).count();
+    (roots.len(), incomplete)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replicated_drain_drops_what_moves_and_closes_what_a_dead_agent_left() {
+    let events = open_turn();
+    let registry = Arc::new(Settlements::default());
+    // agent-1 is still connected at the end (it moves with its events);
+    // agent-2's stream ended without a handoff (presumed dead).
+    let _connected = registry.subscribe(AGENT);
+    registry.stream_opened();
+    let dead = registry.subscribe("agent-2");
+    registry.stream_closed(Some(("agent-2".to_owned(), dead)), true);
+    let mut stage = start_replicated(Ledger::Memory, &events, &registry);
+    for instance in [AGENT, "agent-2"] {
+        for event in events.clone() {
+            let mut ingested = Ingested::new(batch_of(instance, vec![event]));
+            ingested.fleet = true;
+            stage.ingest.send(ingested).await.unwrap();
+        }
+    }
+    tokio::time::sleep(TICK).await;
+    stage.stop.cancel();
+    let ended = stage.task.await.unwrap();
+    assert_eq!(ended.open, None);
+    let spans = exported_within(&mut stage.export, TICK).await;
+    assert_eq!(
+        roots_incomplete(&spans),
+        (1, 1),
+        "only the dead agent's turn is closed, as incomplete: {spans:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn replayed_state_of_an_agent_that_does_not_come_back_is_dropped_at_the_ttl() {
+    let events = basic_events();
+    let open = open_turn();
+    let rest = events[open.len()..].to_vec();
+    let n = open.len() as u64;
+    let (settle, _settles) = mpsc::channel(16);
+    let queue = Arc::new(QueueStats::default());
+    queue.capacity_bytes.store(1 << 30, Ordering::Relaxed);
+    let ledger = Ledger::disk(Durable {
+        settle,
+        done: Box::new(|| u64::MAX),
+        recovered: Recovered {
+            replay_end: 2 * n,
+            ..Recovered::default()
+        },
+        queue,
+    });
+    let registry = Arc::new(Settlements::default());
+    let mut driver = driver(ledger, &events);
+    driver.settlement =
+        Some(Settlement::new(registry, Box::new(|| u64::MAX)).replicated(TTL.as_secs() * SEC));
+    let stats = driver.stats.clone();
+    let mut stage = spawn(driver);
+    // The queue replays both agents' open turns (lsn 1..=2n).
+    let mut lsn = 0;
+    for instance in [AGENT, "agent-2"] {
+        for event in open.clone() {
+            lsn += 1;
+            let mut ingested = Ingested::new(batch_of(instance, vec![event]));
+            ingested.lsn = lsn;
+            stage.ingest.send(ingested).await.unwrap();
+        }
+    }
+    // agent-2 comes back and ends its turn; agent-1 went elsewhere.
+    for event in rest {
+        lsn += 1;
+        let mut ingested = Ingested::new(batch_of("agent-2", vec![event]));
+        ingested.lsn = lsn;
+        ingested.fleet = true;
+        stage.ingest.send(ingested).await.unwrap();
+    }
+    let spans = exported_within(&mut stage.export, TTL + 4 * TICK).await;
+    assert_eq!(
+        roots_incomplete(&spans),
+        (1, 0),
+        "agent-2's turn whole, agent-1's neither exported nor closed: {spans:?}"
+    );
+    assert_eq!(stats.turns_orphaned.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.expired.load(Ordering::Relaxed), 0);
+    drop(stage.ingest);
+    let ended = stage.task.await.unwrap();
+    assert_eq!(ended.open, None, "nothing kept for a next start");
+}

@@ -1,0 +1,240 @@
+//! Settlement of the events of shims in fleet mode: the correlation stage
+//! owns it, the receiver carries it to the shims
+//! ([`hermes_receiver::Settlements`]).
+//!
+//! An event of a shim instance is *settled* when every span built from it
+//! is exported (or lost for good and counted): it is in no open unit, no
+//! event the sequencer holds, no trace the sampler holds, and no export
+//! message the exporter stage has not finished. Such a shim keeps its
+//! events until they are settled, so that another collector of its fleet
+//! can rebuild the same spans when this one goes.
+//!
+//! Per instance, a [`Track`] keeps its batches in arrival order as
+//! (lsn, last seq). At each settle, the batches below the lowest lsn the
+//! instance's open state, held events and the sampler's held traces need
+//! are *closed*: whatever spans they gave are sent, in export messages up
+//! to the count sent so far. Once the exporter stage has finished that
+//! message ([`Done`]), they are settled, and the last seq of the last
+//! settled batch is published. The sampler's traces are not attributed to
+//! instances: what it holds holds back every instance (exact, if late).
+//!
+//! Lsns: the persistent queue's (`queue.kind: disk`); with the memory
+//! queue the stage numbers the batches itself ([`Settlement::number`]).
+//!
+//! With `fleet.replicated` it also knows which instances went elsewhere:
+//! at the end of the stage every fleet instance whose agent is not presumed
+//! dead ([`Settlement::departed`]), and after a restart the instances whose
+//! replayed state no live batch followed within the state TTL
+//! ([`Settlement::take_orphans`]).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use hermes_correlator::Correlation;
+use hermes_receiver::Settlements;
+
+use crate::ledger::Done;
+
+/// The batches of one instance not settled yet.
+#[derive(Debug, Default)]
+struct Track {
+    /// (lsn, last seq) of batches whose events may still be open.
+    open: VecDeque<(u64, u64)>,
+    /// (export message, last seq) of closed batches: settled once the
+    /// exporter stage finished that message.
+    closing: VecDeque<(u64, u64)>,
+}
+
+/// See the module docs.
+pub struct Settlement {
+    registry: Arc<Settlements>,
+    done: Done,
+    tracks: HashMap<String, Track>,
+    /// Export messages sent (numbered as the exporter stage numbers them).
+    sent: u64,
+    /// Highest lsn given with the memory queue.
+    numbered: u64,
+    /// Highest lsn seen.
+    last_lsn: u64,
+    /// The lowest lsn open state or held traces needed at the last settle.
+    low_water: u64,
+    /// `fleet.replicated`: after how long (nanoseconds) replayed state
+    /// whose instance did not come back is an orphan.
+    replicated: Option<u64>,
+    /// Instances that sent fleet batches and may hold open state.
+    seen: HashSet<String>,
+    /// Instances replayed from the persistent queue, not back yet.
+    replayed: HashSet<String>,
+    /// When the replayed instances not back by then are orphans.
+    orphan_deadline: Option<u64>,
+}
+
+impl Settlement {
+    /// Settles into `registry`, with `done` the exporter stage's finished
+    /// messages.
+    pub fn new(registry: Arc<Settlements>, done: Done) -> Self {
+        Self {
+            registry,
+            done,
+            tracks: HashMap::new(),
+            sent: 0,
+            numbered: 0,
+            last_lsn: 0,
+            low_water: 0,
+            replicated: None,
+            seen: HashSet::new(),
+            replayed: HashSet::new(),
+            orphan_deadline: None,
+        }
+    }
+
+    /// One replica of a fleet (`fleet.replicated`): replayed state of an
+    /// instance that sends no live batch within `state_ttl_nanos` is an
+    /// orphan.
+    pub fn replicated(mut self, state_ttl_nanos: u64) -> Self {
+        self.replicated = Some(state_ttl_nanos);
+        self
+    }
+
+    pub fn is_replicated(&self) -> bool {
+        self.replicated.is_some()
+    }
+
+    /// A batch of `instance` at clock time `now`: replayed from the
+    /// persistent queue, or live (it came back).
+    pub fn arrived(&mut self, instance: &str, replayed: bool, now: u64) {
+        let Some(ttl) = self.replicated else { return };
+        if replayed {
+            if !self.replayed.contains(instance) {
+                self.replayed.insert(instance.to_owned());
+            }
+            self.orphan_deadline
+                .get_or_insert_with(|| now.saturating_add(ttl));
+        } else if !self.replayed.is_empty() {
+            self.replayed.remove(instance);
+        }
+    }
+
+    /// When the replayed instances not back by then are orphans.
+    pub fn orphan_deadline(&self) -> Option<u64> {
+        self.orphan_deadline.filter(|_| !self.replayed.is_empty())
+    }
+
+    /// The replayed instances that did not come back, once their time is
+    /// up at clock time `now` (or all of them with `now` = `u64::MAX`).
+    pub fn take_orphans(&mut self, now: u64) -> Vec<String> {
+        match self.orphan_deadline {
+            Some(at) if at <= now => {
+                self.orphan_deadline = None;
+                let mut orphans: Vec<String> = self.replayed.drain().collect();
+                orphans.sort();
+                orphans
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// At the end of a replicated collector's stage: the fleet instances
+    /// that moved, or will move, to another replica (every one but those
+    /// whose agent is presumed dead), whose open state goes unexported.
+    pub fn departed(&self) -> Vec<String> {
+        let mut departed: Vec<String> = self
+            .seen
+            .iter()
+            .filter(|i| !self.registry.is_abandoned(i))
+            .cloned()
+            .collect();
+        departed.sort();
+        departed
+    }
+
+    /// The lsn of a batch that came without one (the memory queue).
+    pub fn number(&mut self) -> u64 {
+        self.numbered += 1;
+        self.numbered
+    }
+
+    /// A batch of a fleet stream: `instance`'s events up to `last_seq`,
+    /// stored at `lsn`.
+    pub fn ingested(&mut self, instance: &str, lsn: u64, last_seq: u64) {
+        self.last_lsn = self.last_lsn.max(lsn);
+        if self.replicated.is_some() && !self.seen.contains(instance) {
+            self.seen.insert(instance.to_owned());
+        }
+        let track = match self.tracks.get_mut(instance) {
+            Some(track) => track,
+            None => self.tracks.entry(instance.to_owned()).or_default(),
+        };
+        track.open.push_back((lsn, last_seq));
+    }
+
+    /// An export message is about to be sent.
+    pub fn sending(&mut self) {
+        self.sent += 1;
+    }
+
+    /// Forgets `instance`'s batches (it handed off: nothing of them will
+    /// be settled here).
+    pub fn forget(&mut self, instance: &str) {
+        self.tracks.remove(instance);
+        self.seen.remove(instance);
+    }
+
+    /// A lower bound of the lsns of the events any span finished from now
+    /// on was built from (the memory queue's low water for the sampler).
+    pub fn low_water(&self) -> u64 {
+        self.low_water
+    }
+
+    /// Whether batches wait to be settled (the stage keeps ticking).
+    pub fn is_pending(&self) -> bool {
+        !self.tracks.is_empty()
+    }
+
+    /// Closes and settles what it can (see the module docs); `held` is the
+    /// lowest lsn the sampler's held traces need. Publishes each instance
+    /// whose settled seq advanced.
+    pub fn settle(&mut self, correlation: &Correlation, held: Option<u64>) {
+        let next = self.last_lsn + 1;
+        let open_all = [correlation.min_open_lsn(), held]
+            .into_iter()
+            .flatten()
+            .min();
+        self.low_water = open_all.unwrap_or(next).min(next);
+        if self.tracks.is_empty() && self.seen.is_empty() {
+            return;
+        }
+        let open = correlation.min_open_lsn_by_instance();
+        let registry = &self.registry;
+        self.seen
+            .retain(|i| open.contains_key(i.as_str()) || registry.is_connected(i));
+        let done = (self.done)();
+        let sent = self.sent;
+        self.tracks.retain(|instance, track| {
+            let bound = [open.get(instance.as_str()).copied(), held]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(u64::MAX);
+            while let Some(&(lsn, seq)) = track.open.front() {
+                if lsn >= bound {
+                    break;
+                }
+                track.open.pop_front();
+                track.closing.push_back((sent, seq));
+            }
+            let mut settled = None;
+            while let Some(&(message, seq)) = track.closing.front() {
+                if message > done {
+                    break;
+                }
+                track.closing.pop_front();
+                settled = Some(seq);
+            }
+            if let Some(seq) = settled {
+                self.registry.publish(instance, seq);
+            }
+            !(track.open.is_empty() && track.closing.is_empty())
+        });
+    }
+}
