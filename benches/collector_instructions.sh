@@ -24,6 +24,7 @@
 #
 #   benches/collector_instructions.sh [TURNS]   (default 250)
 #   BIN_DIR=DIR benches/collector_instructions.sh   (prebuilt binaries)
+#   GZIP=1 benches/collector_instructions.sh   (the OTLP exporter gzips)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 TURNS="${1:-250}"
@@ -35,6 +36,10 @@ BIN_DIR="$(cd "$BIN_DIR" && pwd)"
 command -v valgrind >/dev/null || { echo "valgrind is needed (Debian: valgrind)" >&2; exit 1; }
 OUT="$(mktemp -d /tmp/hermes-instructions-XXXXXX)"
 . benches/lib.sh
+if [[ -n "${GZIP:-}" ]]; then
+  printf 'exporters:\n  otlp:\n    endpoint: http://127.0.0.1:4317\n    compression: gzip\n' > "$OUT/gzip.yaml"
+  export COLLECTOR_CONFIG="$OUT/gzip.yaml"
+fi
 
 # Prints "<instructions> <events acknowledged>" for one collector process.
 count() {
@@ -82,6 +87,7 @@ STAGES = [
     ["hermes_processor::SpanProcessor::process"],
     ["hermes_exporter::batch::Batcher::push"],
     ["SharedCodec as tonic::codec::Encoder>::encode"],
+    ["tonic::codec::compression::compress"],
     ["drop_in_place<hermes_span::trace::v1::ResourceSpans>"],
 ]
 CALL = re.compile(r"^ *([0-9,]+) \([^)]*\)  >")

@@ -10,15 +10,18 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # and its options; none to run it as is), and waits up to 30 s for its
 # /readyz. Writes ${LOG_PREFIX}sink.json (the sink's summary),
 # ${LOG_PREFIX}sink.log and ${LOG_PREFIX}collector.log (stderr, the
-# wrapper's too). Sets LISTEN (the collector's ingest port), SINK_PORT,
-# SINK_PID and COLLECTOR_PID; stop both with stop_collector.
+# wrapper's too). With COLLECTOR_CONFIG set, the collector reads that
+# configuration file (the endpoint still the sink's). Sets LISTEN (the
+# collector's ingest port), SINK_PORT, SINK_PID and COLLECTOR_PID; stop both
+# with stop_collector.
 start_collector() {
   local bin=$1 prefix=$2 admin
   shift 2
   SINK_PORT=$(free_port); LISTEN=$(free_port); admin=$(free_port)
   "$bin/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "${prefix}sink.json" 2> "${prefix}sink.log" &
   SINK_PID=$!
-  "$@" "$bin/hermes-collector" --listen "127.0.0.1:$LISTEN" --admin-listen "127.0.0.1:$admin" \
+  "$@" "$bin/hermes-collector" ${COLLECTOR_CONFIG:+--config "$COLLECTOR_CONFIG"} \
+    --listen "127.0.0.1:$LISTEN" --admin-listen "127.0.0.1:$admin" \
     --otlp-endpoint "http://127.0.0.1:$SINK_PORT" 2> "${prefix}collector.log" &
   COLLECTOR_PID=$!
   for _ in $(seq 150); do
