@@ -25,6 +25,7 @@
 #   benches/collector_instructions.sh [TURNS]   (default 250)
 #   BIN_DIR=DIR benches/collector_instructions.sh   (prebuilt binaries)
 #   GZIP=1 benches/collector_instructions.sh   (the OTLP exporter gzips)
+#   GZIP=1 GZIP_LEVEL=N benches/collector_instructions.sh   (at level N)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 TURNS="${1:-250}"
@@ -38,6 +39,9 @@ OUT="$(mktemp -d /tmp/hermes-instructions-XXXXXX)"
 . benches/lib.sh
 if [[ -n "${GZIP:-}" ]]; then
   printf 'exporters:\n  otlp:\n    endpoint: http://127.0.0.1:4317\n    compression: gzip\n' > "$OUT/gzip.yaml"
+  if [[ -n "${GZIP_LEVEL:-}" ]]; then
+    printf '    compression_level: %s\n' "$GZIP_LEVEL" >> "$OUT/gzip.yaml"
+  fi
   export COLLECTOR_CONFIG="$OUT/gzip.yaml"
 fi
 
@@ -87,7 +91,7 @@ STAGES = [
     ["hermes_processor::SpanProcessor::process"],
     ["hermes_exporter::batch::Batcher::push"],
     ["SharedCodec as tonic::codec::Encoder>::encode"],
-    ["tonic::codec::compression::compress"],
+    ["flate2::mem::Compress as flate2::zio::Ops>::run_vec", "tonic::codec::compression::compress"],
     ["drop_in_place<hermes_span::trace::v1::ResourceSpans>"],
 ]
 CALL = re.compile(r"^ *([0-9,]+) \([^)]*\)  >")

@@ -12,7 +12,9 @@ Scenarios (each repeated --repeats times; medians reported):
   throughput  `hermes-loadgen` (release; recorded turns, metadata capture, i.e.
               content off) as fast as it goes; events/s from loadgen's start
               to the last span arriving at the sink, collector CPU seconds
-              (utime+stime from /proc/PID/stat) -> events per CPU-second
+              (utime+stime from /proc/PID/stat) -> events per CPU-second;
+              bytes the collector wrote (/proc/PID/io wchar: its export
+              requests and acknowledgements)
   open_turns  `hermes-bench-driver open-turns`: N distinct turns opened
               (pre_llm_call + pre_tool_call each) and held; collector RSS
   throughput_warm
@@ -49,7 +51,8 @@ Scenarios (each repeated --repeats times; medians reported):
 
   throughput_gzip
               the throughput scenario with the collector's OTLP exporter
-              compressing (gzip), as the relay scenario's relay does
+              compressing (gzip), as the relay scenario's relay does, at
+              the collector's default level or --gzip-level
   relay       the field's anchor: rotel (the Rust OpenTelemetry collector,
               from PyPI's `rotel` wheel, --rotel) relaying OTLP/gRPC to the
               sink, given the spans our collector exports for the throughput
@@ -103,6 +106,17 @@ def stat(pid: int) -> Dict[str, float]:
         "system": int(fields[12]) / CLK_TCK,
         "minflt": int(fields[7]),
     }
+
+
+def written_bytes(pid: int) -> int:
+    """Bytes the process handed to write system calls (`wchar` of
+    /proc/PID/io): for the collector under load, its OTLP export requests
+    (compressed or not) and its acknowledgements to the load generator."""
+    with open(f"/proc/{pid}/io", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    return 0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -320,6 +334,7 @@ def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batc
     for _ in range(rounds):
         load_before = load()
         s0 = stat(pid)
+        w0 = written_bytes(pid)
         t0 = time.time_ns()
         summary = run_json(
             [
@@ -333,6 +348,7 @@ def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batc
         )
         rig.wait_quiet()
         s1 = stat(pid)
+        w1 = written_bytes(pid)
         events = summary["events_acked"]
         cpu = (s1["user"] + s1["system"]) - (s0["user"] + s0["system"])
         per_round.append({
@@ -343,6 +359,7 @@ def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batc
             "collector_user_seconds": s1["user"] - s0["user"],
             "collector_system_seconds": s1["system"] - s0["system"],
             "collector_minor_faults": s1["minflt"] - s0["minflt"],
+            "collector_written_mib": (w1 - w0) / (1 << 20),
             "events_per_cpu_second": events / cpu if cpu > 0 else None,
             "rss_after_mib": memory(pid)["VmRSS"],
             "load_before": load_before,
@@ -363,6 +380,7 @@ def scenario_throughput(bins: str, logdir: str, instances: int, turns: int, batc
         "collector_user_seconds": last["collector_user_seconds"],
         "collector_system_seconds": last["collector_system_seconds"],
         "collector_minor_faults": last["collector_minor_faults"],
+        "collector_written_mib": last["collector_written_mib"],
         "events_per_cpu_second": last["events_per_cpu_second"],
         "spans_per_cpu_second": (sink.get("spans") or 0) / rounds / last["collector_cpu_seconds"]
         if last["collector_cpu_seconds"] > 0 else None,
@@ -668,6 +686,8 @@ def main() -> None:
     ap.add_argument("--rotel", default="",
                     help="rotel's binary for the relay scenario (default: the bench venv's rotel wheel)")
     ap.add_argument("--scenarios", default="idle,throughput,open_turns,delay")
+    ap.add_argument("--gzip-level", type=int, default=None,
+                    help="exporters.otlp.compression_level of throughput_gzip (default: the collector's)")
     ap.add_argument("--logdir", default="")
     ap.add_argument("--worker-threads", type=int, default=0,
                     help="the collector's runtime.worker_threads (via TOKIO_WORKER_THREADS); 0: its default")
@@ -677,6 +697,9 @@ def main() -> None:
     logdir = args.logdir or tempfile.mkdtemp(prefix="hermes-bench-")
     os.makedirs(logdir, exist_ok=True)
     scenarios = args.scenarios.split(",")
+    gzip_config = GZIP_CONFIG
+    if args.gzip_level is not None:
+        gzip_config += f"    compression_level: {args.gzip_level}\n"
     timer_args: List[str] = []
     if args.idle_poll_max_ms is not None:
         timer_args += ["--idle-poll-max-ms", str(args.idle_poll_max_ms)]
@@ -700,7 +723,7 @@ def main() -> None:
         if "throughput_gzip" in scenarios:
             record("throughput_gzip", scenario_throughput(
                 args.bins, logdir, args.instances, args.turns, args.batch,
-                tag="throughput-gzip", config=GZIP_CONFIG))
+                tag="throughput-gzip", config=gzip_config))
         if "throughput_narrow_redaction" in scenarios:
             record("throughput_narrow_redaction", scenario_throughput(
                 args.bins, logdir, args.instances, args.turns, args.batch,

@@ -202,6 +202,7 @@ fn load(args: &RunArgs) -> Result<Validated, ConfigError> {
                 headers: Default::default(),
                 timeout_ms: 10_000,
                 compression: Default::default(),
+                compression_level: None,
                 max_elapsed_secs: 30,
                 header_files: Default::default(),
                 tls: None,

@@ -59,6 +59,11 @@ pub struct OtlpConfig {
     /// `none` or `gzip`.
     #[serde(default)]
     pub compression: CompressionConfig,
+    /// gzip level, 1 (fastest) to 9 (smallest); 6 when absent. Only with
+    /// `compression: gzip` and `protocol: grpc`.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 9))]
+    pub compression_level: Option<u32>,
     /// Give up retrying one batch after this long.
     #[serde(default = "default_max_elapsed_secs")]
     pub max_elapsed_secs: u64,
@@ -81,6 +86,7 @@ impl std::fmt::Debug for OtlpConfig {
             .field("headers", &redacted(self.headers.keys()))
             .field("timeout_ms", &self.timeout_ms)
             .field("compression", &self.compression)
+            .field("compression_level", &self.compression_level)
             .field("max_elapsed_secs", &self.max_elapsed_secs)
             .field("header_files", &self.header_files)
             .field("tls", &self.tls)
@@ -171,6 +177,15 @@ impl OtlpConfig {
     pub(crate) fn validate_at(&self, section: &str) -> Result<crate::OtlpExport, ConfigError> {
         check_endpoint(&format!("{section}.endpoint"), &self.endpoint)?;
         positive(&format!("{section}.timeout_ms"), self.timeout_ms)?;
+        if self
+            .compression_level
+            .is_some_and(|level| !(1..=9).contains(&level))
+        {
+            return Err(ConfigError::new(
+                format!("{section}.compression_level"),
+                "must be between 1 and 9",
+            ));
+        }
         let headers = self.all_headers_at(section)?;
         let tls = tls_settings(section, &self.endpoint, self.tls.as_ref())?;
         Ok(crate::OtlpExport::new(self, headers, tls))

@@ -81,6 +81,8 @@ pub struct OtlpExport {
     pub timeout: Duration,
     /// `exporters.otlp.compression`.
     pub compression: Compression,
+    /// `exporters.otlp.compression_level`, or the exporter's default.
+    pub gzip_level: u32,
     /// `headers` and the values of `header_files`, checked.
     pub headers: Vec<(String, String)>,
     /// TLS of an `https://` endpoint, None for `http://`.
@@ -104,6 +106,9 @@ impl OtlpExport {
                 CompressionConfig::None => Compression::None,
                 CompressionConfig::Gzip => Compression::Gzip,
             },
+            gzip_level: config
+                .compression_level
+                .unwrap_or(hermes_exporter::DEFAULT_GZIP_LEVEL),
             headers,
             tls,
         }
@@ -116,6 +121,7 @@ impl OtlpExport {
             timeout: self.timeout,
             connect_timeout: self.timeout.min(GRPC_CONNECT_TIMEOUT),
             compression: self.compression,
+            gzip_level: self.gzip_level,
             headers: self.headers.clone(),
         }
     }
@@ -138,6 +144,7 @@ impl fmt::Debug for OtlpExport {
             .field("endpoint", &hermes_exporter::shown_endpoint(&self.endpoint))
             .field("timeout", &self.timeout)
             .field("compression", &self.compression)
+            .field("gzip_level", &self.gzip_level)
             .field(
                 "headers",
                 &redacted(self.headers.iter().map(|(name, _)| name)),

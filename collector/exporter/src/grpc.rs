@@ -4,8 +4,8 @@
 //! `TraceService/Export` method (or another signal's `Export`, for
 //! [`crate::logs`]) over a lazily connected HTTP/2 channel, whose
 //! codec encodes the shared batch in place (no copy per attempt), with a per-request timeout (enforced
-//! locally and sent as `grpc-timeout`), optional gzip compression and extra
-//! metadata. Configuration is validated in [`GrpcExporter::new`], which
+//! locally and sent as `grpc-timeout`), optional gzip compression at a
+//! configurable level ([`crate::gzip`]) and extra metadata. Configuration is validated in [`GrpcExporter::new`], which
 //! connects nothing and needs no runtime; the channel is created on the first export (it
 //! must live on the runtime that drives it), and tonic reconnects it by itself
 //! after a failure.
@@ -29,9 +29,10 @@ use prost::Message as _;
 use tonic::client::Grpc;
 use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 use crate::error::{ExportError, error_chain, truncate};
+use crate::gzip::GzipRequests;
 use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter, shown_endpoint};
 use crate::tls::{ClientTls, TlsSettings};
 
@@ -45,6 +46,10 @@ pub enum Compression {
     Gzip,
 }
 
+/// gzip level of export requests unless configured (`docs/BENCHMARKS.md`
+/// has the CPU and size of the levels on the collector's spans).
+pub const DEFAULT_GZIP_LEVEL: u32 = 6;
+
 /// Settings of the OTLP/gRPC exporter, filled by the binary from its config.
 #[derive(Clone, PartialEq, Eq)]
 pub struct GrpcExporterConfig {
@@ -57,6 +62,8 @@ pub struct GrpcExporterConfig {
     pub connect_timeout: Duration,
     /// Request compression.
     pub compression: Compression,
+    /// Level of gzip compression, 0 (stored) to 9 (smallest).
+    pub gzip_level: u32,
     /// Extra metadata sent with every request (e.g. an authorization token).
     /// Names are lower-cased; `-bin` (binary) keys are not supported.
     pub headers: Vec<(String, String)>,
@@ -69,6 +76,7 @@ impl std::fmt::Debug for GrpcExporterConfig {
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("compression", &self.compression)
+            .field("gzip_level", &self.gzip_level)
             .field("headers", &redacted_headers(&self.headers))
             .finish()
     }
@@ -89,6 +97,7 @@ impl Default for GrpcExporterConfig {
             timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             compression: Compression::None,
+            gzip_level: DEFAULT_GZIP_LEVEL,
             headers: Vec::new(),
         }
     }
@@ -100,8 +109,9 @@ pub struct GrpcExporter {
     tls: bool,
     metadata: MetadataMap,
     compression: Compression,
+    gzip_level: u32,
     timeout: Duration,
-    client: Option<Grpc<Channel>>,
+    client: Option<Grpc<GzipRequests>>,
     /// The `Export` method called: the trace service's, or another
     /// signal's ([`crate::logs`]).
     path: &'static str,
@@ -115,6 +125,7 @@ impl std::fmt::Debug for GrpcExporter {
                 &shown_endpoint(&self.endpoint.uri().to_string()),
             )
             .field("compression", &self.compression)
+            .field("gzip_level", &self.gzip_level)
             .field("timeout", &self.timeout)
             .field("tls", &self.tls)
             .finish_non_exhaustive()
@@ -145,6 +156,7 @@ impl GrpcExporter {
             endpoint,
             metadata,
             compression: config.compression,
+            gzip_level: config.gzip_level.min(9),
             timeout: config.timeout,
             client: None,
             path: EXPORT_PATH,
@@ -202,15 +214,15 @@ impl GrpcExporter {
         Ok(endpoint)
     }
 
-    fn client(&mut self) -> Grpc<Channel> {
+    fn client(&mut self) -> Grpc<GzipRequests> {
         if let Some(client) = &self.client {
             return client.clone();
         }
-        let mut client =
-            Grpc::new(self.endpoint.connect_lazy()).accept_compressed(CompressionEncoding::Gzip);
-        if self.compression == Compression::Gzip {
-            client = client.send_compressed(CompressionEncoding::Gzip);
-        }
+        // Requests are compressed by the channel's wrapper (at the
+        // configured level), not by tonic (always level 6).
+        let level = (self.compression == Compression::Gzip).then_some(self.gzip_level);
+        let channel = GzipRequests::new(self.endpoint.connect_lazy(), level);
+        let client = Grpc::new(channel).accept_compressed(CompressionEncoding::Gzip);
         self.client = Some(client.clone());
         client
     }

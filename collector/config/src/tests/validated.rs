@@ -193,6 +193,14 @@ fn bad_material_is_refused_naming_its_key() {
             "admin:\n  metrics_auth:\n    token_env: UNSET_TOKEN\n".to_owned(),
             "admin.metrics_auth.token_env",
         ),
+        (
+            "exporters:\n  otlp:\n    endpoint: http://localhost:4317\n    compression: gzip\n    compression_level: 0\n".to_owned(),
+            "exporters.otlp.compression_level",
+        ),
+        (
+            "exporters:\n  otlp:\n    endpoint: http://localhost:4317\n    compression_level: 10\n".to_owned(),
+            "exporters.otlp.compression_level",
+        ),
     ];
     for (yaml, key) in cases {
         let config = Config::parse_text(&yaml, &|_| None).unwrap();
@@ -274,6 +282,7 @@ exporters:
     protocol: http/protobuf
     timeout_ms: 501
     compression: gzip
+    compression_level: 3
     max_elapsed_secs: 502
 ";
 
@@ -352,6 +361,7 @@ fn the_exporter_settings_take_batch_retry_and_grace() {
     assert_eq!(otlp.timeout, Duration::from_millis(501));
     assert_eq!(otlp.compression, hermes_exporter::Compression::Gzip);
     assert_eq!(otlp.grpc().compression, hermes_exporter::Compression::Gzip);
+    assert_eq!(otlp.grpc().gzip_level, 3);
     assert_eq!(otlp.grpc().connect_timeout, Duration::from_millis(501));
     assert_eq!(otlp.http().timeout, Duration::from_millis(501));
     assert_eq!(otlp.http().endpoint, "http://127.0.0.1:4317");

@@ -66,6 +66,30 @@ async fn spans_arrive_gzip_compressed() {
 }
 
 #[tokio::test]
+async fn spans_arrive_gzip_compressed_at_every_level() {
+    let receiver = OtlpReceiver::start();
+    for (i, level) in [1, 9].into_iter().enumerate() {
+        let mut exporter = GrpcExporter::new(GrpcExporterConfig {
+            endpoint: receiver.endpoint(),
+            compression: Compression::Gzip,
+            gzip_level: level,
+            ..GrpcExporterConfig::default()
+        })
+        .unwrap();
+        let request = request(leaf_spans(2, 50));
+        exporter.export(Arc::clone(&request)).await.unwrap();
+        assert!(receiver.store().until_spans(50 * (i + 1), WAIT).await);
+        let calls = receiver.store().exports();
+        assert_eq!(
+            calls[i].request,
+            ExportTraceServiceRequest::from(request.request()),
+            "level {level}"
+        );
+        assert_eq!(calls[i].encoding.as_deref(), Some("gzip"), "level {level}");
+    }
+}
+
+#[tokio::test]
 async fn unreachable_receiver_is_retryable() {
     // A port that was free a moment ago: connection refused.
     let port = {
