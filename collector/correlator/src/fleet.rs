@@ -16,6 +16,10 @@ pub enum Departure {
     /// Replayed after a restart, it did not come back to this collector:
     /// counted in [`Stats::turns_orphaned`].
     Orphaned,
+    /// It opened a new fleet stream, which sends again every event not
+    /// settled: what it had built here is rebuilt from that resend, never
+    /// mixed with it. Counted in [`Stats::turns_resent`].
+    Resent,
 }
 
 /// Lowers `into[instance]` to `lsn`.
@@ -67,6 +71,7 @@ impl Correlator {
         match why {
             Departure::HandedOff => self.stats.turns_handed_off += n,
             Departure::Orphaned => self.stats.turns_orphaned += n,
+            Departure::Resent => self.stats.turns_resent += n,
         }
         turns.len()
     }

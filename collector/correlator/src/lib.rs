@@ -197,6 +197,9 @@ pub struct Stats {
     /// back to this collector of a replicated fleet within the state TTL:
     /// forgotten without export (the agent replayed them elsewhere).
     pub turns_orphaned: u64,
+    /// Open turns forgotten when their fleet shim opened a new stream: it
+    /// sends their events again, and they are rebuilt from that resend.
+    pub turns_resent: u64,
 }
 
 /// How much state the correlator holds now.

@@ -189,13 +189,17 @@ impl<C: Clock> Driver<C> {
                     continue;
                 }
                 received = ingest.recv() => {
-                    let Some(Ingested { batch, lsn, fleet, .. }) = received else { break };
+                    let Some(Ingested { batch, lsn, fleet, fresh, .. }) = received else { break };
                     let lsn = match settlement.as_mut() {
                         Some(settlement) if lsn == 0 => settlement.number(),
                         _ => lsn,
                     };
                     let (handoff, last_seq) = (batch.handoff, batch.events.last().map(|e| e.seq));
                     let shim = batch.shim.unwrap_or_default();
+                    if fresh {
+                        let instances = [shim.instance_id.clone()];
+                        depart(&instances, Departure::Resent, &mut correlation, &mut sampler, settlement.as_mut());
+                    }
                     let floor = ledger.floor(&shim.instance_id, lsn, batch.floor_seq);
                     let now = clock.now_unix_nanos();
                     if let Some(settlement) = settlement.as_mut() {

@@ -219,3 +219,35 @@ async fn replayed_state_of_an_agent_that_does_not_come_back_is_dropped_at_the_tt
     let ended = stage.task.await.unwrap();
     assert_eq!(ended.open, None, "nothing kept for a next start");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_new_stream_rebuilds_what_an_earlier_one_left_open() {
+    // A stream broke mid-turn; the agent finished the turn on another
+    // replica, which exported and settled it, and comes back here with a
+    // new stream that resends only what is still unsettled: nothing of
+    // that turn. What this replica held of it must not come out (as an
+    // incomplete copy of a root the other replica exported whole).
+    let events = basic_events();
+    let done = Arc::new(AtomicU64::new(u64::MAX));
+    let (mut stage, _, stats) = start_fleet(&events, &done);
+    feed_fleet(&stage, open_turn()).await;
+    let mut later = events.last().unwrap().clone();
+    later.seq += 10;
+    let mut batch = batch_of(AGENT, vec![later.clone()]);
+    batch.floor_seq = later.seq;
+    let mut ingested = Ingested::new(batch);
+    ingested.fleet = true;
+    ingested.fresh = true;
+    stage.ingest.send(ingested).await.unwrap();
+    tokio::time::sleep(2 * TICK).await;
+    stage.stop.cancel();
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+    let spans = exported_within(&mut stage.export, TICK).await;
+    assert!(
+        !spans.iter().any(incomplete),
+        "the earlier stream's open turn came out cut: {spans:?}"
+    );
+    assert!(roots(&spans).is_empty(), "{spans:?}");
+    assert_eq!(stats.turns_resent.load(Ordering::Relaxed), 1);
+}

@@ -27,6 +27,7 @@ pub struct PipelineStats {
     pub turns_cut_off_at_exit: AtomicU64,
     pub turns_handed_off: AtomicU64,
     pub turns_orphaned: AtomicU64,
+    pub turns_resent: AtomicU64,
     pub sessions: AtomicU64,
     pub held_bytes: AtomicU64,
     pub agents: AtomicU64,
@@ -46,6 +47,7 @@ impl PipelineStats {
         store(&self.turns_cut_off_at_exit, s.cut_off_at_exit);
         store(&self.turns_handed_off, s.turns_handed_off);
         store(&self.turns_orphaned, s.turns_orphaned);
+        store(&self.turns_resent, s.turns_resent);
         let g = correlator.gauges();
         store(&self.open_turns, g.open_turns);
         store(&self.sessions, g.sessions);
@@ -138,6 +140,11 @@ impl StageMetrics for PipelineStats {
                 "correlator_turns_orphaned",
                 "Open turns replayed after a restart whose agent did not come back to this replica within state_ttl (fleet.replicated), forgotten without export: the agent replayed them to another replica.",
                 &self.turns_orphaned,
+            ),
+            (
+                "correlator_turns_resent",
+                "Open turns forgotten when their fleet agent opened a new stream (after a broken one, a move back, or a restart of this replica): the agent sends their events again and they are rebuilt from that resend.",
+                &self.turns_resent,
             ),
             (
                 "correlator_expired",

@@ -358,6 +358,7 @@ impl Writer {
                     lsn,
                     safe: None,
                     fleet: false,
+                    fresh: false,
                 };
                 if out.send(ingested).await.is_err() {
                     return Ok(());

@@ -81,6 +81,12 @@ pub struct Ingested {
     /// Came on a stream that announced fleet mode: its shim keeps the
     /// events until they are settled ([`fleet`]).
     pub fleet: bool,
+    /// The first batch of a fleet stream. Such a shim sends every event
+    /// it holds unsettled again on each new stream, so whatever this
+    /// collector holds of the instance from an earlier stream (one that
+    /// broke, or state replayed after a restart) is forgotten first and
+    /// rebuilt from the resend: never mixed with it.
+    pub fresh: bool,
 }
 
 impl Ingested {
@@ -91,6 +97,7 @@ impl Ingested {
             lsn: 0,
             safe: None,
             fleet: false,
+            fresh: false,
         }
     }
 }
@@ -368,6 +375,7 @@ impl EventIngest for Ingest {
             let mut subscription: Option<(String, tokio::sync::watch::Receiver<u64>)> = None;
             let mut left = false;
             let mut handed_off = false;
+            let mut fresh = fleet;
             loop {
                 let next = tokio::select! {
                     next = inbound.message() => next,
@@ -470,6 +478,7 @@ impl EventIngest for Ingest {
                         lsn: 0,
                         safe: None,
                         fleet,
+                        fresh: std::mem::take(&mut fresh),
                     };
                     if this.tx.send(ingested).await.is_err() {
                         break;
@@ -497,6 +506,7 @@ impl EventIngest for Ingest {
                     lsn: 0,
                     safe,
                     fleet,
+                    fresh: std::mem::take(&mut fresh),
                 };
                 if this.tx.send(ingested).await.is_err() {
                     let _ = ack_tx
