@@ -189,7 +189,7 @@ impl<C: Clock> Driver<C> {
                     continue;
                 }
                 received = ingest.recv() => {
-                    let Some(Ingested { batch, lsn, fleet, fresh, .. }) = received else { break };
+                    let Some(Ingested { batch, lsn, fleet, fresh, stream, .. }) = received else { break };
                     let lsn = match settlement.as_mut() {
                         Some(settlement) if lsn == 0 => settlement.number(),
                         _ => lsn,
@@ -199,6 +199,9 @@ impl<C: Clock> Driver<C> {
                     if fresh {
                         let instances = [shim.instance_id.clone()];
                         depart(&instances, Departure::Resent, &mut correlation, &mut sampler, settlement.as_mut());
+                        if let Some(settlement) = settlement.as_mut() {
+                            settlement.stream_started(&shim.instance_id, stream);
+                        }
                     }
                     let floor = ledger.floor(&shim.instance_id, lsn, batch.floor_seq);
                     let now = clock.now_unix_nanos();
@@ -218,9 +221,14 @@ impl<C: Clock> Driver<C> {
                     if let (Some(settlement), Some(last_seq), true) = (settlement.as_mut(), last_seq, fleet) {
                         settlement.ingested(&shim.instance_id, lsn, last_seq);
                     }
-                    if handoff {
+                    // A handoff that reaches the stage after a newer stream of the
+                    // same instance started here (it left and came back at once)
+                    // would drop what that stream rebuilt: it is stale.
+                    if handoff && settlement.as_ref().is_none_or(|s| s.is_current(&shim.instance_id, stream)) {
                         let instances = [shim.instance_id];
                         depart(&instances, Departure::HandedOff, &mut correlation, &mut sampler, settlement.as_mut());
+                    } else if handoff {
+                        tracing::debug!(instance = %shim.instance_id, "a handoff of an earlier stream, after a newer one started: ignored");
                     }
                 }
                 () = due => {

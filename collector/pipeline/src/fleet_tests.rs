@@ -251,3 +251,46 @@ async fn a_new_stream_rebuilds_what_an_earlier_one_left_open() {
     assert!(roots(&spans).is_empty(), "{spans:?}");
     assert_eq!(stats.turns_resent.load(Ordering::Relaxed), 1);
 }
+
+/// Each event as a batch of its own from fleet stream `stream`, the first
+/// one marked as the stream's first batch.
+async fn feed_stream(stage: &Stage, stream: u64, events: Vec<Event>) {
+    for (i, event) in events.into_iter().enumerate() {
+        let mut ingested = Ingested::new(batch_of(AGENT, vec![event]));
+        ingested.fleet = true;
+        ingested.fresh = i == 0;
+        ingested.stream = stream;
+        stage.ingest.send(ingested).await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handoff_of_an_earlier_stream_leaves_the_newer_one_alone() {
+    // The agent left on stream 1 and came straight back on stream 2; the
+    // handoff sent on stream 1 reaches the stage after stream 2 started.
+    let events = basic_events();
+    let open = open_turn();
+    let rest = events[open.len()..].to_vec();
+    let done = Arc::new(AtomicU64::new(u64::MAX));
+    let (mut stage, _, stats) = start_fleet(&events, &done);
+    feed_stream(&stage, 1, open.clone()).await;
+    feed_stream(&stage, 2, open).await;
+    let mut batch = batch_of(AGENT, Vec::new());
+    batch.handoff = true;
+    let mut handoff = Ingested::new(batch);
+    handoff.fleet = true;
+    handoff.stream = 1;
+    stage.ingest.send(handoff).await.unwrap();
+    for event in rest {
+        let mut ingested = Ingested::new(batch_of(AGENT, vec![event]));
+        ingested.fleet = true;
+        ingested.stream = 2;
+        stage.ingest.send(ingested).await.unwrap();
+    }
+    let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
+    let root = one_root(&spans, "the turn ended once, whole");
+    assert!(!incomplete(root), "{root:?}");
+    assert_eq!(stats.turns_handed_off.load(Ordering::Relaxed), 0);
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+}

@@ -67,6 +67,9 @@ pub struct Settlement {
     replayed: HashSet<String>,
     /// When the replayed instances not back by then are orphans.
     orphan_deadline: Option<u64>,
+    /// The newest fleet stream each instance started here (the receiver's
+    /// stream numbers): a handoff from an older one is stale.
+    streams: HashMap<String, u64>,
 }
 
 impl Settlement {
@@ -85,6 +88,7 @@ impl Settlement {
             seen: HashSet::new(),
             replayed: HashSet::new(),
             orphan_deadline: None,
+            streams: HashMap::new(),
         }
     }
 
@@ -178,6 +182,20 @@ impl Settlement {
     pub fn forget(&mut self, instance: &str) {
         self.tracks.remove(instance);
         self.seen.remove(instance);
+        self.streams.remove(instance);
+    }
+
+    /// `instance` started fleet stream `stream` here (its first batch).
+    pub fn stream_started(&mut self, instance: &str, stream: u64) {
+        self.streams.insert(instance.to_owned(), stream);
+    }
+
+    /// Whether `stream` is `instance`'s newest stream here (or no newer
+    /// one started since): a handoff from it applies.
+    pub fn is_current(&self, instance: &str, stream: u64) -> bool {
+        self.streams
+            .get(instance)
+            .is_none_or(|&newest| stream >= newest)
     }
 
     /// A lower bound of the lsns of the events any span finished from now
@@ -201,13 +219,15 @@ impl Settlement {
             .flatten()
             .min();
         self.low_water = open_all.unwrap_or(next).min(next);
-        if self.tracks.is_empty() && self.seen.is_empty() {
+        if self.tracks.is_empty() && self.seen.is_empty() && self.streams.is_empty() {
             return;
         }
         let open = correlation.min_open_lsn_by_instance();
         let registry = &self.registry;
         self.seen
             .retain(|i| open.contains_key(i.as_str()) || registry.is_connected(i));
+        self.streams
+            .retain(|i, _| open.contains_key(i.as_str()) || registry.is_connected(i));
         let done = (self.done)();
         let sent = self.sent;
         self.tracks.retain(|instance, track| {

@@ -359,6 +359,7 @@ impl Writer {
                     safe: None,
                     fleet: false,
                     fresh: false,
+                    stream: 0,
                 };
                 if out.send(ingested).await.is_err() {
                     return Ok(());

@@ -87,6 +87,10 @@ pub struct Ingested {
     /// broke, or state replayed after a restart) is forgotten first and
     /// rebuilt from the resend: never mixed with it.
     pub fresh: bool,
+    /// Which stream it came on: a number that grows with every stream the
+    /// receiver opens (0: not a fleet stream). A handoff from a stream
+    /// older than the instance's newest fresh one is stale.
+    pub stream: u64,
 }
 
 impl Ingested {
@@ -98,6 +102,7 @@ impl Ingested {
             safe: None,
             fleet: false,
             fresh: false,
+            stream: 0,
         }
     }
 }
@@ -356,7 +361,7 @@ impl EventIngest for Ingest {
         let mut inbound = request.into_inner();
         let (ack_tx, ack_rx) = mpsc::channel::<Result<Ack, Status>>(64);
         let this = self.clone();
-        this.stats.streams_opened.fetch_add(1, Ordering::Relaxed);
+        let stream = this.stats.streams_opened.fetch_add(1, Ordering::Relaxed) + 1;
         if fleet {
             this.settlements.stream_opened();
         }
@@ -479,6 +484,7 @@ impl EventIngest for Ingest {
                         safe: None,
                         fleet,
                         fresh: std::mem::take(&mut fresh),
+                        stream: if fleet { stream } else { 0 },
                     };
                     if this.tx.send(ingested).await.is_err() {
                         break;
@@ -507,6 +513,7 @@ impl EventIngest for Ingest {
                     safe,
                     fleet,
                     fresh: std::mem::take(&mut fresh),
+                    stream: if fleet { stream } else { 0 },
                 };
                 if this.tx.send(ingested).await.is_err() {
                     let _ = ack_tx
