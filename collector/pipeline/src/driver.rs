@@ -204,6 +204,10 @@ impl<C: Clock> Driver<C> {
                         }
                     }
                     let floor = ledger.floor(&shim.instance_id, lsn, batch.floor_seq);
+                    // A fresh fleet stream starts the instance over here: what it
+                    // resends is rebuilt, even seqs this queue once held (their
+                    // records went when a handoff let the watermark pass them).
+                    let floor = if fresh { batch.floor_seq } else { floor };
                     let now = clock.now_unix_nanos();
                     if let Some(settlement) = settlement.as_mut() {
                         settlement.arrived(&shim.instance_id, ledger.is_replayed(lsn), now);

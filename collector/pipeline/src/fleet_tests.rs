@@ -294,3 +294,41 @@ async fn a_handoff_of_an_earlier_stream_leaves_the_newer_one_alone() {
     drop(stage.ingest);
     stage.task.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_fresh_stream_after_a_restart_is_rebuilt_even_below_the_persisted_seqs() {
+    // Before the restart this replica held the agent's turn until a
+    // handoff dropped it, and the queue deleted its records; the agent
+    // comes back and resends the turn, whose seqs the queue once held.
+    let events = basic_events();
+    let last_seq = events.last().unwrap().seq;
+    let (settle, _settles) = mpsc::channel(16);
+    let queue = Arc::new(QueueStats::default());
+    queue.capacity_bytes.store(1 << 30, Ordering::Relaxed);
+    let ledger = Ledger::disk(Durable {
+        settle,
+        done: Box::new(|| u64::MAX),
+        recovered: Recovered {
+            seqs: [(AGENT.to_owned(), last_seq)].into_iter().collect(),
+            ..Recovered::default()
+        },
+        queue,
+    });
+    let registry = Arc::new(Settlements::default());
+    let mut driver = driver(ledger, &events);
+    driver.settlement = Some(Settlement::new(registry, Box::new(|| u64::MAX)));
+    let mut stage = spawn(driver);
+    for (i, event) in events.into_iter().enumerate() {
+        let mut ingested = Ingested::new(batch_of(AGENT, vec![event]));
+        ingested.lsn = i as u64 + 1;
+        ingested.fleet = true;
+        ingested.fresh = i == 0;
+        ingested.stream = 1;
+        stage.ingest.send(ingested).await.unwrap();
+    }
+    let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
+    let root = one_root(&spans, "the resent turn, rebuilt");
+    assert!(!incomplete(root), "{root:?}");
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+}
