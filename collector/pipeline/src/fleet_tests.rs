@@ -30,22 +30,34 @@ fn start_fleet(
     (spawn(driver), settled, stats)
 }
 
-/// Sends each event as a batch of its own from a fleet stream, without
-/// an lsn (the memory queue).
-async fn feed_fleet(stage: &Stage, events: Vec<Event>) {
-    for event in events {
-        let mut ingested = Ingested::new(batch_of(AGENT, vec![event]));
-        ingested.fleet = true;
+/// A batch of [`AGENT`]'s `events` from fleet stream `stream` (0: not
+/// numbered), without an lsn (the memory queue).
+fn fleet_batch(events: Vec<Event>, stream: u64) -> Ingested {
+    let mut ingested = Ingested::new(batch_of(AGENT, events));
+    ingested.fleet = true;
+    ingested.stream = stream;
+    ingested
+}
+
+/// Sends each event as a batch of its own from fleet stream `stream`; with
+/// `starts`, the first one is the stream's first batch.
+async fn feed_stream(stage: &Stage, stream: u64, events: Vec<Event>, starts: bool) {
+    for (i, event) in events.into_iter().enumerate() {
+        let mut ingested = fleet_batch(vec![event], stream);
+        ingested.fresh = starts && i == 0;
         stage.ingest.send(ingested).await.unwrap();
     }
 }
 
-/// The handoff batch of [`AGENT`].
-async fn hand_off(stage: &Stage) {
-    let mut batch = batch_of(AGENT, Vec::new());
-    batch.handoff = true;
-    let mut ingested = Ingested::new(batch);
-    ingested.fleet = true;
+/// Sends each event as a batch of its own from a fleet stream.
+async fn feed_fleet(stage: &Stage, events: Vec<Event>) {
+    feed_stream(stage, 0, events, false).await;
+}
+
+/// The handoff batch of [`AGENT`] on fleet stream `stream`.
+async fn hand_off(stage: &Stage, stream: u64) {
+    let mut ingested = fleet_batch(Vec::new(), stream);
+    ingested.batch.handoff = true;
     stage.ingest.send(ingested).await.unwrap();
 }
 
@@ -82,7 +94,7 @@ async fn a_handoff_forgets_open_state_without_exporting_it() {
     let done = Arc::new(AtomicU64::new(u64::MAX));
     let (mut stage, settled, stats) = start_fleet(&events, &done);
     feed_fleet(&stage, open_turn()).await;
-    hand_off(&stage).await;
+    hand_off(&stage, 0).await;
     // The end of the stage closes what is open (memory queue): nothing is.
     stage.stop.cancel();
     drop(stage.ingest);
@@ -106,7 +118,7 @@ async fn a_shim_that_comes_back_after_a_handoff_is_correlated_whole() {
     let done = Arc::new(AtomicU64::new(u64::MAX));
     let (mut stage, settled, _) = start_fleet(&events, &done);
     feed_fleet(&stage, open_turn()).await;
-    hand_off(&stage).await;
+    hand_off(&stage, 0).await;
     // It returns and sends every event it kept again, from seq 1.
     feed_fleet(&stage, events.clone()).await;
     let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
@@ -233,10 +245,8 @@ async fn a_new_stream_rebuilds_what_an_earlier_one_left_open() {
     feed_fleet(&stage, open_turn()).await;
     let mut later = events.last().unwrap().clone();
     later.seq += 10;
-    let mut batch = batch_of(AGENT, vec![later.clone()]);
-    batch.floor_seq = later.seq;
-    let mut ingested = Ingested::new(batch);
-    ingested.fleet = true;
+    let mut ingested = fleet_batch(vec![later.clone()], 0);
+    ingested.batch.floor_seq = later.seq;
     ingested.fresh = true;
     stage.ingest.send(ingested).await.unwrap();
     tokio::time::sleep(2 * TICK).await;
@@ -252,18 +262,6 @@ async fn a_new_stream_rebuilds_what_an_earlier_one_left_open() {
     assert_eq!(stats.turns_resent.load(Ordering::Relaxed), 1);
 }
 
-/// Each event as a batch of its own from fleet stream `stream`, the first
-/// one marked as the stream's first batch.
-async fn feed_stream(stage: &Stage, stream: u64, events: Vec<Event>) {
-    for (i, event) in events.into_iter().enumerate() {
-        let mut ingested = Ingested::new(batch_of(AGENT, vec![event]));
-        ingested.fleet = true;
-        ingested.fresh = i == 0;
-        ingested.stream = stream;
-        stage.ingest.send(ingested).await.unwrap();
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_handoff_of_an_earlier_stream_leaves_the_newer_one_alone() {
     // The agent left on stream 1 and came straight back on stream 2; the
@@ -273,20 +271,10 @@ async fn a_handoff_of_an_earlier_stream_leaves_the_newer_one_alone() {
     let rest = events[open.len()..].to_vec();
     let done = Arc::new(AtomicU64::new(u64::MAX));
     let (mut stage, _, stats) = start_fleet(&events, &done);
-    feed_stream(&stage, 1, open.clone()).await;
-    feed_stream(&stage, 2, open).await;
-    let mut batch = batch_of(AGENT, Vec::new());
-    batch.handoff = true;
-    let mut handoff = Ingested::new(batch);
-    handoff.fleet = true;
-    handoff.stream = 1;
-    stage.ingest.send(handoff).await.unwrap();
-    for event in rest {
-        let mut ingested = Ingested::new(batch_of(AGENT, vec![event]));
-        ingested.fleet = true;
-        ingested.stream = 2;
-        stage.ingest.send(ingested).await.unwrap();
-    }
+    feed_stream(&stage, 1, open.clone(), true).await;
+    feed_stream(&stage, 2, open, true).await;
+    hand_off(&stage, 1).await;
+    feed_stream(&stage, 2, rest, false).await;
     let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
     let root = one_root(&spans, "the turn ended once, whole");
     assert!(!incomplete(root), "{root:?}");
@@ -319,11 +307,9 @@ async fn a_fresh_stream_after_a_restart_is_rebuilt_even_below_the_persisted_seqs
     driver.settlement = Some(Settlement::new(registry, Box::new(|| u64::MAX)));
     let mut stage = spawn(driver);
     for (i, event) in events.into_iter().enumerate() {
-        let mut ingested = Ingested::new(batch_of(AGENT, vec![event]));
+        let mut ingested = fleet_batch(vec![event], 1);
         ingested.lsn = i as u64 + 1;
-        ingested.fleet = true;
         ingested.fresh = i == 0;
-        ingested.stream = 1;
         stage.ingest.send(ingested).await.unwrap();
     }
     let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
