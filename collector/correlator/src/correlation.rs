@@ -47,6 +47,7 @@ impl Correlation {
         now: u64,
         out: &mut Vec<FinishedSpan>,
     ) {
+        self.correlator.saw_lsn(lsn);
         self.sequencer
             .push_batch(shim, floor_seq, events, lsn, now, &mut self.ready);
         self.correlate(out);
@@ -115,6 +116,17 @@ impl Correlation {
     /// Closes, as incomplete, open state that needs records below `lsn`.
     pub fn evict_below_lsn(&mut self, lsn: u64, out: &mut Vec<FinishedSpan>) {
         self.correlator.evict_below_lsn(lsn, out);
+    }
+
+    /// Records closed units for a fleet replica's settlement
+    /// ([`Correlator::record_closures`]).
+    pub fn record_closures(&mut self) {
+        self.correlator.record_closures();
+    }
+
+    /// The closures recorded since the last call ([`Correlator::take_closures`]).
+    pub fn take_closures(&mut self) -> Vec<(hermes_span::Str, crate::Closure)> {
+        self.correlator.take_closures()
     }
 
     /// The sequencer (its counters and held events).

@@ -22,6 +22,18 @@ pub enum Departure {
     Resent,
 }
 
+/// The queue positions (lsns) a closed unit's events came from: a turn or
+/// a subagent, or from 0 for a late event of a closed turn. A fleet
+/// replica never settles an instance up to a position inside one: after a
+/// move the shim sends again every event above its settled seq, and the
+/// next replica must get all of a closed unit's events (it rebuilds the
+/// same spans) or none of them (it never builds a turn from its tail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Closure {
+    pub lo: u64,
+    pub hi: u64,
+}
+
 /// Lowers `into[instance]` to `lsn`.
 pub(crate) fn note_lsn<'a>(into: &mut HashMap<&'a str, u64>, instance: &'a str, lsn: u64) {
     let min = into.entry(instance).or_insert(lsn);
@@ -29,6 +41,30 @@ pub(crate) fn note_lsn<'a>(into: &mut HashMap<&'a str, u64>, instance: &'a str, 
 }
 
 impl Correlator {
+    /// Records every closure from now on, until taken
+    /// ([`Correlator::take_closures`]): a fleet replica's settlement.
+    pub fn record_closures(&mut self) {
+        self.closures.get_or_insert_with(Vec::new);
+    }
+
+    /// The closures recorded since the last call, by instance.
+    pub fn take_closures(&mut self) -> Vec<(Str, Closure)> {
+        self.closures
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// A unit of `instance` built from the events of positions `lo..=hi`
+    /// closed (one position: nothing to record).
+    pub(crate) fn closed_unit(&mut self, instance: &str, lo: u64, hi: u64) {
+        if let Some(closures) = self.closures.as_mut()
+            && lo < hi
+        {
+            closures.push((Str::from(instance), Closure { lo, hi }));
+        }
+    }
+
     /// For every instance holding open state, the lowest persistent-queue
     /// position (lsn) it needs, lowered into `into` ([`Correlator::min_lsn`]
     /// per instance).

@@ -219,6 +219,7 @@ impl Correlator {
                 let turn_key = key(instance, &ids.turn_id);
                 if self.closed.contains(&turn_key) {
                     self.stats.late_events_dropped += 1;
+                    self.closed_unit(instance, 0, self.max_lsn);
                 }
                 if let Some(turn) = self.turns.get_mut(&turn_key) {
                     let mut attrs = Attrs::default();
@@ -234,6 +235,7 @@ impl Correlator {
                     turn.last_seen = turn.last_seen.max(t);
                     turn.active_seen = turn.active_seen.max(t).max(self.clock);
                     turn.min_lsn = turn.min_lsn.min(self.lsn);
+                    turn.max_lsn = turn.max_lsn.max(self.max_lsn);
                     turn.held += RECORD_BYTES
                         + hook.len()
                         + attrs.0.iter().map(attrs::approx_bytes).sum::<usize>();

@@ -43,7 +43,7 @@ mod emit;
 mod exit;
 mod fair;
 mod fleet;
-pub use fleet::Departure;
+pub use fleet::{Closure, Departure};
 pub mod ids;
 mod ingest;
 pub mod sequencer;
@@ -321,6 +321,8 @@ struct Turn {
     approvals: Map<approval::ApprovalKey, approval::OpenApproval>,
     /// Lowest persistent-queue position of the events that touched it.
     min_lsn: u64,
+    /// Highest position of a batch seen when an event touched it.
+    max_lsn: u64,
 }
 
 /// What a subagent's turns hang from.
@@ -392,6 +394,12 @@ pub struct Correlator {
     stats: Stats,
     /// Persistent-queue position of the events being ingested.
     lsn: u64,
+    /// The highest position of a batch seen: no event ingested now came
+    /// from a later one.
+    max_lsn: u64,
+    /// Closed units' positions, for a fleet replica's settlement
+    /// ([`Correlator::record_closures`]); None: not recorded.
+    closures: Option<Vec<(Str, Closure)>>,
     /// Wall clock of the last [`Correlator::expire`].
     clock: u64,
     /// Sessions whose host said they ended (`on_session_finalize`), until
@@ -430,6 +438,8 @@ impl Correlator {
             values: Interner::default(),
             stats: Stats::default(),
             lsn: 0,
+            max_lsn: 0,
+            closures: None,
             clock: 0,
             session_ends: std::collections::VecDeque::new(),
         }
@@ -509,6 +519,12 @@ impl Correlator {
     /// the lowest position that touched it ([`Correlator::min_lsn`]).
     pub fn set_lsn(&mut self, lsn: u64) {
         self.lsn = lsn;
+    }
+
+    /// A batch stored at `lsn` arrived: the events ingested from now on
+    /// came from it or from earlier ones.
+    pub fn saw_lsn(&mut self, lsn: u64) {
+        self.max_lsn = self.max_lsn.max(lsn);
     }
 
     /// The lowest position any open state depends on: the persistent queue

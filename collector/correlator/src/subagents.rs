@@ -151,6 +151,7 @@ impl Correlator {
         let Some(link) = self.links.get(child).cloned() else {
             return;
         };
+        self.closed_unit(&link.instance, open.min_lsn, self.max_lsn);
         let mut a = open.common.clone();
         a.fixed("gen_ai.operation.name", "invoke_agent")
             .str("gen_ai.agent.id", &open.child_subagent_id)

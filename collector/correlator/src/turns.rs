@@ -80,6 +80,7 @@ impl Correlator {
         if !self.turns.contains_key(&k) {
             if self.closed.contains(&k) {
                 self.stats.late_events_dropped += 1;
+                self.closed_unit(instance, 0, self.max_lsn);
                 return None;
             }
             self.make_room_for_turn(instance, out);
@@ -87,12 +88,13 @@ impl Correlator {
             self.ledger.add(instance, 1, 0, turn.charged);
             self.turns.insert(k.clone(), turn);
         }
-        let lsn = self.lsn;
+        let (lsn, max_lsn) = (self.lsn, self.max_lsn);
         let clock = self.clock;
         let turn = self.turns.get_mut(&k)?;
         turn.last_seen = turn.last_seen.max(t);
         turn.active_seen = turn.active_seen.max(t).max(clock);
         turn.min_lsn = turn.min_lsn.min(lsn);
+        turn.max_lsn = turn.max_lsn.max(max_lsn);
         if turn.platform.is_empty() && !platform.is_empty() {
             turn.platform = platform.into();
             turn.held += platform.len();
@@ -191,6 +193,7 @@ impl Correlator {
             tools: Map::default(),
             approvals: Map::default(),
             min_lsn: self.lsn,
+            max_lsn: self.max_lsn,
         }
     }
 
@@ -199,6 +202,7 @@ impl Correlator {
     pub(crate) fn take_turn(&mut self, k: &str) -> Option<Turn> {
         let turn = self.turns.remove(k)?;
         self.ledger.sub(&turn.instance, 1, 0, turn.charged);
+        self.closed_unit(&turn.instance, turn.min_lsn, turn.max_lsn);
         let plain = turn
             .plain
             .then(|| (turn.turn_id.as_str().to_owned(), turn.instance.clone()));

@@ -142,6 +142,9 @@ impl<C: Clock> Driver<C> {
             session_ends,
             mut settlement,
         } = self;
+        if settlement.is_some() {
+            correlation.record_closures();
+        }
         let mut timer = tokio::time::interval(tick);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut out: Vec<FinishedSpan> = Vec::new();
@@ -196,6 +199,19 @@ impl<C: Clock> Driver<C> {
                     };
                     let (handoff, last_seq) = (batch.handoff, batch.events.last().map(|e| e.seq));
                     let shim = batch.shim.unwrap_or_default();
+                    if fleet {
+                        tracing::debug!(
+                            instance = %shim.instance_id,
+                            stream,
+                            fresh,
+                            handoff,
+                            lsn,
+                            floor = batch.floor_seq,
+                            first = batch.events.first().map(|e| e.seq),
+                            last = last_seq,
+                            "fleet batch"
+                        );
+                    }
                     if fresh {
                         let instances = [shim.instance_id.clone()];
                         depart(&instances, Departure::Resent, &mut correlation, &mut sampler, settlement.as_mut());
@@ -298,7 +314,7 @@ impl<C: Clock> Driver<C> {
             if std::mem::take(&mut ticked) {
                 ledger.settle(lowest(correlation.min_open_lsn(), sampler.min_held_lsn()));
                 if let Some(settlement) = settlement.as_mut() {
-                    settlement.settle(&correlation, sampler.min_held_lsn());
+                    settlement.settle(&mut correlation, sampler.min_held_lsn());
                 }
             }
         }

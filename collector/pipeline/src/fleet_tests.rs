@@ -318,3 +318,34 @@ async fn a_fresh_stream_after_a_restart_is_rebuilt_even_below_the_persisted_seqs
     drop(stage.ingest);
     stage.task.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_closed_turn_is_settled_whole_or_not_at_all() {
+    // Three turns of one session in three batches: the first turn closes
+    // in the second batch, where the second turn starts and stays open.
+    let events = hermes_e2e::ingest::events_of(&hermes_e2e::ingest::fixture_records("multiturn"));
+    let nth = |hook: &str, n: usize| events.iter().filter(|e| e.hook == hook).nth(n).unwrap().seq;
+    let cuts = [nth("post_tool_call", 0), nth("pre_api_request", 2)];
+    let done = Arc::new(AtomicU64::new(u64::MAX));
+    let (mut stage, settled, _) = start_fleet(&events, &done);
+    let last = events.last().unwrap().seq;
+    // Settling the first batch alone would leave the first turn's tail to
+    // be sent again after a move, and the next replica would build a
+    // second, different root from it.
+    for (batch, (roots_exported, settled_seq)) in events
+        .chunk_by(|a, b| cuts.iter().all(|&cut| a.seq >= cut || b.seq < cut))
+        .zip([(0, 0), (1, 0), (2, last)])
+    {
+        stage
+            .ingest
+            .send(fleet_batch(batch.to_vec(), 0))
+            .await
+            .unwrap();
+        let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
+        assert_eq!(roots(&spans).len(), roots_exported, "{spans:?}");
+        tokio::time::sleep(4 * TICK).await;
+        assert_eq!(*settled.borrow(), settled_seq, "after seq {}", batch[0].seq);
+    }
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+}

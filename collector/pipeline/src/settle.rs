@@ -18,6 +18,13 @@
 //! settled batch is published. The sampler's traces are not attributed to
 //! instances: what it holds holds back every instance (exact, if late).
 //!
+//! A closed turn or subagent whose events span several batches
+//! ([`Closure`]) is never split: the batches are closed up to a position
+//! inside it only together with the rest of it. After a move the shim
+//! sends every event above its settled seq to the next replica, which must
+//! get all of a closed unit (and build the same spans) or none of it (and
+//! never build a turn from the tail of one this replica exported).
+//!
 //! Lsns: the persistent queue's (`queue.kind: disk`); with the memory
 //! queue the stage numbers the batches itself ([`Settlement::number`]).
 //!
@@ -30,7 +37,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use hermes_correlator::Correlation;
+use hermes_correlator::{Closure, Correlation};
 use hermes_receiver::Settlements;
 
 use crate::ledger::Done;
@@ -43,6 +50,29 @@ struct Track {
     /// (export message, last seq) of closed batches: settled once the
     /// exporter stage finished that message.
     closing: VecDeque<(u64, u64)>,
+    /// Closed units that reach past the open batches' front.
+    closures: Vec<Closure>,
+}
+
+impl Track {
+    /// How many of the open batches, from the front, close: each below
+    /// `bound`, and no closure reaching from them past the last.
+    fn closable(&self, bound: u64) -> usize {
+        let mut reach = 0;
+        let mut closable = 0;
+        for (i, &(lsn, _)) in self.open.iter().enumerate() {
+            if lsn >= bound {
+                break;
+            }
+            for c in self.closures.iter().filter(|c| c.lo <= lsn) {
+                reach = reach.max(c.hi);
+            }
+            if reach <= lsn {
+                closable = i + 1;
+            }
+        }
+        closable
+    }
 }
 
 /// See the module docs.
@@ -212,7 +242,12 @@ impl Settlement {
     /// Closes and settles what it can (see the module docs); `held` is the
     /// lowest lsn the sampler's held traces need. Publishes each instance
     /// whose settled seq advanced.
-    pub fn settle(&mut self, correlation: &Correlation, held: Option<u64>) {
+    pub fn settle(&mut self, correlation: &mut Correlation, held: Option<u64>) {
+        for (instance, closure) in correlation.take_closures() {
+            if let Some(track) = self.tracks.get_mut(&*instance) {
+                track.closures.push(closure);
+            }
+        }
         let next = self.last_lsn + 1;
         let open_all = [correlation.min_open_lsn(), held]
             .into_iter()
@@ -236,11 +271,11 @@ impl Settlement {
                 .flatten()
                 .min()
                 .unwrap_or(u64::MAX);
-            while let Some(&(lsn, seq)) = track.open.front() {
-                if lsn >= bound {
-                    break;
-                }
-                track.open.pop_front();
+            let closable = track.closable(bound);
+            if let Some(&(last, _)) = closable.checked_sub(1).and_then(|i| track.open.get(i)) {
+                track.closures.retain(|c| c.hi > last);
+            }
+            for (_, seq) in track.open.drain(..closable) {
                 track.closing.push_back((sent, seq));
             }
             let mut settled = None;
@@ -252,6 +287,7 @@ impl Settlement {
                 settled = Some(seq);
             }
             if let Some(seq) = settled {
+                tracing::debug!(%instance, seq, "settled");
                 self.registry.publish(instance, seq);
             }
             !(track.open.is_empty() && track.closing.is_empty())
