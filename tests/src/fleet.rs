@@ -5,6 +5,12 @@
 //! queue, all exporting to one receiver ([`Fleet`]); and the checks on
 //! what such a fleet exported ([`assert_whole_traces`]).
 //!
+//! Replicas log every fleet batch they take and every settled seq they
+//! publish (`hermes_pipeline` at debug); with `HERMES_FLEET_LOG_DIR` set,
+//! each replica's log is written there when it stops or the fleet is
+//! dropped (`replica-<octet>-<n>.log`), to follow an agent's batches
+//! across replicas after a failure.
+//!
 //! Everything listens on loopback addresses and every wait is bounded.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -17,12 +23,15 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use tempfile::TempDir;
 
-use crate::OtlpReceiver;
 use crate::collector::Collector;
 use crate::fault::span_key;
+use crate::{AttrsExt, OtlpReceiver};
 
 /// The name the replicas are listed under.
 pub const NAME: &str = "collectors.fleet.test";
+
+/// The replicas' log filter: every fleet batch and settled seq.
+const LOG: [(&str, &str); 1] = [("RUST_LOG", "info,hermes_pipeline=debug")];
 
 /// Ports tried for the fleet (one port on every replica's address).
 const PORTS: std::ops::Range<u16> = 33_000..34_000;
@@ -44,6 +53,8 @@ pub struct Fleet {
     otlp_endpoint: String,
     /// Extra configuration lines of every replica (YAML sections).
     extra: String,
+    /// Replica logs written to `HERMES_FLEET_LOG_DIR` so far.
+    logs_kept: usize,
 }
 
 /// The address of replica `octet` (127.0.0.`octet`).
@@ -76,6 +87,7 @@ impl Fleet {
             replicas: BTreeMap::new(),
             otlp_endpoint: otlp.endpoint(),
             extra: extra.to_owned(),
+            logs_kept: 0,
         };
         fleet.list(&[]);
         fleet
@@ -115,7 +127,7 @@ impl Fleet {
             self.otlp_endpoint,
             self.extra
         );
-        let collector = Collector::start_with_config(work.path(), &listen, &yaml);
+        let collector = Collector::start_with_config_env(work.path(), &listen, &yaml, &LOG);
         self.replicas.insert(
             octet,
             Replica {
@@ -134,14 +146,20 @@ impl Fleet {
             .collector
             .take()
             .unwrap_or_else(|| panic!("replica {octet} is not running"));
-        collector.guard.kill()
+        let status = collector.guard.kill();
+        self.keep_log(octet, &collector);
+        status
     }
 
     /// Starts replica `octet` again on its queue (after [`Fleet::kill`]).
     pub fn restart(&mut self, octet: u8) {
         let replica = self.replica(octet);
-        let collector =
-            Collector::start_with_config(replica.work.path(), &replica.listen, &replica.yaml);
+        let collector = Collector::start_with_config_env(
+            replica.work.path(),
+            &replica.listen,
+            &replica.yaml,
+            &LOG,
+        );
         replica.collector = Some(collector);
     }
 
@@ -153,7 +171,9 @@ impl Fleet {
             .collector
             .take()
             .unwrap_or_else(|| panic!("replica {octet} is not running"));
-        collector.guard.sigterm(timeout).0
+        let status = collector.guard.sigterm(timeout).0;
+        self.keep_log(octet, &collector);
+        status
     }
 
     /// Replica `octet`'s collector, if running.
@@ -185,9 +205,33 @@ impl Fleet {
             .unwrap_or_else(|| panic!("no replica {octet}"))
     }
 
+    /// Writes `collector`'s log (replica `octet`) to `HERMES_FLEET_LOG_DIR`,
+    /// if set.
+    fn keep_log(&mut self, octet: u8, collector: &Collector) {
+        if let Some(dir) = std::env::var_os("HERMES_FLEET_LOG_DIR") {
+            self.logs_kept += 1;
+            let path = Path::new(&dir).join(format!("replica-{octet}-{}.log", self.logs_kept));
+            if let Err(e) = std::fs::write(&path, collector.guard.stderr_text()) {
+                eprintln!("fleet: cannot keep {}: {e}", path.display());
+            }
+        }
+    }
+
     /// The fleet's directory (the hosts file's).
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let running: Vec<(u8, Collector)> = std::mem::take(&mut self.replicas)
+            .into_iter()
+            .filter_map(|(octet, r)| r.collector.map(|c| (octet, c)))
+            .collect();
+        for (octet, collector) in &running {
+            self.keep_log(*octet, collector);
+        }
     }
 }
 
@@ -199,7 +243,7 @@ pub fn assert_whole_traces(spans: &[(Resource, Span)]) -> (BTreeSet<String>, usi
     let mut first: HashMap<String, (Vec<u8>, &Span)> = HashMap::new();
     let mut repeats = 0;
     let mut roots: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>> = BTreeMap::new();
-    for (_, span) in spans {
+    for (res, span) in spans {
         let key = span_key(span);
         let bytes = span.encode_to_vec();
         match first.get(&key) {
@@ -207,8 +251,9 @@ pub fn assert_whole_traces(spans: &[(Resource, Span)]) -> (BTreeSet<String>, usi
                 repeats += 1;
                 assert!(
                     *earlier == bytes,
-                    "span {key} ({}) arrived twice with different content:\n{}",
+                    "span {key} ({}) of agent {} arrived twice with different content:\n{}",
                     span.name,
+                    res.str_attr("service.instance.id").unwrap_or("?"),
                     difference(earlier_span, span)
                 );
             }

@@ -62,9 +62,6 @@ fn real_agent_turn(env: &[(&str, &str)]) -> (String, String) {
 }
 
 #[test]
-#[ignore = "fails: after moves a turn's root arrives twice, one copy \
-            incomplete and built from a suffix of its events (a replica held \
-            part of the turn and closed it); open in issue #29"]
 fn a_fleet_keeps_every_turn_one_trace_through_a_kill_a_scale_up_and_a_drain() {
     cargo_bin("hermes-loadgen", "hermes-loadgen");
     hermes_e2e::ensure_venv();
