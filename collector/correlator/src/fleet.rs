@@ -42,7 +42,8 @@ pub(crate) fn note_lsn<'a>(into: &mut HashMap<&'a str, u64>, instance: &'a str, 
 
 impl Correlator {
     /// Records every closure from now on, until taken
-    /// ([`Correlator::take_closures`]): a fleet replica's settlement.
+    /// ([`Correlator::take_closures`]): the settlement of fleet shims'
+    /// events takes them after every step.
     pub fn record_closures(&mut self) {
         self.closures.get_or_insert_with(Vec::new);
     }

@@ -275,6 +275,9 @@ impl<C: Clock> Driver<C> {
                 }
             }
             stats.publish(&correlation);
+            if let Some(settlement) = settlement.as_mut() {
+                settlement.take_closures(&mut correlation);
+            }
             if let Some(policies) = policies.as_mut()
                 && policies.has_changed().unwrap_or(false)
             {
@@ -314,7 +317,7 @@ impl<C: Clock> Driver<C> {
             if std::mem::take(&mut ticked) {
                 ledger.settle(lowest(correlation.min_open_lsn(), sampler.min_held_lsn()));
                 if let Some(settlement) = settlement.as_mut() {
-                    settlement.settle(&mut correlation, sampler.min_held_lsn());
+                    settlement.settle(&correlation, sampler.min_held_lsn());
                 }
             }
         }

@@ -239,15 +239,22 @@ impl Settlement {
         !self.tracks.is_empty()
     }
 
-    /// Closes and settles what it can (see the module docs); `held` is the
-    /// lowest lsn the sampler's held traces need. Publishes each instance
-    /// whose settled seq advanced.
-    pub fn settle(&mut self, correlation: &mut Correlation, held: Option<u64>) {
+    /// Takes the units the correlator closed since the last call; keeps
+    /// those of instances with batches to settle (the rest can split
+    /// nothing). Called after every step of the stage, so that what
+    /// non-fleet shims close never piles up.
+    pub fn take_closures(&mut self, correlation: &mut Correlation) {
         for (instance, closure) in correlation.take_closures() {
             if let Some(track) = self.tracks.get_mut(&*instance) {
                 track.closures.push(closure);
             }
         }
+    }
+
+    /// Closes and settles what it can (see the module docs); `held` is the
+    /// lowest lsn the sampler's held traces need. Publishes each instance
+    /// whose settled seq advanced.
+    pub fn settle(&mut self, correlation: &Correlation, held: Option<u64>) {
         let next = self.last_lsn + 1;
         let open_all = [correlation.min_open_lsn(), held]
             .into_iter()
