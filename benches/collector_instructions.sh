@@ -19,8 +19,8 @@
 # so glibc is told not to use them (GLIBC_TUNABLES below): its vector loops
 # copy and fill 32 bytes per instruction, closer to what such a copy costs
 # (1 MiB copied: 1.05 M counted instructions with `rep movsb`, 0.10 M
-# without). Builds the release binaries (as benches/run.sh does)
-# unless BIN_DIR names others.
+# without). Builds the binaries as released (the `dist` profile, as
+# benches/run.sh does) unless BIN_DIR names others.
 #
 #   benches/collector_instructions.sh [TURNS]   (default 250)
 #   BIN_DIR=DIR benches/collector_instructions.sh   (prebuilt binaries)
@@ -30,8 +30,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 TURNS="${1:-250}"
 if [[ -z "${BIN_DIR:-}" ]]; then
-  cargo build --quiet --release -p hermes-collector -p hermes-loadgen -p hermes-benches --bins
-  BIN_DIR=target/release
+  cargo build --quiet --profile dist -p hermes-collector -p hermes-loadgen -p hermes-benches --bins
+  BIN_DIR=target/dist
 fi
 BIN_DIR="$(cd "$BIN_DIR" && pwd)"
 command -v valgrind >/dev/null || { echo "valgrind is needed (Debian: valgrind)" >&2; exit 1; }

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Collector throughput, CPU, memory and delivery delay (stdlib only).
 
-Every scenario starts a fresh release collector (target/release/hermes-collector)
-that exports over OTLP/gRPC to a fresh `hermes-bench-sink` (a minimal OTLP
+Every scenario starts a fresh collector as released (the `dist` profile:
+target/dist/hermes-collector) that exports over OTLP/gRPC to a fresh `hermes-bench-sink` (a minimal OTLP
 receiver that records, per span, the delay from the span's end time to its
 arrival), all on 127.0.0.1 with OS-chosen ports, and stops both afterwards.
 
 Scenarios (each repeated --repeats times; medians reported):
   idle        RSS of a started collector with no traffic, and its CPU time
               and wake-ups per second over 10 s (its timers)
-  throughput  `hermes-loadgen` (release; recorded turns, metadata capture, i.e.
+  throughput  `hermes-loadgen` (dist profile; recorded turns, metadata capture, i.e.
               content off) as fast as it goes; events/s from loadgen's start
               to the last span arriving at the sink, collector CPU seconds
               (utime+stime from /proc/PID/stat) -> events per CPU-second;
@@ -668,7 +668,7 @@ def med(values: List[Optional[float]]) -> Optional[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bins", default=os.path.join(ROOT, "target", "release"))
+    ap.add_argument("--bins", default=os.path.join(ROOT, "target", "dist"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--instances", type=int, default=4, help="loadgen agents")
     ap.add_argument("--turns", type=int, default=20000, help="loadgen turns per agent")

@@ -3,12 +3,12 @@
 # exporting to hermes-bench-sink: `perf record --call-graph dwarf` on the
 # collector's PID, then the inclusive share of the functions that name the
 # pipeline's stages. Needs `perf` (linux-perf) and the binaries of
-# benches/run.sh (or target/release).
+# benches/run.sh (or target/dist, the profile releases are built with).
 #
 #   benches/profile_collector.sh [BIN_DIR] [TURNS_PER_AGENT]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-BIN="${1:-target/release}"
+BIN="${1:-target/dist}"
 TURNS="${2:-2000}"
 OUT="$(mktemp -d /tmp/hermes-profile-XXXXXX)"
 . benches/lib.sh

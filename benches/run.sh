@@ -71,9 +71,9 @@ cat "$OUT/machine.txt" >&2
 
 # ---- 1. build
 log "building (release)"
-cargo build --release -p hermes-collector -p hermes-loadgen -p hermes-benches --bins
+cargo build --profile dist -p hermes-collector -p hermes-loadgen -p hermes-benches --bins
 for b in hermes-collector hermes-loadgen hermes-bench-sink hermes-bench-driver hermes-bench-floor; do
-  cp "target/release/$b" "$OUT/bin/$b"
+  cp "target/dist/$b" "$OUT/bin/$b"
 done
 BIN="$OUT/bin"
 

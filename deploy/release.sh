@@ -135,15 +135,16 @@ if [[ "$KIND" == linux ]]; then
     die "auditwheel does not find $(basename "$wheel") manylinux_${GLIBC/./_}_$arch compliant (a newer glibc symbol, or a library outside the manylinux policy, was linked)"
 fi
 
-# 3. The collector binary.
+# 3. The collector binary, in the `dist` profile (Cargo.toml: the release
+#    profile with fat LTO and one codegen unit).
 if [[ "$KIND" == linux ]]; then
-  log "cargo zigbuild --release --locked -p hermes-collector --target $TARGET.$GLIBC"
-  cargo zigbuild --release --locked -p hermes-collector --target "$TARGET.$GLIBC"
+  log "cargo zigbuild --profile dist --locked -p hermes-collector --target $TARGET.$GLIBC"
+  cargo zigbuild --profile dist --locked -p hermes-collector --target "$TARGET.$GLIBC"
 else
-  log "cargo build --release --locked -p hermes-collector --target $TARGET"
-  cargo build --release --locked -p hermes-collector --target "$TARGET"
+  log "cargo build --profile dist --locked -p hermes-collector --target $TARGET"
+  cargo build --profile dist --locked -p hermes-collector --target "$TARGET"
 fi
-binary="$TARGET_DIR/$TARGET/release/hermes-collector"
+binary="$TARGET_DIR/$TARGET/dist/hermes-collector"
 if [[ "$KIND" == linux ]]; then
   needed="$(glibc_needed "$binary")"
   log "hermes-collector needs glibc $needed"
