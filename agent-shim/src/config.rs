@@ -103,20 +103,18 @@ pub const LEAN_HOOKS: [&str; 14] = [
     hooks::POST_APPROVAL_RESPONSE,
 ];
 
-/// Hooks that end a turn or a session: the process may exit right after them
-/// (e.g. through `os._exit`, which skips the exit flush), so their events go
-/// out at once instead of on the sender's next look at the queue. Waking the
-/// sender costs the hook a system call when the sender is parked.
+/// Hooks whose events go out at once instead of on the sender's next look
+/// at the queue (10 ms while events come, up to 50 ms): the end of a
+/// session, after which a host may exit, and of a subagent. Waking the
+/// sender costs the hook a system call when the sender is parked, which is
+/// most of what the plugin adds to a session (docs/BENCHMARKS.md, run27).
 ///
-/// `post_llm_call` ends a turn too, but does not wake: Hermes 0.19.0
-/// (`agent/turn_finalizer.py`) fires `on_session_end` unconditionally at the
-/// end of the same `run_conversation` call, a few statements later, and that
-/// wake carries both events out.
+/// The end of a turn (`post_llm_call`, `on_session_end`) does not wake:
+/// the exit paths take the turn's events out themselves (`atexit`, and
+/// `logging.shutdown()`, which `hermes -z` calls before its `os._exit`:
+/// `hermes_collector/__init__.py`, `_ExitHandler`).
 pub fn wakes_sender(hook: &str) -> bool {
-    matches!(
-        hook,
-        hooks::ON_SESSION_END | hooks::ON_SESSION_FINALIZE | hooks::SUBAGENT_STOP
-    )
+    matches!(hook, hooks::ON_SESSION_FINALIZE | hooks::SUBAGENT_STOP)
 }
 
 /// How much the shim captures.

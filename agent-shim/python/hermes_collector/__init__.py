@@ -24,6 +24,7 @@ import atexit
 import logging
 import os
 import socket
+import sys
 import threading
 from typing import Any, Dict, Optional
 
@@ -33,10 +34,6 @@ __all__ = ["register", "flush", "stats"]
 __version__: str = _core.__version__
 
 _log = logging.getLogger("hermes_collector")
-# Records reach Hermes' own handlers (agent.log, errors.log) by propagation;
-# without any handler configured (logging not set up yet), this one keeps
-# Python's last-resort handler from printing them on the user's terminal.
-_log.addHandler(logging.NullHandler())
 
 _ENV_PREFIX = "HERMES_COLLECTOR_"
 _DEFAULT_EXIT_FLUSH_MS = 2000
@@ -44,6 +41,35 @@ _DEFAULT_EXIT_FLUSH_MS = 2000
 _lock = threading.Lock()
 _process_hooks_installed = False
 _exit_flush_ms = _DEFAULT_EXIT_FLUSH_MS
+_exited = False
+
+
+class _ExitHandler(logging.NullHandler):
+    """The ``hermes_collector`` logger's own handler. Records reach Hermes'
+    handlers (agent.log, errors.log) by propagation; without any handler
+    configured (logging not set up yet), this one keeps Python's last-resort
+    handler from printing them on the user's terminal.
+
+    It also runs the plugin's exit step when ``logging.shutdown()`` closes
+    it: ``hermes -z`` (Hermes 0.19) calls that just before ``os._exit``,
+    which skips ``atexit``, so the last turn's events still leave without
+    their hooks waking the sender. ``logging.config.dictConfig`` closes
+    every handler too, without exiting: skipped (it also forgets them, so a
+    host that reconfigures logging that way and then leaves through
+    ``os._exit`` loses what the sender had not sent; Hermes 0.19 does not).
+    """
+
+    def close(self) -> None:
+        try:
+            caller = sys._getframe(1).f_back  # the caller of logging.shutdown
+            if caller is None or caller.f_code.co_name != "_clearExistingHandlers":
+                _at_exit()
+        except Exception:
+            pass
+        super().close()
+
+
+_log.addHandler(_ExitHandler())
 
 
 def _environment() -> Dict[str, str]:
@@ -100,7 +126,13 @@ def stats() -> Dict[str, Any]:
 def _at_exit() -> None:
     # From here on hooks (background daemon threads keep firing them until
     # the interpreter finalizes) convert their own events; a callback after
-    # finalization delivers or spools them with the exit marker.
+    # finalization delivers or spools them with the exit marker. Once per
+    # process: from atexit, or from logging.shutdown (_ExitHandler).
+    global _exited
+    with _lock:
+        if _exited or not _process_hooks_installed:
+            return
+        _exited = True
     try:
         _core.shutdown(_exit_flush_ms)
     except Exception:

@@ -12,7 +12,8 @@
 //!   the wall and monotonic clocks, takes a sequence number and `try_send`s a
 //!   reference to the kwargs dict onto the bounded queue; a full queue drops
 //!   the event and counts it. It makes no system call, except for the hooks
-//!   that end a turn or session, which wake the sender (see [`wakes_sender`]).
+//!   that end a session or a subagent, which wake the sender (see
+//!   [`wakes_sender`]).
 //! - Reads Python state only on the calling thread and only at hook time:
 //!   the thread name (fetched once per OS thread, then cached in a
 //!   `thread_local!`), and at capture level `content` a deep JSON copy of

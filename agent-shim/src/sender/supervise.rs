@@ -248,7 +248,7 @@ fn stop_holding<C: Convert>(parts: &mut Parts<C>) -> u64 {
 /// Puts the calling thread (the sender's) under `SCHED_BATCH`, with its nice
 /// value and CPU share as they were. The kernel then never lets a wake-up
 /// of this thread preempt the thread that woke it: a hook that wakes the
-/// sender (the end of a turn, [`crate::config::wakes_sender`]) returns to
+/// sender (the end of a session, [`crate::config::wakes_sender`]) returns to
 /// the agent's code at once, and the sender runs on an idle CPU or at the
 /// next scheduler tick (`docs/BENCHMARKS.md`). Best effort: where
 /// the policy cannot be set (not Linux, a seccomp filter) the thread runs
