@@ -2,19 +2,20 @@
 """Collector throughput, CPU, memory and delivery delay (stdlib only).
 
 Every scenario starts a fresh collector as released (the `dist` profile:
-target/dist/hermes-collector) that exports over OTLP/gRPC to a fresh `hermes-bench-sink` (a minimal OTLP
-receiver that records, per span, the delay from the span's end time to its
-arrival), all on 127.0.0.1 with OS-chosen ports, and stops both afterwards.
+target/dist/hermes-collector) that exports over OTLP/gRPC to a fresh
+`hermes-bench-sink` (a minimal OTLP receiver that records, per span, the
+delay from the span's end time to its arrival), all on 127.0.0.1 with
+OS-chosen ports, and stops both afterwards.
 
 Scenarios (each repeated --repeats times; medians reported):
   idle        RSS of a started collector with no traffic, and its CPU time
               and wake-ups per second over 10 s (its timers)
-  throughput  `hermes-loadgen` (dist profile; recorded turns, metadata capture, i.e.
-              content off) as fast as it goes; events/s from loadgen's start
-              to the last span arriving at the sink, collector CPU seconds
-              (utime+stime from /proc/PID/stat) -> events per CPU-second;
-              bytes the collector wrote (/proc/PID/io wchar: its export
-              requests and acknowledgements)
+  throughput  `hermes-loadgen` (dist profile; recorded turns, metadata
+              capture, i.e. content off) as fast as it goes; events/s from
+              loadgen's start to the last span arriving at the sink,
+              collector CPU seconds (utime+stime from /proc/PID/stat) ->
+              events per CPU-second; bytes the collector wrote
+              (/proc/PID/io wchar: its export requests and acknowledgements)
   open_turns  `hermes-bench-driver open-turns`: N distinct turns opened
               (pre_llm_call + pre_tool_call each) and held; collector RSS
   throughput_warm

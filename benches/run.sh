@@ -70,7 +70,7 @@ unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 cat "$OUT/machine.txt" >&2
 
 # ---- 1. build
-log "building (release)"
+log "building (the dist profile, as releases are built)"
 cargo build --profile dist -p hermes-collector -p hermes-loadgen -p hermes-benches --bins
 for b in hermes-collector hermes-loadgen hermes-bench-sink hermes-bench-driver hermes-bench-floor; do
   cp "target/dist/$b" "$OUT/bin/$b"

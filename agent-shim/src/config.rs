@@ -106,8 +106,9 @@ pub const LEAN_HOOKS: [&str; 14] = [
 /// Hooks whose events go out at once instead of on the sender's next look
 /// at the queue (10 ms while events come, up to 50 ms): the end of a
 /// session, after which a host may exit, and of a subagent. Waking the
-/// sender costs the hook a system call when the sender is parked, which is
-/// most of what the plugin adds to a session (docs/BENCHMARKS.md, run27).
+/// sender costs the hook a system call when the sender is parked: the
+/// largest part of what the plugin would add to a session if every turn's
+/// end woke it (docs/BENCHMARKS.md, "The agent side of issue 26").
 ///
 /// The end of a turn (`post_llm_call`, `on_session_end`) does not wake:
 /// the exit paths take the turn's events out themselves (`atexit`, and
