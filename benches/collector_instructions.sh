@@ -6,7 +6,9 @@
 # load): how many events one export batch or processing pass holds depends
 # on timing. It also prints each stage's count (a function with what it
 # calls), which repeats within ≈ 1–3 %: compare those for smaller
-# differences.
+# differences; and the allocations per event by the function that made
+# them, which CPU time feels more than their instructions (a cache miss on
+# memory another thread freed, and that free).
 #
 # One collector under valgrind takes hermes-loadgen's load (4 agents, content
 # off, exporting to hermes-bench-sink) twice over, in two processes: TURNS
@@ -79,35 +81,90 @@ done
 echo "per stage (instructions per event, including callees):"
 python3 - "$OUT/$TURNS/tree.txt" "$OUT/$((2 * TURNS))/tree.txt" "$ev1" "$ev2" <<'PY'
 import re, sys
-# Each stage's function; later names are what earlier builds called it, so
-# two builds compare stage by stage.
+# Each stage: its label, then the function whose calls (with callees) it
+# is, as the `dist` build names it, then as earlier builds did: the first
+# name the calling tree holds counts, so two builds compare stage by stage.
+# Whole-program optimization inlines the smaller stages (the batch checks,
+# the sequencer, the batcher) into the task around them: those print "-",
+# and the task lines ("..., all") hold them.
 STAGES = [
-    ["SliceDecoder<U> as tonic::codec::Decoder>::decode"],
-    ["hermes_receiver::validate::check_batch"],
-    ["hermes_correlator::sequencer::Sequencer::push_batch",
-     "hermes_correlator::sequencer::Sequencer::push_at"],
-    ["hermes_correlator::Correlator::ingest"],
-    ["hermes_collector::derived::DerivedMetrics::record"],
-    ["hermes_processor::SpanProcessor::process"],
-    ["hermes_exporter::batch::Batcher::push"],
-    ["SharedCodec as tonic::codec::Encoder>::encode"],
-    ["flate2::mem::Compress as flate2::zio::Ops>::run_vec", "tonic::codec::compression::compress"],
-    ["drop_in_place<hermes_span::trace::v1::ResourceSpans>"],
+    ("receiver task, all",
+     ["hermes_receiver::Ingest as hermes_proto::server::event_ingest_server::EventIngest>::stream::{{closure}}::{{closure}}"]),
+    ("  decode", ["SliceDecoder<U> as tonic::codec::Decoder>::decode"]),
+    ("  batch checks", ["hermes_receiver::validate::check_batch"]),
+    ("correlation stage, all", ["hermes_pipeline::driver::Driver<C>::run::{{closure}}"]),
+    ("  sequencer", ["hermes_correlator::sequencer::Sequencer::push_batch",
+                     "hermes_correlator::sequencer::Sequencer::push_at"]),
+    ("  correlator", ["hermes_correlator::ingest::<impl hermes_correlator::Correlator>::ingest",
+                      "hermes_correlator::Correlator::ingest"]),
+    ("  derived metrics", ["hermes_pipeline::derived::DerivedMetrics::observe",
+                           "hermes_collector::derived::DerivedMetrics::record"]),
+    ("  span processor", ["hermes_processor::SpanProcessor::span",
+                          "hermes_processor::SpanProcessor::process"]),
+    ("exporter task, all", ["hermes_exporter::stage::SinkWorker::run::{{closure}}"]),
+    ("  batcher", ["hermes_exporter::batch::Batcher::push"]),
+    ("  OTLP export (encode, send)",
+     ["GrpcExporter as hermes_exporter::sink::SpanExporter>::export",
+      "SharedCodec as tonic::codec::Encoder>::encode"]),
+    ("  gzip", ["hermes_exporter::gzip::gzip_frame",
+                "flate2::mem::Compress as flate2::zio::Ops>::run_vec",
+                "tonic::codec::compression::compress"]),
+    ("  freeing exported spans", ["drop_in_place<hermes_span::trace::v1::ResourceSpans>"]),
 ]
 CALL = re.compile(r"^ *([0-9,]+) \([^)]*\)  >")
 
-def total(path, names):
-    sum_ = 0
+def total(path, name):
+    """The instructions of every call of `name`, or None without one."""
+    sum_ = None
     with open(path) as tree:
         for line in tree:
             m = CALL.match(line)
-            if m and any(name + " " in line for name in names):
-                sum_ += int(m.group(1).replace(",", ""))
+            if m and name + " " in line:
+                sum_ = (sum_ or 0) + int(m.group(1).replace(",", ""))
     return sum_
 
 small, large, ev1, ev2 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-for names in STAGES:
-    per_event = (total(large, names) - total(small, names)) / (ev2 - ev1)
-    print(f"  {per_event:7.0f}  {names[0]}")
+for label, names in STAGES:
+    found = next((n for n in names if total(large, n) is not None), None)
+    if found is None:
+        print(f"  {'-':>7}  {label}")
+        continue
+    per_event = ((total(large, found) or 0) - (total(small, found) or 0)) / (ev2 - ev1)
+    print(f"  {per_event:7.0f}  {label}")
+PY
+# Allocations per event by the function that asked for them (inlined code
+# counts as the function it was inlined into): the calls into mimalloc, the
+# collector's allocator, as the same difference per event. Each is also a
+# free later, often on another thread.
+for turns in "$TURNS" "$((2 * TURNS))"; do
+  callgrind_annotate --tree=caller "$OUT/$turns/callgrind.out" > "$OUT/$turns/callers.txt" 2> /dev/null
+done
+echo "allocations per event, by caller (the largest):"
+python3 - "$OUT/$TURNS/callers.txt" "$OUT/$((2 * TURNS))/callers.txt" "$ev1" "$ev2" <<'PY'
+import re, sys
+ALLOC = re.compile(r"\*  .*:(mi_malloc_aligned|mi_zalloc_aligned|mi_realloc_aligned) ")
+CALLER = re.compile(r"^ *[0-9,]+ \([^)]*\)  < (.*?\.[A-Za-z]+|\?\?\?):(.*) \(([0-9,]+)x\)")
+
+def calls(path):
+    """Calls into the allocator per calling function."""
+    by, block = {}, []
+    with open(path) as tree:
+        for line in tree:
+            m = CALLER.match(line)
+            if m:
+                block.append((m.group(2), int(m.group(3).replace(",", ""))))
+                continue
+            if ALLOC.search(line):
+                for caller, n in block:
+                    by[caller] = by.get(caller, 0) + n
+            block = []
+    return by
+
+small, large, ev1, ev2 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+a, b = calls(small), calls(large)
+rows = sorted(((b.get(k, 0) - a.get(k, 0)) / (ev2 - ev1), k) for k in set(a) | set(b))
+print(f"  {sum(r[0] for r in rows):7.2f}  in all")
+for per_event, caller in reversed(rows[-12:]):
+    print(f"  {per_event:7.2f}  {caller[:110]}")
 PY
 echo "callgrind files: $OUT/*/callgrind.out (callgrind_annotate --inclusive=yes FILE; calling trees in $OUT/*/tree.txt)"
