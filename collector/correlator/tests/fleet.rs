@@ -11,7 +11,7 @@ use common::Feed;
 use common::turn::{SESSION, TURN, ids};
 use hermes_correlator::Departure;
 use hermes_e2e::events::{session_ids, shim, turn_body};
-use hermes_e2e::span_attrs::boolean;
+use hermes_e2e::span_attrs::{boolean, string};
 
 #[test]
 fn a_departed_instance_is_forgotten_without_a_span_and_may_come_back() {
@@ -66,4 +66,48 @@ fn orphans_are_counted_apart_from_handoffs() {
     assert_eq!(f.c.stats().turns_orphaned, 1);
     assert_eq!(f.c.stats().turns_handed_off, 0);
     assert_eq!(f.c.min_lsn(), None);
+}
+
+/// An agent's stream that starts over on the same collector (a move back
+/// while the old stream's batches were still being correlated) resends
+/// the session's start with the turn it came with, which is closed and
+/// exported. The start goes with that turn again (dropped, as the turn's
+/// other late events), not onto the session's next turn, which would then
+/// differ from its copy exported elsewhere.
+#[test]
+fn a_replayed_session_start_stays_with_its_closed_turn() {
+    const SECOND: &str = "20261129_200230_bbf019:task-1:2c17f88e";
+    let mut f = Feed::new();
+    let first_pass = |f: &mut Feed| {
+        f.ev("on_session_start", 0, session_ids(SESSION), None);
+        f.turn_start(1, TURN);
+        f.turn_end(2, TURN);
+        f.session_end(3, TURN, true, false);
+        f.turn_start(4, SECOND);
+    };
+    first_pass(&mut f);
+    assert_eq!(f.c.drop_instance("inst-1", Departure::HandedOff), 1);
+    first_pass(&mut f);
+    f.turn_end(5, SECOND);
+    f.session_end(6, SECOND, true, false);
+    f.c.flush_all(&mut f.out);
+
+    let roots = f.spans("invoke_agent hermes");
+    let of = |turn: &str| {
+        roots
+            .iter()
+            .filter(|s| string(s, "hermes.turn_id") == Some(turn))
+            .collect::<Vec<_>>()
+    };
+    let (first, second) = (of(TURN), of(SECOND));
+    assert_eq!((first.len(), second.len()), (1, 1), "{:?}", f.names());
+    let starts = |s: &hermes_span::trace::v1::Span| {
+        s.events
+            .iter()
+            .filter(|e| e.name == "hermes.session.start")
+            .count()
+    };
+    assert_eq!(starts(first[0]), 1, "the first turn has its session start");
+    assert_eq!(starts(second[0]), 0, "the next turn gets no replayed start");
+    assert_eq!(f.c.agent_usage("inst-1"), (0, 0, 0), "nothing left held");
 }
