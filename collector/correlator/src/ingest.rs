@@ -60,7 +60,7 @@ impl Correlator {
                         }
                     }
                 } else if !ids.turn_id.is_empty()
-                    && self.closed.contains(self.keys.of(instance, &ids.turn_id))
+                    && self.closed.contains(&key(instance, &ids.turn_id))
                 {
                     // A closed turn's start again: the agent resent what it
                     // sent before (a fleet stream that started over), and
@@ -260,10 +260,10 @@ impl Correlator {
         }
         // Charge what the event added, then hold every budget.
         if !ids.turn_id.is_empty() {
-            self.charge_turn(instance, &ids.turn_id);
+            self.charge_turn(&key(instance, &ids.turn_id));
         }
         if !ids.parent_turn_id.is_empty() {
-            self.charge_turn(instance, &ids.parent_turn_id);
+            self.charge_turn(&key(instance, &ids.parent_turn_id));
         }
         self.enforce_budgets(instance, out);
         self.stats.spans += (out.len() - before) as u64;
