@@ -165,7 +165,7 @@ fn wait_for_tool_calls(collector: &Collector, calls: f64) -> String {
 #[test]
 fn hostile_tool_names_leave_metrics_and_memory_bounded() {
     let work = tempfile::tempdir().unwrap();
-    let collector = start(work.path(), "");
+    let mut collector = start(work.path(), "");
     let pid = collector.guard.pid();
     let idle_kib = rss_kib(pid);
 
@@ -202,8 +202,14 @@ fn hostile_tool_names_leave_metrics_and_memory_bounded() {
     let overflows = tool_overflows(text);
     assert!(overflows >= 19_900.0, "{text}");
     assert_eq!(overflows, tool_calls_as_other(text), "{text}");
-    let log = collector.guard.stderr_text();
-    assert!(log.contains("overflows=16384"), "logged at powers of two");
+    // The log reaches the test through a pipe reader thread: wait for it.
+    assert!(
+        collector
+            .guard
+            .wait_for_stderr(Duration::from_secs(10), |l| l.contains("overflows=16384")),
+        "logged at powers of two: {}",
+        collector.guard.stderr_text()
+    );
 
     // Ten tool names of 500 KB each.
     let huge: Vec<String> = (0..10)
@@ -260,7 +266,7 @@ fn metrics_require_the_token_when_configured_and_probes_stay_open() {
     const TOKEN: &str = "6d1f0c9e2b7a458391c0e7d2f6a8b4c1-scrape-token";
     let work = tempfile::tempdir().unwrap();
     let token_file = write_file(work.path(), "metrics-token", format!("{TOKEN}\n"));
-    let collector = start(
+    let mut collector = start(
         work.path(),
         &format!(
             "  metrics_auth:\n    token_file: {}\n",
@@ -297,8 +303,12 @@ fn metrics_require_the_token_when_configured_and_probes_stay_open() {
         3.0,
         "{scrape}"
     );
+    // The log reaches the test through a pipe reader thread: wait for it.
+    let logged = collector
+        .guard
+        .wait_for_stderr(Duration::from_secs(10), |l| l.contains("auth_failures=2"));
     let log = collector.guard.stderr_text();
+    assert!(logged, "{log}");
     assert!(log.contains("metrics_auth=true"), "{log}");
-    assert!(log.contains("auth_failures=2"), "{log}");
     assert!(!log.contains(TOKEN), "the token is never logged");
 }
