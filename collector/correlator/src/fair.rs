@@ -161,6 +161,25 @@ impl Closed {
         self.order.len()
     }
 
+    /// Forgets the closed turns whose keys start with `prefix` (one
+    /// instance's), and their claims on plain ids: that instance sends
+    /// them again and they are rebuilt.
+    pub fn forget(&mut self, prefix: &str) {
+        let owners = &mut self.owners;
+        self.order.retain(|(key, plain)| {
+            if !key.starts_with(prefix) {
+                return true;
+            }
+            if let Some((turn_id, instance)) = plain
+                && owners.get(turn_id) == Some(instance)
+            {
+                owners.remove(turn_id);
+            }
+            false
+        });
+        self.keys.retain(|key, ()| !key.starts_with(prefix));
+    }
+
     /// Gives up `instance`'s claim on `turn_id`'s plain ids (its open turn
     /// was forgotten, not closed).
     pub fn release(&mut self, turn_id: &str, instance: &Str) {

@@ -88,6 +88,14 @@ impl Correlator {
     /// and pending session starts. Not remembered as closed: the same
     /// turns may come back whole (the shim returns). The number of turns
     /// forgotten, counted by `why`.
+    ///
+    /// The turns it closed here are forgotten too: whatever the instance
+    /// sends next comes on a new stream that starts with every event not
+    /// settled, and is rebuilt from that alone (a copy of a turn exported
+    /// here is the same spans). Taken as late, their events would each
+    /// settle on their own, and the head of a turn resent in one batch
+    /// could settle without its tail: the next replica would build the
+    /// turn again from that tail, incomplete.
     pub fn drop_instance(&mut self, instance: &str, why: Departure) -> usize {
         let turns = sorted_keys(&self.turns, |_, t| t.instance.as_str() == instance);
         for k in &turns {
@@ -99,6 +107,7 @@ impl Correlator {
             }
         }
         let prefix = key(instance, "");
+        self.closed.forget(&prefix);
         self.subagents.retain(|k, _| !k.starts_with(&prefix));
         for k in sorted_keys(&self.links, |k, _| k.starts_with(&prefix)) {
             self.remove_link(&k);

@@ -59,16 +59,6 @@ impl Correlator {
                             turn.held = turn.held.saturating_sub(old.len());
                         }
                     }
-                } else if !ids.turn_id.is_empty()
-                    && self.closed.contains(&key(instance, &ids.turn_id))
-                {
-                    // A closed turn's start again: the agent resent what it
-                    // sent before (a fleet stream that started over), and
-                    // its session's start, pending again, went out with
-                    // this turn. It stays with it, not onto the next turn.
-                    if self.drop_pending_start(&key(instance, &ids.session_id)) {
-                        self.stats.late_events_dropped += 1;
-                    }
                 }
                 self.attach_session_start(instance, &ids.session_id);
             }

@@ -68,14 +68,14 @@ fn orphans_are_counted_apart_from_handoffs() {
     assert_eq!(f.c.min_lsn(), None);
 }
 
-/// An agent's stream that starts over on the same collector (a move back
-/// while the old stream's batches were still being correlated) resends
-/// the session's start with the turn it came with, which is closed and
-/// exported. The start goes with that turn again (dropped, as the turn's
-/// other late events), not onto the session's next turn, which would then
-/// differ from its copy exported elsewhere.
+/// An agent whose stream starts over on the same collector (it moved away
+/// and back) resends the session's start with the turn it came with, which
+/// was closed and exported here. After the departure the turn is rebuilt,
+/// the start with it, the same spans as before: the start never goes onto
+/// the session's next turn, which would then differ from its copy
+/// exported elsewhere.
 #[test]
-fn a_replayed_session_start_stays_with_its_closed_turn() {
+fn a_resent_turn_is_rebuilt_with_its_session_start() {
     const SECOND: &str = "20261129_200230_bbf019:task-1:2c17f88e";
     let mut f = Feed::new();
     let first_pass = |f: &mut Feed| {
@@ -100,7 +100,8 @@ fn a_replayed_session_start_stays_with_its_closed_turn() {
             .collect::<Vec<_>>()
     };
     let (first, second) = (of(TURN), of(SECOND));
-    assert_eq!((first.len(), second.len()), (1, 1), "{:?}", f.names());
+    assert_eq!((first.len(), second.len()), (2, 1), "{:?}", f.names());
+    assert_eq!(first[0], first[1], "the rebuilt turn is the same span");
     let starts = |s: &hermes_span::trace::v1::Span| {
         s.events
             .iter()
@@ -108,6 +109,7 @@ fn a_replayed_session_start_stays_with_its_closed_turn() {
             .count()
     };
     assert_eq!(starts(first[0]), 1, "the first turn has its session start");
-    assert_eq!(starts(second[0]), 0, "the next turn gets no replayed start");
+    assert_eq!(starts(second[0]), 0, "the next turn gets no resent start");
+    assert_eq!(f.c.stats().late_events_dropped, 0, "nothing taken as late");
     assert_eq!(f.c.agent_usage("inst-1"), (0, 0, 0), "nothing left held");
 }

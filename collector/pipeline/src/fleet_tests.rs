@@ -263,6 +263,45 @@ async fn a_new_stream_rebuilds_what_an_earlier_one_left_open() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_turn_closed_before_a_new_stream_settles_only_whole_from_its_resend() {
+    // The agent's turn came whole on stream 1 and was exported here, but
+    // never settled (the export had not finished when the stream broke);
+    // stream 2 resends it from seq 1, in two batches. Settling the first
+    // one alone would send the agent's next replica only the turn's tail,
+    // and it would build a second, incomplete root from it.
+    let events = basic_events();
+    let open = open_turn();
+    let rest = events[open.len()..].to_vec();
+    let last_seq = events.last().unwrap().seq;
+    let done = Arc::new(AtomicU64::new(0));
+    let (mut stage, settled, _) = start_fleet(&events, &done);
+    feed_stream(&stage, 1, events.clone(), true).await;
+    let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
+    let first = one_root(&spans, "the turn ended").clone();
+    assert_eq!(*settled.borrow(), 0, "sent, not exported: nothing settled");
+
+    let mut head = fleet_batch(open, 2);
+    head.fresh = true;
+    stage.ingest.send(head).await.unwrap();
+    done.store(u64::MAX, Ordering::Relaxed);
+    tokio::time::sleep(4 * TICK).await;
+    assert_eq!(
+        *settled.borrow(),
+        0,
+        "the head of a turn alone settles nothing"
+    );
+
+    stage.ingest.send(fleet_batch(rest, 2)).await.unwrap();
+    let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
+    let again = one_root(&spans, "the resent turn, rebuilt whole");
+    assert_eq!(*again, first, "the same turn, the same span");
+    tokio::time::sleep(4 * TICK).await;
+    assert_eq!(*settled.borrow(), last_seq);
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_handoff_of_an_earlier_stream_leaves_the_newer_one_alone() {
     // The agent left on stream 1 and came straight back on stream 2; the
     // handoff sent on stream 1 reaches the stage after stream 2 started.
