@@ -53,6 +53,11 @@ impl Correlation {
         self.correlate(out);
     }
 
+    /// See [`Correlator::set_away`].
+    pub fn set_away(&mut self, away: std::collections::HashSet<String>) {
+        self.correlator.set_away(away);
+    }
+
     /// The timers at wall-clock `now`: holes older than the gap timeout are
     /// skipped, turns past their TTL closed.
     pub fn tick(&mut self, now: u64, out: &mut Vec<FinishedSpan>) {

@@ -400,6 +400,9 @@ pub struct Correlator {
     /// Closed units' positions, for a fleet replica's settlement
     /// ([`Correlator::record_closures`]); None: not recorded.
     closures: Option<Vec<(Str, Closure)>>,
+    /// Fleet instances whose stream left without a handoff
+    /// ([`Correlator::set_away`]): their ended turns wait for the TTL.
+    away: std::collections::HashSet<String>,
     /// Wall clock of the last [`Correlator::expire`].
     clock: u64,
     /// Sessions whose host said they ended (`on_session_finalize`), until
@@ -440,6 +443,7 @@ impl Correlator {
             lsn: 0,
             max_lsn: 0,
             closures: None,
+            away: std::collections::HashSet::new(),
             clock: 0,
             session_ends: std::collections::VecDeque::new(),
         }

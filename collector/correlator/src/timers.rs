@@ -13,11 +13,17 @@ impl Correlator {
         let before = out.len();
         let ttl = self.config.state_ttl_nanos;
         let grace = self.config.turn_end_grace_nanos;
+        let away = &self.away;
         let mut ended: Vec<(String, bool)> = self
             .turns
             .iter()
             .filter_map(|(id, turn)| match turn.end {
-                Some(_) if now.saturating_sub(turn.end_seen) >= grace => Some((id.clone(), false)),
+                Some(_)
+                    if now.saturating_sub(turn.end_seen) >= grace
+                        && !away.contains(turn.instance.as_str()) =>
+                {
+                    Some((id.clone(), false))
+                }
                 _ if now.abs_diff(turn.active_seen) >= ttl => Some((id.clone(), true)),
                 _ => None,
             })
@@ -50,6 +56,19 @@ impl Correlator {
         self.resources
             .retain(|_, r| Arc::strong_count(&r.resource) > 1);
         self.stats.spans += (out.len() - before) as u64;
+    }
+
+    /// The fleet instances whose last stream here ended without a handoff
+    /// (a replicated collector's settlement knows them). Their agent
+    /// either died or moved on without its handoff reaching this replica
+    /// (it waits behind the batches sent before it, for a bounded time):
+    /// a moved agent sends its next replica every event not settled, which
+    /// then ends its turns whole. Closing an ended turn here after the end
+    /// grace would export a second copy of it without its end event, so
+    /// their ended turns wait like any open state: for the agent's return
+    /// (which rebuilds them) or the TTL (which closes them incomplete).
+    pub fn set_away(&mut self, away: std::collections::HashSet<String>) {
+        self.away = away;
     }
 
     /// Closes, as incomplete, every open state that depends on a position

@@ -234,6 +234,9 @@ impl<C: Clock> Driver<C> {
                         // due. The timer starts over from here, rather than
                         // firing at once for its overdue tick and expiring a
                         // second time.
+                        if let Some(settlement) = settlement.as_ref() {
+                            correlation.set_away(settlement.away());
+                        }
                         correlation.catch_up(now, &mut out);
                         timer.reset();
                     }
@@ -257,6 +260,9 @@ impl<C: Clock> Driver<C> {
                     if let Some(settlement) = settlement.as_mut() {
                         let orphans = settlement.take_orphans(now);
                         depart(&orphans, Departure::Orphaned, &mut correlation, &mut sampler, Some(settlement));
+                    }
+                    if let Some(settlement) = settlement.as_ref() {
+                        correlation.set_away(settlement.away());
                     }
                     correlation.tick(now, &mut out);
                     sampler.expire(now);

@@ -178,6 +178,35 @@ async fn a_replicated_drain_drops_what_moves_and_closes_what_a_dead_agent_left()
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_ended_turn_of_an_agent_gone_without_a_handoff_waits_for_the_ttl() {
+    // The agent's stream ended without a handoff after its turn's
+    // post_llm_call: the agent may have moved on with its handoff stuck
+    // behind a full stream, and its next replica ends the turn whole. This
+    // one must not close it at the end grace, ended but without its end.
+    let events = basic_events();
+    let end = events
+        .iter()
+        .position(|e| e.hook == "on_session_end")
+        .unwrap();
+    let registry = Arc::new(Settlements::default());
+    registry.stream_opened();
+    let gone = registry.subscribe(AGENT);
+    registry.stream_closed(Some((AGENT.to_owned(), gone)), true);
+    let mut stage = start_replicated(Ledger::Memory, &events, &registry);
+    feed_fleet(&stage, events[..end].to_vec()).await;
+    let spans = exported_within(&mut stage.export, GRACE + 4 * TICK).await;
+    assert!(roots(&spans).is_empty(), "closed at the grace: {spans:?}");
+    let spans = exported_within(&mut stage.export, TTL).await;
+    assert_eq!(
+        roots_incomplete(&spans),
+        (1, 1),
+        "closed at the TTL, incomplete"
+    );
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn replayed_state_of_an_agent_that_does_not_come_back_is_dropped_at_the_ttl() {
     let events = basic_events();
     let open = open_turn();
@@ -283,6 +312,9 @@ async fn a_turn_closed_before_a_new_stream_settles_only_whole_from_its_resend() 
     let mut head = fleet_batch(open, 2);
     head.fresh = true;
     stage.ingest.send(head).await.unwrap();
+    // Exported from here on, once the stage took the head (before, it
+    // would rightly settle the first stream's events).
+    tokio::time::sleep(TICK).await;
     done.store(u64::MAX, Ordering::Relaxed);
     tokio::time::sleep(4 * TICK).await;
     assert_eq!(

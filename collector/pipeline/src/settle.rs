@@ -182,6 +182,20 @@ impl Settlement {
         departed
     }
 
+    /// With `fleet.replicated`: the fleet instances that hold state here
+    /// and whose last stream ended without a handoff
+    /// ([`hermes_correlator::Correlator::set_away`]).
+    pub fn away(&self) -> HashSet<String> {
+        if self.replicated.is_none() {
+            return HashSet::new();
+        }
+        self.seen
+            .iter()
+            .filter(|i| self.registry.is_abandoned(i))
+            .cloned()
+            .collect()
+    }
+
     /// The lsn of a batch that came without one (the memory queue).
     pub fn number(&mut self) -> u64 {
         self.numbered += 1;
