@@ -32,8 +32,13 @@ use super::fleet::FleetName;
 use crate::config::CollectorEndpoint;
 
 /// How long a stream ended by [`Conn::finish`] may still take to deliver
-/// its last batches.
-pub const FINISH_GRACE: Duration = Duration::from_secs(5);
+/// its last batches, a move's `handoff` among them. They wait behind what
+/// the collector has not read yet: a replica whose ingest is backed up
+/// reads them only once it caught up, seconds later under load. A handoff
+/// that does not get through leaves that replica an agent gone without
+/// handing off, whose open turns it closes as incomplete at the TTL or at
+/// its drain, while the next replica exports them whole.
+pub const FINISH_GRACE: Duration = Duration::from_secs(30);
 /// Request metadata of a shim in fleet mode.
 pub const FLEET_HEADER: &str = "hermes-fleet";
 /// Response header of a collector that sends `settled_seq`.
