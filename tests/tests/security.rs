@@ -83,7 +83,9 @@ fn ingest_requires_the_bearer_token() {
     assert_eq!(acks, [n]);
     assert_basic_turn_arrives(&otlp, &collector);
 
-    // Counted: the refusals are logged at the 1st, 2nd, 4th, … with the count.
+    // Counted: the refusals are logged at the 1st, 2nd, 4th, … with the
+    // count (read through a pipe: wait for the line).
+    collector.wait_for_stderr(WAIT, |l| l.contains("auth_failures=2"));
     let log = collector.stderr_text();
     assert!(log.contains("auth_failures=2"), "{log}");
     assert!(!log.contains("auth_failures=3"), "{log}");
