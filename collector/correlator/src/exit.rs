@@ -27,7 +27,6 @@
 
 use hermes_proto::v1;
 
-use crate::fair::key;
 use crate::{Correlator, FinishedSpan, sorted_keys};
 
 /// `hermes.turn.end_reason` of a turn cut off by the exit.
@@ -95,7 +94,7 @@ impl Correlator {
     /// A turn of a child session closed at `end`: its subagent's work went
     /// on at least until then.
     pub(crate) fn note_child_end(&mut self, instance: &str, session_id: &str, end: u64) {
-        if let Some(open) = self.subagents.get_mut(&key(instance, session_id)) {
+        if let Some(open) = self.subagents.get_mut(self.keys.of(instance, session_id)) {
             open.child_seen = open.child_seen.max(end);
         }
     }

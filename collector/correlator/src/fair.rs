@@ -22,7 +22,7 @@ use std::collections::hash_map::Entry;
 
 use hermes_span::Str;
 
-use crate::{Correlator, FinishedSpan, Map};
+use crate::{Correlator, FinishedSpan, Map, Turn};
 
 /// Bytes a turn, attempt, tool, approval, event or session record costs
 /// besides its strings (the maps' slots and the structs): an estimate, so
@@ -35,11 +35,31 @@ pub(crate) const TURN_BYTES: usize = 1024;
 /// that no pair of strings can make another pair's key.
 pub(crate) fn key(instance: &str, id: &str) -> String {
     let mut k = String::with_capacity(instance.len() + id.len() + 8);
-    k.push_str(&instance.len().to_string());
+    write_key(&mut k, instance, id);
+    k
+}
+
+/// A buffer the lookups of every event build their [`key`] in, so that a
+/// lookup allocates nothing: an event is looked up two to three times, and
+/// a key string per lookup would be a fifth of the collector's allocations
+/// (`docs/BENCHMARKS.md`).
+#[derive(Debug, Default)]
+pub(crate) struct KeyBuf(String);
+
+impl KeyBuf {
+    /// [`key`]`(instance, id)`, in the buffer.
+    pub(crate) fn of(&mut self, instance: &str, id: &str) -> &str {
+        self.0.clear();
+        write_key(&mut self.0, instance, id);
+        &self.0
+    }
+}
+
+fn write_key(k: &mut String, instance: &str, id: &str) {
+    k.push_str(itoa::Buffer::new().format(instance.len()));
     k.push(':');
     k.push_str(instance);
     k.push_str(id);
-    k
 }
 
 /// What one instance holds.
@@ -341,20 +361,33 @@ impl Correlator {
         true
     }
 
-    /// Charges the turn under `key` for what it grew by since it was last
-    /// charged.
-    pub(crate) fn charge_turn(&mut self, key: &str) {
-        if let Some(turn) = self.turns.get_mut(key)
-            && turn.held != turn.charged
-        {
-            let instance = turn.instance.clone();
-            if turn.held > turn.charged {
-                self.ledger.add(&instance, 0, 0, turn.held - turn.charged);
-            } else {
-                self.ledger.sub(&instance, 0, 0, turn.charged - turn.held);
-            }
-            turn.charged = turn.held;
+    /// Charges `instance`'s turn `turn_id` for what it grew by since it was
+    /// last charged.
+    pub(crate) fn charge_turn(&mut self, instance: &str, turn_id: &str) {
+        charge(
+            &mut self.turns,
+            &mut self.ledger,
+            self.keys.of(instance, turn_id),
+        );
+    }
+
+    /// [`Self::charge_turn`] for the turn under `key`.
+    pub(crate) fn charge_key(&mut self, key: &str) {
+        charge(&mut self.turns, &mut self.ledger, key);
+    }
+}
+
+fn charge(turns: &mut Map<String, Turn>, ledger: &mut Ledger, key: &str) {
+    if let Some(turn) = turns.get_mut(key)
+        && turn.held != turn.charged
+    {
+        let instance = turn.instance.clone();
+        if turn.held > turn.charged {
+            ledger.add(&instance, 0, 0, turn.held - turn.charged);
+        } else {
+            ledger.sub(&instance, 0, 0, turn.charged - turn.held);
         }
+        turn.charged = turn.held;
     }
 }
 
@@ -370,4 +403,32 @@ fn oldest_of<V>(
         .filter(|(_, v)| held(v).0 == instance)
         .map(|(k, v)| (held(v).1, k.clone()))
         .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{KeyBuf, key};
+
+    #[test]
+    fn a_key_is_the_instances_length_then_both_strings() {
+        assert_eq!(key("ab", "c"), "2:abc");
+        assert_eq!(key("a", "bc"), "1:abc");
+        assert_eq!(key("", ""), "0:");
+        let long = "i".repeat(1234);
+        assert_eq!(key(&long, "t"), format!("1234:{long}t"));
+    }
+
+    #[test]
+    fn the_buffer_builds_the_same_key_each_time() {
+        let mut keys = KeyBuf::default();
+        let long = "é".repeat(600);
+        for (instance, id) in [
+            ("instance", "turn"),
+            ("", "x"),
+            (long.as_str(), "t"),
+            ("i", ""),
+        ] {
+            assert_eq!(keys.of(instance, id), key(instance, id));
+        }
+    }
 }

@@ -250,10 +250,10 @@ impl Correlator {
         }
         // Charge what the event added, then hold every budget.
         if !ids.turn_id.is_empty() {
-            self.charge_turn(&key(instance, &ids.turn_id));
+            self.charge_turn(instance, &ids.turn_id);
         }
         if !ids.parent_turn_id.is_empty() {
-            self.charge_turn(&key(instance, &ids.parent_turn_id));
+            self.charge_turn(instance, &ids.parent_turn_id);
         }
         self.enforce_budgets(instance, out);
         self.stats.spans += (out.len() - before) as u64;

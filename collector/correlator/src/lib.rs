@@ -391,6 +391,8 @@ pub struct Correlator {
     pending_starts: Map<String, PendingSessionStart>,
     /// Texts of few distinct values that the spans of every turn repeat.
     values: Interner,
+    /// Where lookups build their key.
+    keys: fair::KeyBuf,
     stats: Stats,
     /// Persistent-queue position of the events being ingested.
     lsn: u64,
@@ -439,6 +441,7 @@ impl Correlator {
             subagents: Map::default(),
             pending_starts: Map::default(),
             values: Interner::default(),
+            keys: fair::KeyBuf::default(),
             stats: Stats::default(),
             lsn: 0,
             max_lsn: 0,

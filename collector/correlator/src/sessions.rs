@@ -44,10 +44,13 @@ impl Correlator {
     /// Attaches a pending `on_session_start` as an event on the session's
     /// earliest open turn of the same instance.
     pub(crate) fn attach_session_start(&mut self, instance: &str, session_id: &str) {
-        let k = key(instance, session_id);
-        if !self.pending_starts.contains_key(&k) {
+        if !self
+            .pending_starts
+            .contains_key(self.keys.of(instance, session_id))
+        {
             return;
         }
+        let k = key(instance, session_id);
         let first = self
             .turns
             .iter()
@@ -76,7 +79,7 @@ impl Correlator {
             // The turn now holds the start's event: it needs its record.
             turn.min_lsn = turn.min_lsn.min(p.min_lsn);
         }
-        self.charge_turn(&turn_key);
+        self.charge_key(&turn_key);
     }
 
     /// A new turn of a session starts: an agent runs its turns one after the
@@ -88,8 +91,11 @@ impl Correlator {
         instance_id: &str,
         out: &mut Vec<FinishedSpan>,
     ) {
-        let k = key(instance_id, &ids.turn_id);
-        if ids.session_id.is_empty() || self.turns.contains_key(&k) || self.closed.contains(&k) {
+        if ids.session_id.is_empty() {
+            return;
+        }
+        let k = self.keys.of(instance_id, &ids.turn_id);
+        if self.turns.contains_key(k) || self.closed.contains(k) {
             return;
         }
         let ended = sorted_keys(&self.turns, |_, turn| {

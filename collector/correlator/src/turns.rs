@@ -76,8 +76,11 @@ impl Correlator {
         if ids.turn_id.is_empty() {
             return None;
         }
-        let k = key(instance, &ids.turn_id);
-        if !self.turns.contains_key(&k) {
+        if !self
+            .turns
+            .contains_key(self.keys.of(instance, &ids.turn_id))
+        {
+            let k = key(instance, &ids.turn_id);
             if self.closed.contains(&k) {
                 self.stats.late_events_dropped += 1;
                 self.closed_unit(instance, 0, self.max_lsn);
@@ -86,11 +89,11 @@ impl Correlator {
             self.make_room_for_turn(instance, out);
             let turn = self.new_turn(instance, ids, resource, t);
             self.ledger.add(instance, 1, 0, turn.charged);
-            self.turns.insert(k.clone(), turn);
+            self.turns.insert(k, turn);
         }
         let (lsn, max_lsn) = (self.lsn, self.max_lsn);
         let clock = self.clock;
-        let turn = self.turns.get_mut(&k)?;
+        let turn = self.turns.get_mut(self.keys.of(instance, &ids.turn_id))?;
         turn.last_seen = turn.last_seen.max(t);
         turn.active_seen = turn.active_seen.max(t).max(clock);
         turn.min_lsn = turn.min_lsn.min(lsn);
@@ -118,7 +121,7 @@ impl Correlator {
     ) -> Turn {
         let link = self
             .links
-            .get_mut(&key(instance, &ids.session_id))
+            .get_mut(self.keys.of(instance, &ids.session_id))
             .map(|l| {
                 l.last_seen = l.last_seen.max(t);
                 l.clone()
