@@ -4,8 +4,10 @@
 //! Two passes over the one `.proto`: the messages and the client (the
 //! shim's side, `hermes.collector.v1.rs`), then the server alone
 //! (`server/hermes.collector.v1.rs`), whose messages are the first pass'
-//! except the request, [`ReceivedBatch`](crate::received::ReceivedBatch):
-//! an `EventBatch` that also reads each event's length off the wire.
+//! except the request, [`WireBatch`](crate::wire::WireBatch): an
+//! `EventBatch` checked on the wire and kept as its bytes, received with
+//! [`WireCodec`](crate::codec::WireCodec). The first pass also writes the
+//! file's descriptors, which the wire walk's schema is tested against.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
@@ -22,22 +24,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         config.boxed(".hermes.collector.v1.Event.body.approval");
         config
     };
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
         .codec_path("crate::codec::SliceCodec")
+        .file_descriptor_set_path(out_dir.join("ingest.descriptors"))
         .build_client(true)
         .build_server(false)
         .compile_with_config(config(), &[proto], &["."])?;
-    let server_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("server");
+    let server_dir = out_dir.join("server");
     std::fs::create_dir_all(&server_dir)?;
     tonic_prost_build::configure()
-        .codec_path("crate::codec::SliceCodec")
+        .codec_path("crate::codec::WireCodec")
         .build_client(false)
         .build_server(true)
         .out_dir(&server_dir)
-        .extern_path(
-            ".hermes.collector.v1.EventBatch",
-            "crate::received::ReceivedBatch",
-        )
+        .extern_path(".hermes.collector.v1.EventBatch", "crate::wire::WireBatch")
         .extern_path(".hermes.collector.v1", "crate::v1")
         .compile_with_config(config(), &[proto], &["."])?;
     println!("cargo:rerun-if-changed={proto}");

@@ -17,9 +17,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use hermes_proto::received::ReceivedBatch;
 use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
 use hermes_proto::v1::{Ack, EventBatch};
+use hermes_proto::wire::WireBatch;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::metadata::MetadataValue;
@@ -66,7 +66,7 @@ impl EventIngest for Service {
 
     async fn stream(
         &self,
-        request: Request<Streaming<ReceivedBatch>>,
+        request: Request<Streaming<WireBatch>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         let stream = self.recorded.streams.fetch_add(1, Ordering::SeqCst);
         let fleet = request
@@ -85,7 +85,8 @@ impl EventIngest for Service {
         let script = Arc::clone(&self.script);
         tokio::spawn(async move {
             let mut batch_in_stream = 0;
-            while let Ok(Some(ReceivedBatch { batch, .. })) = inbound.message().await {
+            while let Ok(Some(Ok(batch))) = inbound.message().await.map(|m| m.map(|w| w.to_batch()))
+            {
                 batch_in_stream += 1;
                 let verdict = script(&Delivery {
                     stream,

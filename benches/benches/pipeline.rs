@@ -20,11 +20,12 @@
 //!   (`hermes_exporter::encode`, each length measured once) of the
 //!   `ExportTraceServiceRequest` of that batch; `otlp_encode_prost/*` is
 //!   prost's `encode_to_vec` of the same request, for comparison.
-//! * `ingest_decode/metadata`: decoding one wire `EventBatch` of 512 events
-//!   with the receiver's codec (one slice of the receive buffer) into the
-//!   receiver's message (`ReceivedBatch`, which reads each event's length);
-//!   `ingest_decode/metadata_through_buf` reads the same bytes through the
-//!   length-limited `Buf` as tonic's prost codec does.
+//! * `ingest_decode/metadata`: one wire `EventBatch` of 512 events as the
+//!   collector reads it: the receiver's walk over the bytes
+//!   (`WireBatch::from_wire`), then the correlation stage's decoding of
+//!   the events (`WireBatch::decode_events`); `ingest_decode/metadata_walk` is the
+//!   walk alone, `ingest_decode/metadata_through_buf` prost decoding the
+//!   same bytes through the length-limited `Buf` as tonic's prost codec does.
 //! * `stages_per_event/metadata`: decode + sequencer + correlator +
 //!   grouping + processor + OTLP encode of all four fixtures, per event: the
 //!   in-process CPU cost of one event without the gRPC transports.
@@ -50,15 +51,14 @@ use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlation, Correlator, to_resource_spans};
 use hermes_exporter::encode::encode_request;
 use hermes_processor::{AttributeSet, ProcessorConfig, SpanProcessor};
-use hermes_proto::codec::decode;
-use hermes_proto::received::ReceivedBatch;
 use hermes_proto::v1::{Event, EventBatch};
+use hermes_proto::wire::WireBatch;
 use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 use hermes_span::common::v1::{AnyValue, KeyValue, any_value::Value};
 use hermes_span::trace::v1::Span;
 use opentelemetry_proto::tonic::collector::trace::v1 as otlp;
 use prost::Message as _;
-use prost::bytes::{Buf as _, BytesMut};
+use prost::bytes::{Buf as _, Bytes, BytesMut};
 use rand::SeedableRng as _;
 use rand::seq::SliceRandom as _;
 
@@ -282,16 +282,19 @@ fn ingest_decode(c: &mut Criterion) {
     let received = || BytesMut::from(first.as_slice());
     let mut group = c.benchmark_group("ingest_decode");
     group.throughput(Throughput::Elements(n as u64));
-    // The receiver's codec: one slice of tonic's receive buffer.
+    // The receiver's codec takes the message's bytes out of tonic's
+    // receive buffer without a copy.
+    let bytes = Bytes::copy_from_slice(first);
     group.bench_function("metadata", |b| {
-        b.iter_batched_ref(
-            received,
-            |buf| {
-                let len = buf.len();
-                decode::<ReceivedBatch>(&mut buf.take(len)).unwrap()
-            },
-            BatchSize::SmallInput,
-        )
+        b.iter(|| {
+            WireBatch::from_wire(bytes.clone())
+                .unwrap()
+                .decode_events()
+                .unwrap()
+        })
+    });
+    group.bench_function("metadata_walk", |b| {
+        b.iter(|| WireBatch::from_wire(bytes.clone()).unwrap())
     });
     // prost reading through the length-limited `Buf` (tonic's prost codec).
     group.bench_function("metadata_through_buf", |b| {
@@ -325,9 +328,10 @@ fn stages_per_event(c: &mut Criterion) {
             let mut out = Vec::with_capacity(512);
             let mut bytes = 0;
             for wire in &batches {
-                let batch = ReceivedBatch::decode(wire.as_slice()).unwrap().batch;
+                let batch = WireBatch::from_wire(Bytes::copy_from_slice(wire)).unwrap();
+                let events = batch.decode_events().unwrap();
                 let shim = batch.shim.unwrap_or_default();
-                correlation.push_batch(&shim, batch.floor_seq, batch.events, 0, 1, &mut out);
+                correlation.push_batch(&shim, batch.floor_seq, events, 0, 1, &mut out);
                 if !out.is_empty() {
                     let mut spans = to_resource_spans(std::mem::take(&mut out));
                     processor.process(&mut spans);
@@ -368,7 +372,7 @@ async fn through_the_driver(batches: &[Vec<u8>]) -> usize {
     let stage = tokio::spawn(driver.run(ingest_rx, export, Default::default()));
     let feed = async move {
         for wire in batches {
-            let batch = ReceivedBatch::decode(wire.as_slice()).unwrap().batch;
+            let batch = WireBatch::from_wire(Bytes::copy_from_slice(wire)).unwrap();
             ingest
                 .send(hermes_receiver::Ingested::new(batch))
                 .await

@@ -5,7 +5,7 @@
 //!
 //! | target | input | checks |
 //! |---|---|---|
-//! | [`wire`] | bytes of one `EventBatch` message | prost decoding and the receiver's [`check_batch`] never panic; what it accepts respects the limits |
+//! | [`wire`] | bytes of one `EventBatch` message | the receiver's wire walk (`WireBatch::from_wire`) and [`check_batch`] never panic; every batch the walk accepts decodes (the stage decodes it later) to what the walk read; what it accepts respects the limits |
 //! | [`pipeline`] | bytes read as operations (`arbitrary`): batches of generated events, batches decoded from raw protobuf, timer ticks | the receiver's checks, the sequencer and the correlator never panic; their state stays within the configured limits after every step; time and `flush_all` empty them; then the same operations through the collector's correlation stage itself (`hermes_pipeline`'s driver on tokio's paused clock, `stage.rs`): no panic, the same bounds, nothing left open or held at its end, every parent emitted |
 //! | [`config`] | text of a configuration file | `${VAR}` interpolation, YAML parsing and validation never panic |
 //! | [`redaction`] | bytes read as a batch of spans (`arbitrary`) whose strings mix arbitrary text with fragments of secrets | the span processor with the default rules never panics; every exported string is within its limit; processing the output again changes nothing |
@@ -16,7 +16,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config as CorrelatorConfig, Correlation, Correlator, FinishedSpan};
 use hermes_proto::hooks;
-use hermes_proto::received::ReceivedBatch;
+use hermes_proto::wire::WireBatch;
 use hermes_proto::v1::{self, EventBatch, event::Body};
 use hermes_receiver::{Limits, check_batch};
 use prost::Message;
@@ -47,16 +47,20 @@ const GAP_TIMEOUT_MS: u64 = 1_000;
 
 // ------------------------------------------------------------------- wire
 
-/// Decodes `data` as the receiver does (an `EventBatch`, with its events'
-/// lengths on the wire) and checks it.
+/// Reads `data` as the receiver does (the wire walk) and checks it; what
+/// the walk accepts, the correlation stage decodes.
 pub fn wire(data: &[u8]) {
-    let Ok(received) = ReceivedBatch::decode(data) else {
+    let Ok(received) = WireBatch::from_wire(prost::bytes::Bytes::copy_from_slice(data)) else {
         return;
     };
+    let batch = received.to_batch().expect("what the walk accepts decodes");
+    assert_eq!(received.decode_events().unwrap(), batch.events);
+    assert_eq!(received.events, batch.events.len());
+    assert_eq!(received.last_seq, batch.events.last().map(|e| e.seq));
+    assert_eq!(received.shim, batch.shim);
     let limits = limits();
     match check_batch(&received, &limits) {
         Ok(()) => {
-            let batch = &received.batch;
             assert!(batch.events.len() <= limits.max_events_per_batch);
             assert!(
                 batch
@@ -71,9 +75,9 @@ pub fn wire(data: &[u8]) {
                     .as_ref()
                     .is_some_and(|s| !s.instance_id.is_empty())
             );
-            // What is accepted re-encodes to what the pipeline would store.
-            let again = EventBatch::decode(batch.encode_to_vec().as_slice()).unwrap();
-            assert_eq!(&again, batch);
+            // What is accepted re-encodes to a batch the walk accepts.
+            let again = WireBatch::encode(&batch).unwrap();
+            assert_eq!(again.decode_events().unwrap(), batch.events);
         }
         Err(refusal) => {
             let status = refusal.status();
@@ -342,16 +346,16 @@ impl Pipeline {
     }
 
     /// What the receiver and the pipeline do with one batch.
-    fn batch(&mut self, received: ReceivedBatch) {
+    fn batch(&mut self, received: WireBatch) {
         if check_batch(&received, &self.limits).is_err() {
             return;
         }
-        let batch = received.batch;
-        let Some(shim) = batch.shim else { return };
+        let events = received.decode_events().unwrap();
+        let Some(shim) = received.shim else { return };
         self.correlation.push_batch(
             &shim,
-            batch.floor_seq,
-            batch.events,
+            received.floor_seq,
+            events,
             0,
             self.now,
             &mut self.spans,
@@ -378,7 +382,7 @@ impl Pipeline {
 
 /// What an operation does at `now`: a batch for the receiver, or a tick.
 enum Step {
-    Batch(ReceivedBatch),
+    Batch(WireBatch),
     Tick(u64),
     /// Raw bytes that do not decode.
     Nothing,
@@ -400,18 +404,21 @@ fn step(op: &Op, now: u64) -> Step {
                     event(seq, e, now)
                 })
                 .collect();
-            Step::Batch(ReceivedBatch::new(EventBatch {
-                shim: Some(shim(*instance)),
-                events,
-                dropped_events: 0,
-                floor_seq: u64::from(*floor_seq),
-                handoff: false,
-            }))
+            Step::Batch(
+                WireBatch::encode(&EventBatch {
+                    shim: Some(shim(*instance)),
+                    events,
+                    dropped_events: 0,
+                    floor_seq: u64::from(*floor_seq),
+                    handoff: false,
+                })
+                .unwrap(),
+            )
         }
-        Op::Wire { instance, bytes } => match ReceivedBatch::decode(bytes.as_slice()) {
+        Op::Wire { instance, bytes } => match WireBatch::from_wire(bytes.clone().into()) {
             Ok(mut received) => {
                 // One of the few agents, so that instances collide.
-                received.batch.shim = Some(shim(*instance));
+                received.shim = Some(shim(*instance));
                 Step::Batch(received)
             }
             Err(_) => Step::Nothing,

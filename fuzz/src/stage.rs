@@ -62,8 +62,8 @@ async fn run(ops: &[Op]) {
     for op in ops {
         match step(op, clock.now_unix_nanos()) {
             Step::Batch(received) => {
-                if check_batch(&received, &limits).is_ok() && received.batch.shim.is_some() {
-                    ingest.send(Ingested::new(received.batch)).await.unwrap();
+                if check_batch(&received, &limits).is_ok() && received.shim.is_some() {
+                    ingest.send(Ingested::new(received)).await.unwrap();
                 }
             }
             Step::Tick(nanos) => tokio::time::sleep(Duration::from_nanos(nanos)).await,

@@ -9,11 +9,15 @@
 //! [`SliceCodec`] decodes from `DecodeBuf::chunk()` and then advances past
 //! it; a buffer in pieces (not produced by tonic today) falls back to the
 //! `Buf` path. Encoding is prost's, as in `tonic_prost::ProstCodec`.
+//!
+//! The server receives with [`WireCodec`]: the message's bytes, taken out
+//! of tonic's buffer without a copy, become a [`FromWire`] message (the
+//! collector's [`WireBatch`](crate::wire::WireBatch)).
 
 use std::marker::PhantomData;
 
 use prost::Message;
-use prost::bytes::Buf;
+use prost::bytes::{Buf, Bytes};
 use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
@@ -85,6 +89,67 @@ pub fn decode<U: Message + Default>(buf: &mut impl Buf) -> Result<U, Status> {
         U::decode(buf)
     };
     decoded.map_err(|e| Status::internal(e.to_string()))
+}
+
+/// A message made from the bytes it came in.
+pub trait FromWire: Sized {
+    type Error: std::fmt::Display;
+
+    fn from_wire(bytes: Bytes) -> Result<Self, Self::Error>;
+}
+
+impl FromWire for crate::wire::WireBatch {
+    type Error = crate::wire::WireError;
+
+    fn from_wire(bytes: Bytes) -> Result<Self, Self::Error> {
+        Self::from_wire(bytes)
+    }
+}
+
+/// Codec of prost messages `T` (sent) and [`FromWire`] messages `U`
+/// (received).
+#[derive(Debug, Clone, Copy)]
+pub struct WireCodec<T, U>(PhantomData<(T, U)>);
+
+impl<T, U> Default for WireCodec<T, U> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T, U> Codec for WireCodec<T, U>
+where
+    T: Message + Send + 'static,
+    U: FromWire + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = SliceEncoder<T>;
+    type Decoder = WireDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        SliceEncoder(PhantomData)
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        WireDecoder(PhantomData)
+    }
+}
+
+/// Decoder of [`WireCodec`].
+#[derive(Debug)]
+pub struct WireDecoder<U>(PhantomData<U>);
+
+impl<U: FromWire> Decoder for WireDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        let bytes = buf.copy_to_bytes(buf.remaining());
+        U::from_wire(bytes)
+            .map(Some)
+            .map_err(|e| Status::internal(e.to_string()))
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! receives [`v1::Ack`]s. See `docs/PROTOCOL.md`.
 
 pub mod codec;
-pub mod received;
+pub mod wire;
 
 /// The gRPC package of this release of the wire protocol: the collector
 /// refuses calls to any other release of it, and the shim names it when a
@@ -18,8 +18,8 @@ pub mod v1 {
 }
 
 /// Generated from the same file: the server, which uses
-/// [`codec::SliceCodec`] and receives each `EventBatch` as a
-/// [`received::ReceivedBatch`].
+/// [`codec::WireCodec`] and receives each `EventBatch` as a
+/// [`wire::WireBatch`].
 #[allow(clippy::all, missing_docs)]
 pub mod server {
     include!(concat!(env!("OUT_DIR"), "/server/hermes.collector.v1.rs"));

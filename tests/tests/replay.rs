@@ -270,7 +270,11 @@ fn correlate_arrivals(arrivals: &[v1::Event]) -> Vec<Vec<u8>> {
                 events: vec![e.clone()],
                 ..Default::default()
             };
-            ingest.try_send(Ingested::new(batch)).unwrap();
+            ingest
+                .try_send(Ingested::new(
+                    hermes_proto::wire::WireBatch::encode(&batch).unwrap(),
+                ))
+                .unwrap();
         }
         drop(ingest);
         let stage = tokio::spawn(driver.run(ingest_rx, export, CancellationToken::new()));

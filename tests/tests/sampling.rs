@@ -345,7 +345,11 @@ fn exported(events: &[v1::Event], sampler: Sampler) -> BTreeMap<Vec<u8>, Vec<Vec
                 events: vec![e.clone()],
                 ..Default::default()
             };
-            ingest.try_send(Ingested::new(batch)).unwrap();
+            ingest
+                .try_send(Ingested::new(
+                    hermes_proto::wire::WireBatch::encode(&batch).unwrap(),
+                ))
+                .unwrap();
         }
         drop(ingest);
         let stage = tokio::spawn(driver.run(ingest_rx, export, CancellationToken::new()));

@@ -51,7 +51,10 @@ impl IngestServer {
                 );
                 tokio::spawn(async move {
                     while let Some(received) = rx.recv().await {
-                        store.lock().expect("store").push(received.batch);
+                        store
+                            .lock()
+                            .expect("store")
+                            .push(received.batch.to_batch().expect("decodes"));
                     }
                 });
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);

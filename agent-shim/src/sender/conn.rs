@@ -341,9 +341,9 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use hermes_proto::received::ReceivedBatch;
     use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
     use hermes_proto::v1::{Event, ShimInfo};
+    use hermes_proto::wire::WireBatch;
     use tokio_stream::Stream;
     use tonic::{Request, Response, Status, Streaming};
 
@@ -367,7 +367,7 @@ mod tests {
 
         async fn stream(
             &self,
-            request: Request<Streaming<ReceivedBatch>>,
+            request: Request<Streaming<WireBatch>>,
         ) -> Result<Response<Self::StreamStream>, Status> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.other_protocol {
@@ -382,7 +382,9 @@ mod tests {
             let mut inbound = request.into_inner();
             let (tx, rx) = mpsc::channel(8);
             tokio::spawn(async move {
-                while let Ok(Some(ReceivedBatch { batch, .. })) = inbound.message().await {
+                while let Ok(Some(Ok(batch))) =
+                    inbound.message().await.map(|m| m.map(|w| w.to_batch()))
+                {
                     let seq = batch.events.first().map_or(0, |e| e.seq);
                     let ack = Ack {
                         first_seq: seq,

@@ -22,6 +22,7 @@
 //! persistent queue).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hermes_correlator::{Correlation, Departure, Expiry, FinishedSpan, to_resource_spans};
@@ -197,7 +198,13 @@ impl<C: Clock> Driver<C> {
                         Some(settlement) if lsn == 0 => settlement.number(),
                         _ => lsn,
                     };
-                    let (handoff, last_seq) = (batch.handoff, batch.events.last().map(|e| e.seq));
+                    // Decoded here, on the thread that consumes and frees them.
+                    let events = batch.decode_events().unwrap_or_else(|error| {
+                        stats.undecodable_events.fetch_add(batch.events as u64, Ordering::Relaxed);
+                        tracing::error!(%error, events = batch.events, "a batch the receiver accepted did not decode; its events are lost");
+                        Vec::new()
+                    });
+                    let (handoff, last_seq) = (batch.handoff, batch.last_seq);
                     let shim = batch.shim.unwrap_or_default();
                     if fleet {
                         tracing::debug!(
@@ -207,7 +214,7 @@ impl<C: Clock> Driver<C> {
                             handoff,
                             lsn,
                             floor = batch.floor_seq,
-                            first = batch.events.first().map(|e| e.seq),
+                            first = batch.first_seq,
                             last = last_seq,
                             "fleet batch"
                         );
@@ -240,7 +247,7 @@ impl<C: Clock> Driver<C> {
                         correlation.catch_up(now, &mut out);
                         timer.reset();
                     }
-                    correlation.push_batch(&shim, floor, batch.events, lsn, now, &mut out);
+                    correlation.push_batch(&shim, floor, events, lsn, now, &mut out);
                     if let (Some(settlement), Some(last_seq), true) = (settlement.as_mut(), last_seq, fleet) {
                         settlement.ingested(&shim.instance_id, lsn, last_seq);
                     }

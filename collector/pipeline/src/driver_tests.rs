@@ -108,7 +108,9 @@ fn spawn(driver: Driver<TokioClock>) -> Stage {
 /// Sends each event as a batch of its own at lsn 1, 2, 3, ...
 async fn feed(stage: &Stage, events: Vec<Event>) {
     for (lsn, event) in (1..).zip(events) {
-        let mut ingested = Ingested::new(batch_of("agent-1", vec![event]));
+        let mut ingested = Ingested::new(
+            hermes_proto::wire::WireBatch::encode(&batch_of("agent-1", vec![event])).unwrap(),
+        );
         ingested.lsn = lsn;
         stage.ingest.send(ingested).await.unwrap();
     }

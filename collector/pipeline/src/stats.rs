@@ -23,6 +23,9 @@ pub struct PipelineStats {
     pub turns_evicted_for_bytes: AtomicU64,
     pub sessions_evicted: AtomicU64,
     pub late_events_dropped: AtomicU64,
+    /// Events of accepted batches that did not decode at the stage (a bug
+    /// of the receiver's wire walk; each is logged as an error).
+    pub undecodable_events: AtomicU64,
     pub cross_instance_turns: AtomicU64,
     pub turns_cut_off_at_exit: AtomicU64,
     pub turns_handed_off: AtomicU64,
@@ -115,6 +118,11 @@ impl StageMetrics for PipelineStats {
                 "correlator_evicted_sessions",
                 "Session records forgotten because their agent (or all) held more than correlator.max_sessions_per_agent (max_sessions).",
                 &self.sessions_evicted,
+            ),
+            (
+                "correlator_undecodable_events",
+                "Events of batches the receiver accepted that the correlation stage could not decode (a collector bug, logged as an error).",
+                &self.undecodable_events,
             ),
             (
                 "correlator_late_events_dropped",

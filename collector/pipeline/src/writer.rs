@@ -26,10 +26,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use hermes_metrics::{MetricEncoder, StageMetrics};
-use hermes_proto::v1::EventBatch;
+use hermes_proto::wire::WireBatch;
 use hermes_queue::{DiskQueue, QueueError, SpanKey};
 use hermes_receiver::Ingested;
-use prost::Message as _;
+use prost::bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::admin::{QueueLevel, QueueProbe};
@@ -273,14 +273,15 @@ impl Writer {
         durable: bool,
         out: &mpsc::Sender<Ingested>,
     ) -> bool {
-        let records: Vec<Vec<u8>> = group.iter().map(|i| i.batch.encode_to_vec()).collect();
+        // Stored as they came (checked by the receiver), not re-encoded.
+        let records: Vec<Bytes> = group.iter().map(|i| i.batch.bytes().clone()).collect();
         let mut seqs: Vec<(String, u64)> = Vec::new();
         for ingested in &group {
             let batch = &ingested.batch;
-            if let (Some(shim), Some(last)) = (&batch.shim, batch.events.last()) {
+            if let (Some(shim), Some(last)) = (&batch.shim, batch.last_seq) {
                 match seqs.iter_mut().find(|(id, _)| *id == shim.instance_id) {
-                    Some((_, seq)) => *seq = (*seq).max(last.seq),
-                    None => seqs.push((shim.instance_id.clone(), last.seq)),
+                    Some((_, seq)) => *seq = (*seq).max(last),
+                    None => seqs.push((shim.instance_id.clone(), last)),
                 }
             }
         }
@@ -333,7 +334,7 @@ impl Writer {
             let Some(&(last, _)) = page.last() else { break };
             next = last + 1;
             for (lsn, bytes) in page {
-                let mut batch = match EventBatch::decode(bytes.as_slice()) {
+                let mut batch = match WireBatch::from_wire(Bytes::from(bytes)) {
                     Ok(batch) => batch,
                     Err(e) => {
                         self.stats.corrupt_records.fetch_add(1, Ordering::Relaxed);
@@ -347,9 +348,9 @@ impl Writer {
                     .map(|s| s.instance_id.clone())
                     .unwrap_or_default();
                 if seen.insert(instance)
-                    && let Some(first) = batch.events.first()
+                    && let Some(first) = batch.first_seq
                 {
-                    batch.floor_seq = batch.floor_seq.max(first.seq);
+                    batch.floor_seq = batch.floor_seq.max(first);
                 }
                 replayed += 1;
                 self.stats.replayed_batches.fetch_add(1, Ordering::Relaxed);

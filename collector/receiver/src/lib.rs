@@ -48,9 +48,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hermes_proto::received::ReceivedBatch;
 use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
-use hermes_proto::v1::{Ack, EventBatch};
+use hermes_proto::v1::Ack;
+use hermes_proto::wire::WireBatch;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -71,7 +71,9 @@ pub use versions::{UnknownShimVersions, WIRE_PACKAGE, WireGate};
 /// One batch as received, ready for the pipeline.
 #[derive(Debug)]
 pub struct Ingested {
-    pub batch: EventBatch,
+    /// Checked on the wire; its events are decoded by the stage that
+    /// correlates them.
+    pub batch: WireBatch,
     /// Position in the persistent queue (0: not persisted).
     pub lsn: u64,
     /// With [`Delivery::Durable`]: fired by the persistent queue once the
@@ -95,7 +97,7 @@ pub struct Ingested {
 
 impl Ingested {
     /// A batch that needs no acknowledgement handshake.
-    pub fn new(batch: EventBatch) -> Self {
+    pub fn new(batch: WireBatch) -> Self {
         Self {
             batch,
             lsn: 0,
@@ -331,7 +333,7 @@ impl EventIngest for Ingest {
 
     async fn stream(
         &self,
-        request: Request<Streaming<ReceivedBatch>>,
+        request: Request<Streaming<WireBatch>>,
     ) -> Result<Response<AckStream>, Status> {
         if let Some(token) = &self.token
             && let Err(failure) = token.check(request.metadata())
@@ -431,12 +433,12 @@ impl EventIngest for Ingest {
                     break;
                 }
                 if let Some(principal) = principal
-                    && let Err(status) = this.claim(&received.batch, principal, &mut claimed)
+                    && let Err(status) = this.claim(&received, principal, &mut claimed)
                 {
                     let _ = ack_tx.send(Err(status)).await;
                     break;
                 }
-                let batch = received.batch;
+                let batch = received;
                 if fleet && subscription.is_none() {
                     let instance = batch.shim.as_ref().map_or("", |s| s.instance_id.as_str());
                     let rx = this.settlements.subscribe(instance);
@@ -446,7 +448,7 @@ impl EventIngest for Ingest {
                     version_noted = true;
                     this.note_shim_version(&batch);
                 }
-                if !this.pace(&mut rate, batch.events.len(), &ack_tx).await {
+                if !this.pace(&mut rate, batch.events, &ack_tx).await {
                     break;
                 }
                 if let Some(memory) = &this.memory
@@ -491,15 +493,15 @@ impl EventIngest for Ingest {
                     }
                     continue;
                 }
-                let (Some(first), Some(last)) = (batch.events.first(), batch.events.last()) else {
+                let (Some(first_seq), Some(last_seq)) = (batch.first_seq, batch.last_seq) else {
                     continue;
                 };
                 let ack = Ack {
-                    first_seq: first.seq,
-                    last_seq: last.seq,
+                    first_seq,
+                    last_seq,
                     ..Ack::default()
                 };
-                let events = batch.events.len() as u64;
+                let events = batch.events as u64;
                 let (safe, written) = match durable_acks {
                     Some(_) => {
                         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -602,7 +604,7 @@ impl Ingest {
     /// ([`identity`]); `claimed` caches the stream's last allowed instance.
     fn claim(
         &self,
-        batch: &EventBatch,
+        batch: &WireBatch,
         principal: Principal,
         claimed: &mut Option<String>,
     ) -> Result<(), Status> {
@@ -628,7 +630,7 @@ impl Ingest {
 
     /// Counts and logs a stream whose shim release this collector does not
     /// know ([`versions`]); its batches are accepted all the same.
-    fn note_shim_version(&self, batch: &EventBatch) {
+    fn note_shim_version(&self, batch: &WireBatch) {
         let version = batch.shim.as_ref().map_or("", |s| s.shim_version.as_str());
         if versions::is_known_shim(version) {
             return;
@@ -647,7 +649,7 @@ impl Ingest {
     }
 
     /// [`check_batch`], counting an oversized event.
-    fn validate(&self, received: &ReceivedBatch) -> Result<(), Status> {
+    fn validate(&self, received: &WireBatch) -> Result<(), Status> {
         check_batch(received, &self.limits).map_err(|refusal| {
             if matches!(refusal, Refusal::EventTooLarge { .. }) {
                 self.stats.oversized_events.fetch_add(1, Ordering::Relaxed);

@@ -1,28 +1,30 @@
-//! What makes a decoded batch acceptable: the pure checks the stream loop
-//! runs on every message before anything else sees it.
+//! What makes a received batch acceptable: the pure checks the stream loop
+//! runs on every message before anything else sees it, on what
+//! [`WireBatch::from_wire`] read off the wire (the events themselves are
+//! decoded later, by the correlation stage).
 //!
 //! Owns [`check_batch`] and its verdict, [`Refusal`]. Pure and total: no I/O,
-//! no allocation proportional to the input beyond the refusal's message, no
-//! panic on any input (the wire fuzz target `fuzz/fuzz_targets/wire.rs` feeds
-//! it every batch prost can decode from arbitrary bytes).
+//! no allocation, no panic on any input (the wire fuzz target
+//! `fuzz/fuzz_targets/wire.rs` feeds it every batch the wire walk accepts
+//! from arbitrary bytes).
 //!
 //! Checks, in order (the first failure is reported):
 //! 1. the batch names its shim (`ShimInfo` with a non-empty `instance_id`);
 //! 2. at most [`Limits::max_events_per_batch`] events;
 //! 3. no event is longer than [`Limits::max_event_bytes`] on the wire
-//!    (read while decoding: [`ReceivedBatch::largest_event`]);
+//!    ([`WireBatch::largest`]);
 //! 4. seqs strictly increase within the batch, and none is `u64::MAX` (a
 //!    shim counts from 1 and never gets there; the sequencer's "next seq"
 //!    after it would not exist);
 //! 5. no correlation id (the shim's `instance_id`, and each event's
-//!    `session_id`, `turn_id`, `api_request_id`, `tool_call_id`, …) is
-//!    longer than [`MAX_ID_BYTES`]: the correlator keeps them as keys of
+//!    `session_id`, `turn_id`, `api_request_id`, `tool_call_id`, …; the
+//!    longest is named) is longer than [`MAX_ID_BYTES`]: the correlator keeps them as keys of
 //!    its open state, and Hermes' own are under 64 bytes. A refused batch
 //!    stays at the head of its shim's buffer until the shim evicts it (as
 //!    for `max_event_bytes`), so a shim that sent one would resend it
 //!    until then; Hermes never makes such ids.
 
-use hermes_proto::received::ReceivedBatch;
+use hermes_proto::wire::WireBatch;
 use tonic::Status;
 
 use crate::Limits;
@@ -84,66 +86,48 @@ impl Refusal {
 }
 
 /// Checks `batch` against `limits` (see the module docs).
-pub fn check_batch(received: &ReceivedBatch, limits: &Limits) -> Result<(), Refusal> {
-    let batch = &received.batch;
-    match &batch.shim {
-        Some(shim) if !shim.instance_id.is_empty() => {}
+pub fn check_batch(batch: &WireBatch, limits: &Limits) -> Result<(), Refusal> {
+    let instance = match &batch.shim {
+        Some(shim) if !shim.instance_id.is_empty() => &shim.instance_id,
         _ => return Err(Refusal::NoShim),
-    }
-    if batch.events.len() > limits.max_events_per_batch {
+    };
+    if batch.events > limits.max_events_per_batch {
         return Err(Refusal::TooManyEvents {
-            events: batch.events.len(),
+            events: batch.events,
             limit: limits.max_events_per_batch,
         });
     }
-    if let Some(largest) = received.largest_event()
+    if let Some(largest) = batch.largest
         && largest.len > limits.max_event_bytes
     {
         return Err(Refusal::EventTooLarge {
-            seq: batch.events.get(largest.index).map_or(0, |e| e.seq),
+            seq: largest.seq,
             bytes: largest.len,
             limit: limits.max_event_bytes,
         });
     }
-    if batch.events.windows(2).any(|w| w[0].seq >= w[1].seq) {
+    if !batch.increasing {
         return Err(Refusal::SeqNotIncreasing);
     }
     // Increasing: only the last can be u64::MAX.
-    if batch.events.last().is_some_and(|e| e.seq == u64::MAX) {
+    if batch.last_seq == Some(u64::MAX) {
         return Err(Refusal::SeqOutOfRange);
     }
-    if let Some(shim) = &batch.shim
-        && shim.instance_id.len() > MAX_ID_BYTES
-    {
+    if instance.len() > MAX_ID_BYTES {
         return Err(Refusal::IdTooLong {
-            seq: batch.events.first().map_or(0, |e| e.seq),
+            seq: batch.first_seq.unwrap_or(0),
             field: "shim.instance_id",
-            bytes: shim.instance_id.len(),
+            bytes: instance.len(),
         });
     }
-    for event in &batch.events {
-        let Some(ids) = &event.ids else {
-            continue;
-        };
-        let fields = [
-            ("session_id", &ids.session_id),
-            ("task_id", &ids.task_id),
-            ("turn_id", &ids.turn_id),
-            ("api_request_id", &ids.api_request_id),
-            ("tool_call_id", &ids.tool_call_id),
-            ("parent_session_id", &ids.parent_session_id),
-            ("parent_turn_id", &ids.parent_turn_id),
-            ("parent_subagent_id", &ids.parent_subagent_id),
-            ("child_session_id", &ids.child_session_id),
-            ("child_subagent_id", &ids.child_subagent_id),
-        ];
-        if let Some((field, id)) = fields.into_iter().find(|(_, id)| id.len() > MAX_ID_BYTES) {
-            return Err(Refusal::IdTooLong {
-                seq: event.seq,
-                field,
-                bytes: id.len(),
-            });
-        }
+    if let Some(id) = batch.longest_id
+        && id.len > MAX_ID_BYTES
+    {
+        return Err(Refusal::IdTooLong {
+            seq: id.seq,
+            field: id.field,
+            bytes: id.len,
+        });
     }
     Ok(())
 }
@@ -154,8 +138,12 @@ mod tests {
     use hermes_proto::v1::{Event, EventBatch, ShimInfo};
     use prost::Message;
 
-    fn batch(hooks: &[(u64, usize)]) -> ReceivedBatch {
-        ReceivedBatch::new(EventBatch {
+    fn wire(batch: &EventBatch) -> WireBatch {
+        WireBatch::encode(batch).unwrap()
+    }
+
+    fn batch(hooks: &[(u64, usize)]) -> EventBatch {
+        EventBatch {
             shim: Some(ShimInfo {
                 instance_id: "i".into(),
                 ..Default::default()
@@ -169,7 +157,7 @@ mod tests {
                 })
                 .collect(),
             ..Default::default()
-        })
+        }
     }
 
     #[test]
@@ -179,8 +167,11 @@ mod tests {
             max_events_per_batch: 3,
             ..Limits::default()
         };
-        assert_eq!(check_batch(&batch(&[(1, 10), (2, 80)]), &limits), Ok(()));
-        let big = check_batch(&batch(&[(1, 10), (2, 200)]), &limits).unwrap_err();
+        assert_eq!(
+            check_batch(&wire(&batch(&[(1, 10), (2, 80)])), &limits),
+            Ok(())
+        );
+        let big = check_batch(&wire(&batch(&[(1, 10), (2, 200)])), &limits).unwrap_err();
         assert!(
             matches!(
                 big,
@@ -195,23 +186,24 @@ mod tests {
         let status = big.status();
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
         assert!(status.message().contains("max_event_bytes"), "{status:?}");
-        let many = check_batch(&batch(&[(1, 1), (2, 1), (3, 1), (4, 1)]), &limits).unwrap_err();
+        let many =
+            check_batch(&wire(&batch(&[(1, 1), (2, 1), (3, 1), (4, 1)])), &limits).unwrap_err();
         assert!(many.status().message().contains("max_events_per_batch"));
         assert_eq!(
-            check_batch(&batch(&[(2, 1), (2, 1)]), &limits),
+            check_batch(&wire(&batch(&[(2, 1), (2, 1)])), &limits),
             Err(Refusal::SeqNotIncreasing)
         );
         assert_eq!(
-            check_batch(&batch(&[(1, 1), (u64::MAX, 1)]), &limits),
+            check_batch(&wire(&batch(&[(1, 1), (u64::MAX, 1)])), &limits),
             Err(Refusal::SeqOutOfRange)
         );
         let with_turn_id = |len: usize| {
-            let mut b = batch(&[(1, 1), (2, 1)]).batch;
+            let mut b = batch(&[(1, 1), (2, 1)]);
             b.events[1].ids = Some(Box::new(hermes_proto::v1::Ids {
                 turn_id: "t".repeat(len),
                 ..Default::default()
             }));
-            ReceivedBatch::new(b)
+            wire(&b)
         };
         let limits_ids = Limits::default();
         let refusal = check_batch(&with_turn_id(MAX_ID_BYTES + 1), &limits_ids).unwrap_err();
@@ -227,8 +219,11 @@ mod tests {
             "the limit itself is fine"
         );
         let mut anonymous = batch(&[(1, 1)]);
-        anonymous.batch.shim = None;
-        assert_eq!(check_batch(&anonymous, &limits), Err(Refusal::NoShim));
+        anonymous.shim = None;
+        assert_eq!(
+            check_batch(&wire(&anonymous), &limits),
+            Err(Refusal::NoShim)
+        );
     }
 
     #[test]
@@ -239,7 +234,7 @@ mod tests {
         };
         // An event of 12 bytes, padded with an unknown field of 200 that
         // prost skips when decoding.
-        let small = batch(&[(1, 10)]).batch;
+        let small = batch(&[(1, 10)]);
         let mut event = small.events[0].encode_to_vec();
         prost::encoding::bytes::encode(99, &vec![0u8; 200], &mut event);
         let mut wire = EventBatch {
@@ -248,8 +243,12 @@ mod tests {
         }
         .encode_to_vec();
         prost::encoding::bytes::encode(2, &event, &mut wire);
-        let received = ReceivedBatch::decode(wire.as_slice()).unwrap();
-        assert_eq!(received.batch, small, "the padding is not kept");
+        let received = WireBatch::from_wire(wire.into()).unwrap();
+        assert_eq!(
+            received.decode_events().unwrap(),
+            small.events,
+            "the padding is not kept"
+        );
         assert_eq!(
             check_batch(&received, &limits),
             Err(Refusal::EventTooLarge {

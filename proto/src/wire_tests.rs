@@ -1,0 +1,267 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use crate::v1::{Ids, ShimInfo};
+use proptest::prelude::*;
+use prost_types::field_descriptor_proto::Type;
+use prost_types::{DescriptorProto, FileDescriptorSet};
+
+fn batch(hooks: &[usize]) -> EventBatch {
+    EventBatch {
+        shim: Some(ShimInfo {
+            instance_id: "i".into(),
+            ..Default::default()
+        }),
+        events: hooks
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| Event {
+                seq: i as u64 + 1,
+                hook: "h".repeat(len),
+                ..Default::default()
+            })
+            .collect(),
+        dropped_events: 3,
+        floor_seq: 1,
+        handoff: true,
+    }
+}
+
+#[test]
+fn a_batch_is_read_off_the_wire_and_its_events_decode() {
+    let mut sent = batch(&[10, 300, 300, 20]);
+    sent.events[3].ids = Some(Box::new(Ids {
+        session_id: "s".repeat(40),
+        turn_id: "t".repeat(70),
+        ..Default::default()
+    }));
+    let wire = WireBatch::encode(&sent).unwrap();
+    assert_eq!(wire.shim, sent.shim);
+    assert_eq!(
+        (wire.dropped_events, wire.floor_seq, wire.handoff),
+        (3, 1, true)
+    );
+    assert_eq!(
+        (wire.events, wire.first_seq, wire.last_seq),
+        (4, Some(1), Some(4))
+    );
+    assert!(wire.increasing);
+    let largest = wire.largest.unwrap();
+    assert_eq!((largest.index, largest.seq), (1, 2), "the first of equals");
+    assert_eq!(largest.len, sent.events[1].encoded_len());
+    let id = wire.longest_id.unwrap();
+    assert_eq!((id.seq, id.field, id.len), (4, "turn_id", 70));
+    assert_eq!(wire.decode_events().unwrap(), sent.events);
+    assert_eq!(wire.to_batch().unwrap(), sent);
+}
+
+#[test]
+fn seqs_that_do_not_increase_are_noted() {
+    let mut sent = batch(&[1, 1, 1]);
+    sent.events[2].seq = 2;
+    assert!(!WireBatch::encode(&sent).unwrap().increasing);
+    let empty = WireBatch::from_wire(Bytes::new()).unwrap();
+    assert_eq!((empty.events, empty.largest, empty.shim), (0, None, None));
+    assert!(empty.increasing);
+}
+
+#[test]
+fn malformed_bytes_are_refused_with_the_reason() {
+    // Event (field 2) whose hook (field 2) is not UTF-8.
+    let bad_text: &'static [u8] = &[0x12, 0x03, 0x12, 0x01, 0xff];
+    assert_eq!(
+        WireBatch::from_wire(Bytes::from_static(bad_text)),
+        Err(WireError::NotUtf8 { tag: 2 })
+    );
+    // Event whose seq (a varint) comes length-delimited.
+    let bad_type: &'static [u8] = &[0x12, 0x03, 0x0a, 0x01, 0x41];
+    assert!(matches!(
+        WireBatch::from_wire(Bytes::from_static(bad_type)),
+        Err(WireError::WireType { tag: 1, .. })
+    ));
+    // An event longer than what follows.
+    let truncated: &'static [u8] = &[0x12, 0x09, 0x08, 0x01];
+    assert_eq!(
+        WireBatch::from_wire(Bytes::from_static(truncated)),
+        Err(WireError::Truncated)
+    );
+    // An unknown group (field 9, start and end).
+    let group: &'static [u8] = &[0x4b, 0x4c];
+    assert_eq!(
+        WireBatch::from_wire(Bytes::from_static(group)),
+        Err(WireError::Group { tag: 9 })
+    );
+    for bytes in [bad_text, bad_type, truncated] {
+        assert!(EventBatch::decode(bytes).is_err(), "prost refuses it too");
+    }
+}
+
+/// The schema tables as the walk's [`Kind`]s say them, against the
+/// descriptors protoc wrote for `ingest.proto`: a field added to the
+/// `.proto` and not to the tables fails here.
+#[test]
+fn the_walk_schema_is_the_proto_files() {
+    let set = FileDescriptorSet::decode(
+        &include_bytes!(concat!(env!("OUT_DIR"), "/ingest.descriptors"))[..],
+    )
+    .unwrap();
+    let file = &set.file[0];
+    let message = |name: &str| -> &DescriptorProto {
+        let (outer, entry) = name.split_once('.').unwrap_or((name, ""));
+        let outer = file
+            .message_type
+            .iter()
+            .find(|m| m.name() == outer)
+            .unwrap();
+        if entry.is_empty() {
+            outer
+        } else {
+            outer
+                .nested_type
+                .iter()
+                .find(|m| m.name() == entry)
+                .unwrap()
+        }
+    };
+    let tables: [(&str, &[Kind]); 12] = [
+        ("Event", EVENT),
+        ("Ids", IDS),
+        ("Session", SESSION),
+        ("Turn", TURN),
+        ("Usage", USAGE),
+        ("ApiCall", API_CALL),
+        ("ToolCall", TOOL_CALL),
+        ("Subagent", SUBAGENT),
+        ("Approval", APPROVAL),
+        ("Other", OTHER),
+        ("Other.FieldsEntry", SCALAR_ENTRY),
+        ("Scalar", SCALAR),
+    ];
+    let tables: Vec<(&str, &[Kind])> = tables
+        .into_iter()
+        .chain([("Event.ContentEntry", STRING_ENTRY)])
+        .collect();
+    let table_of = |type_name: &str| -> &[Kind] {
+        let name = type_name.trim_start_matches(".hermes.collector.v1.");
+        tables.iter().find(|(n, _)| *n == name).unwrap().1
+    };
+    for (name, table) in &tables {
+        let descriptor = message(name);
+        let known = table.iter().filter(|k| !matches!(k, Kind::Unknown)).count();
+        assert_eq!(known, descriptor.field.len(), "{name}: fields");
+        for field in &descriptor.field {
+            let kind = table[usize::try_from(field.number()).unwrap()];
+            let ok = match (field.r#type(), kind) {
+                (Type::String, Kind::Text | Kind::Id(_)) => true,
+                (Type::Uint64, Kind::Seq) => *name == "Event" && field.name() == "seq",
+                (
+                    Type::Uint64 | Type::Uint32 | Type::Int32 | Type::Int64 | Type::Bool,
+                    Kind::Varint,
+                ) => true,
+                (Type::Fixed64 | Type::Double, Kind::Fixed64) => true,
+                (Type::Message, Kind::Message(fields)) => {
+                    std::ptr::eq(fields, table_of(field.type_name()))
+                }
+                _ => false,
+            };
+            assert!(
+                ok,
+                "{name}.{}: {:?} walked as {kind:?}",
+                field.name(),
+                field.r#type()
+            );
+            if let Kind::Id(id) = kind {
+                assert_eq!((*name, id), ("Ids", field.name()));
+            }
+        }
+    }
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    (
+        any::<u64>(),
+        ".{0,20}",
+        ".{0,300}",
+        proptest::collection::btree_map(".{0,8}", ".{0,200}", 0..3),
+        proptest::option::of(".{0,80}"),
+    )
+        .prop_map(|(seq, hook, thread, content, session)| Event {
+            seq,
+            hook,
+            thread,
+            content: content.into_iter().collect(),
+            ids: session.map(|session_id| {
+                Box::new(Ids {
+                    session_id,
+                    ..Default::default()
+                })
+            }),
+            ..Default::default()
+        })
+}
+
+/// Bytes changed at `at`: a byte replaced, the rest cut, or bytes put in.
+#[derive(Debug, Clone)]
+enum Damage {
+    Set(usize, u8),
+    Cut(usize),
+    Insert(usize, Vec<u8>),
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    prop_oneof![
+        (any::<usize>(), any::<u8>()).prop_map(|(at, b)| Damage::Set(at, b)),
+        any::<usize>().prop_map(Damage::Cut),
+        (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..6))
+            .prop_map(|(at, b)| Damage::Insert(at, b)),
+    ]
+}
+
+proptest! {
+    /// A batch prost encoded is accepted as it is; damaged, whatever the
+    /// walk accepts prost decodes to the same events.
+    #[test]
+    fn the_walk_accepts_no_more_than_prost(
+        events in proptest::collection::vec(event(), 0..5),
+        damages in proptest::collection::vec(damage(), 1..4),
+    ) {
+        let sent = EventBatch { events, ..batch(&[]) };
+        let mut bytes = sent.encode_to_vec();
+        let wire = WireBatch::from_wire(Bytes::from(bytes.clone())).unwrap();
+        prop_assert_eq!(wire.decode_events().unwrap(), sent.events.clone());
+        let read = wire.largest.map(|l| (l.index, l.len));
+        let measured = sent.events.iter().map(Message::encoded_len).enumerate()
+            .fold(None, |m: Option<(usize, usize)>, (i, len)| match m {
+                Some(m) if m.1 >= len => Some(m),
+                _ => Some((i, len)),
+            });
+        prop_assert_eq!(read, measured);
+        for damage in damages {
+            match damage {
+                Damage::Set(at, b) if !bytes.is_empty() => {
+                    let at = at % bytes.len();
+                    bytes[at] = b;
+                }
+                Damage::Cut(at) => bytes.truncate(at % (bytes.len() + 1)),
+                Damage::Insert(at, b) => {
+                    let at = at % (bytes.len() + 1);
+                    bytes.splice(at..at, b);
+                }
+                Damage::Set(..) => {}
+            }
+        }
+        if let Ok(wire) = WireBatch::from_wire(Bytes::from(bytes.clone())) {
+            let decoded = EventBatch::decode(bytes.as_slice());
+            prop_assert!(decoded.is_ok(), "prost refused what the walk accepted");
+            let decoded = decoded.unwrap();
+            prop_assert_eq!(wire.decode_events().unwrap(), decoded.events.clone());
+            prop_assert_eq!(wire.events, decoded.events.len());
+            prop_assert_eq!(wire.last_seq, decoded.events.last().map(|e| e.seq));
+            prop_assert_eq!(&wire.shim, &decoded.shim);
+            // Never shorter than the event prost would write.
+            let read = wire.largest.map_or(0, |l| l.len);
+            let measured = decoded.events.iter().map(Message::encoded_len).max().unwrap_or(0);
+            prop_assert!(read >= measured, "{} < {}", read, measured);
+        }
+    }
+}
