@@ -2,8 +2,9 @@
 //! an attacker) without the real one: the recorded fixtures converted
 //! exactly as the shim converts them, batches with a shim identity, and the
 //! one ingest client every test uses ([`connect`], [`stream_batches`]; from
-//! plain tests [`exchange`], [`exchange_tls`]) that returns the
-//! acknowledgements or the refusal.
+//! plain tests [`exchange`], [`exchange_tls`], and [`exchange_raw`] for
+//! messages given as bytes) that returns the acknowledgements or the
+//! refusal.
 
 #![allow(clippy::unwrap_used)]
 
@@ -237,6 +238,72 @@ pub fn exchange(
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         stream_batches(&mut client, authorization, batches).await
+    })
+}
+
+/// A message sent as the bytes it is, for a client that writes what no
+/// shim would (a malformed `EventBatch` in a well-formed gRPC frame).
+#[derive(Clone, PartialEq, Default)]
+struct RawMessage(Vec<u8>);
+
+impl std::fmt::Debug for RawMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RawMessage({} bytes)", self.0.len())
+    }
+}
+
+impl prost::Message for RawMessage {
+    fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
+        buf.put_slice(&self.0);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl prost::bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// [`exchange`] with each message given as its bytes on the wire: the
+/// acknowledgements' last seqs, or the status the stream ended with.
+pub fn exchange_raw(endpoint: &str, messages: Vec<Vec<u8>>) -> Result<Vec<u64>, tonic::Status> {
+    block_on(async {
+        let channel = Endpoint::from_shared(endpoint.to_owned())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect {endpoint}: {e:?}"));
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.unwrap();
+        let expected = messages.len();
+        let request = tonic::Request::new(tokio_stream::iter(messages.into_iter().map(RawMessage)));
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+            "/hermes.collector.v1.EventIngest/Stream",
+        );
+        let codec = hermes_proto::codec::SliceCodec::<RawMessage, hermes_proto::v1::Ack>::default();
+        let mut acks = grpc.streaming(request, path, codec).await?.into_inner();
+        let mut seqs = Vec::new();
+        while seqs.len() < expected {
+            match tokio::time::timeout(WAIT, acks.message()).await {
+                Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
+                Ok(Ok(None)) => break,
+                Ok(Err(status)) => return Err(status),
+                Err(_) => panic!("no acknowledgement within {WAIT:?}"),
+            }
+        }
+        Ok(seqs)
     })
 }
 

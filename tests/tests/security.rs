@@ -9,6 +9,10 @@
 //!   socket is removed at shutdown;
 //! - oversized messages get `RESOURCE_EXHAUSTED` and garbage bytes a closed
 //!   connection, while another connection's spans arrive intact;
+//! - a well-framed gRPC message that is not a valid `EventBatch` (a string
+//!   that is not UTF-8, a field of the wrong wire type, a group) is refused
+//!   with `INTERNAL` naming the field, before it is acknowledged; nothing
+//!   accepted fails to decode later (`correlator_undecodable_events`);
 //! - an event above `receiver.max_event_bytes` is refused with
 //!   `RESOURCE_EXHAUSTED` naming the limit, and counted on `/metrics`;
 //! - a connection flooding above `receiver.stream_events_per_sec` is read
@@ -30,9 +34,12 @@ use hermes_e2e::access::{
     tcp_collector,
 };
 use hermes_e2e::collector::counter as metric;
-use hermes_e2e::ingest::{assert_paced, basic_events, batch_of, exchange, send_basic_turn};
+use hermes_e2e::ingest::{
+    assert_paced, basic_events, batch_of, exchange, exchange_raw, send_basic_turn,
+};
 use hermes_e2e::{AttrsExt as _, OtlpReceiver, cargo_bin, run_with_timeout, write_file};
 use hermes_proto::v1::Event;
+use prost::Message as _;
 use serde_json::Value as Json;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -264,6 +271,50 @@ fn floods_of_oversized_messages_and_garbage_do_not_disturb_other_streams() {
     assert_eq!(root.1.str_attr("hermes.platform"), Some("cli"));
     assert_eq!(root.1.int_attr("hermes.turn.tool_calls"), Some(1));
     assert_eq!(root.1.int_attr("hermes.turn.api_attempts"), Some(2));
+}
+
+#[test]
+fn malformed_batches_are_refused_naming_the_field() {
+    let (_work, otlp, collector) = tcp_collector("", &[]);
+    let endpoint = collector.endpoint.clone();
+    // A valid batch whose first event's hook (field 2 of the event) is
+    // "pre_llm_call": the same bytes with one byte of it changed.
+    let valid = batch_of("raw-1", vec![basic_events()[0].clone()]).encode_to_vec();
+    let hook = valid
+        .windows(basic_events()[0].hook.len())
+        .position(|w| w == basic_events()[0].hook.as_bytes())
+        .unwrap();
+    let mut not_utf8 = valid.clone();
+    not_utf8[hook] = 0xff;
+    // The batch's shim (field 1) sent as a varint.
+    let mut wrong_type = vec![0x08, 0x01];
+    wrong_type.extend_from_slice(&valid);
+    // An unknown field of the group wire type (field 9: start, end).
+    let mut group = valid.clone();
+    group.extend_from_slice(&[0x4b, 0x4c]);
+
+    for (bytes, says) in [
+        (not_utf8, "field 2: string is not valid UTF-8"),
+        (wrong_type, "field 1: invalid wire type"),
+        (group, "field 9: groups are not accepted"),
+    ] {
+        let status = exchange_raw(&endpoint, vec![bytes]).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+        assert!(status.message().contains(says), "{status:?}");
+    }
+    // The same client's bytes, unchanged, are acknowledged.
+    let seq = basic_events()[0].seq;
+    assert_eq!(exchange_raw(&endpoint, vec![valid]).unwrap(), vec![seq]);
+
+    send_basic_turn(&endpoint, "honest");
+    assert_basic_turn_arrives(&otlp, &collector);
+    assert_eq!(
+        metric(
+            &collector,
+            "hermes_collector_correlator_undecodable_events_total"
+        ),
+        Some(0)
+    );
 }
 
 #[test]
