@@ -150,7 +150,16 @@ pub async fn stream_batches(
             .metadata_mut()
             .insert("authorization", value.parse().unwrap());
     }
-    let mut acks = client.stream(request).await?.into_inner();
+    let acks = client.stream(request).await?.into_inner();
+    last_seqs(acks, expected).await
+}
+
+/// The last seqs of the first `expected` acknowledgements on `acks`, or
+/// the status the stream ended with. Panics when one takes more than 30 s.
+async fn last_seqs(
+    mut acks: tonic::Streaming<hermes_proto::v1::Ack>,
+    expected: usize,
+) -> Result<Vec<u64>, tonic::Status> {
     let mut seqs = Vec::new();
     while seqs.len() < expected {
         match tokio::time::timeout(WAIT, acks.message()).await {
@@ -293,17 +302,8 @@ pub fn exchange_raw(endpoint: &str, messages: Vec<Vec<u8>>) -> Result<Vec<u64>, 
             "/hermes.collector.v1.EventIngest/Stream",
         );
         let codec = hermes_proto::codec::SliceCodec::<RawMessage, hermes_proto::v1::Ack>::default();
-        let mut acks = grpc.streaming(request, path, codec).await?.into_inner();
-        let mut seqs = Vec::new();
-        while seqs.len() < expected {
-            match tokio::time::timeout(WAIT, acks.message()).await {
-                Ok(Ok(Some(ack))) => seqs.push(ack.last_seq),
-                Ok(Ok(None)) => break,
-                Ok(Err(status)) => return Err(status),
-                Err(_) => panic!("no acknowledgement within {WAIT:?}"),
-            }
-        }
-        Ok(seqs)
+        let acks = grpc.streaming(request, path, codec).await?.into_inner();
+        last_seqs(acks, expected).await
     })
 }
 

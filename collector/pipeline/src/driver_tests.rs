@@ -105,12 +105,15 @@ fn spawn(driver: Driver<TokioClock>) -> Stage {
     }
 }
 
+/// `events` of agent `instance` as the receiver hands them on.
+fn ingested(instance: &str, events: Vec<Event>) -> Ingested {
+    Ingested::new(hermes_proto::wire::WireBatch::encode(&batch_of(instance, events)).unwrap())
+}
+
 /// Sends each event as a batch of its own at lsn 1, 2, 3, ...
 async fn feed(stage: &Stage, events: Vec<Event>) {
     for (lsn, event) in (1..).zip(events) {
-        let mut ingested = Ingested::new(
-            hermes_proto::wire::WireBatch::encode(&batch_of("agent-1", vec![event])).unwrap(),
-        );
+        let mut ingested = ingested("agent-1", vec![event]);
         ingested.lsn = lsn;
         stage.ingest.send(ingested).await.unwrap();
     }

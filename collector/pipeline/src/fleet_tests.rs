@@ -33,8 +33,7 @@ fn start_fleet(
 /// A batch of [`AGENT`]'s `events` from fleet stream `stream` (0: not
 /// numbered), without an lsn (the memory queue).
 fn fleet_batch(events: Vec<Event>, stream: u64) -> Ingested {
-    let mut ingested =
-        Ingested::new(hermes_proto::wire::WireBatch::encode(&batch_of(AGENT, events)).unwrap());
+    let mut ingested = ingested(AGENT, events);
     ingested.fleet = true;
     ingested.stream = stream;
     ingested
@@ -161,9 +160,7 @@ async fn a_replicated_drain_drops_what_moves_and_closes_what_a_dead_agent_left()
     let mut stage = start_replicated(Ledger::Memory, &events, &registry);
     for instance in [AGENT, "agent-2"] {
         for event in events.clone() {
-            let mut ingested = Ingested::new(
-                hermes_proto::wire::WireBatch::encode(&batch_of(instance, vec![event])).unwrap(),
-            );
+            let mut ingested = ingested(instance, vec![event]);
             ingested.fleet = true;
             stage.ingest.send(ingested).await.unwrap();
         }
@@ -238,9 +235,7 @@ async fn replayed_state_of_an_agent_that_does_not_come_back_is_dropped_at_the_tt
     for instance in [AGENT, "agent-2"] {
         for event in open.clone() {
             lsn += 1;
-            let mut ingested = Ingested::new(
-                hermes_proto::wire::WireBatch::encode(&batch_of(instance, vec![event])).unwrap(),
-            );
+            let mut ingested = ingested(instance, vec![event]);
             ingested.lsn = lsn;
             stage.ingest.send(ingested).await.unwrap();
         }
@@ -248,9 +243,7 @@ async fn replayed_state_of_an_agent_that_does_not_come_back_is_dropped_at_the_tt
     // agent-2 comes back and ends its turn; agent-1 went elsewhere.
     for event in rest {
         lsn += 1;
-        let mut ingested = Ingested::new(
-            hermes_proto::wire::WireBatch::encode(&batch_of("agent-2", vec![event])).unwrap(),
-        );
+        let mut ingested = ingested("agent-2", vec![event]);
         ingested.lsn = lsn;
         ingested.fleet = true;
         stage.ingest.send(ingested).await.unwrap();

@@ -18,8 +18,9 @@
 //!    after it would not exist);
 //! 5. no correlation id (the shim's `instance_id`, and each event's
 //!    `session_id`, `turn_id`, `api_request_id`, `tool_call_id`, …; the
-//!    longest is named) is longer than [`MAX_ID_BYTES`]: the correlator keeps them as keys of
-//!    its open state, and Hermes' own are under 64 bytes. A refused batch
+//!    longest is named) is longer than [`MAX_ID_BYTES`]: the correlator
+//!    keeps them as keys of its open state, and Hermes' own are under 64
+//!    bytes. A refused batch
 //!    stays at the head of its shim's buffer until the shim evicts it (as
 //!    for `max_event_bytes`), so a shim that sent one would resend it
 //!    until then; Hermes never makes such ids.
