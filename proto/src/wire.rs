@@ -85,7 +85,8 @@ pub enum WireError {
 impl fmt::Display for WireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Decode(e) => write!(f, "failed to decode Protobuf message: {e}"),
+            // prost's own text starts "failed to decode Protobuf message".
+            Self::Decode(e) => e.fmt(f),
             Self::WireType { tag, found } => {
                 write!(f, "field {tag}: invalid wire type {found:?}")
             }

@@ -91,7 +91,16 @@ fn malformed_bytes_are_refused_with_the_reason() {
         WireBatch::from_wire(Bytes::from_static(group)),
         Err(WireError::Group { tag: 9 })
     );
-    for bytes in [bad_text, bad_type, truncated] {
+    let bad_varint: &'static [u8] = &[
+        0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+    ];
+    let error = WireBatch::from_wire(Bytes::from_static(bad_varint)).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "failed to decode Protobuf message: invalid varint",
+        "prost's words, once"
+    );
+    for bytes in [bad_text, bad_type, truncated, bad_varint] {
         assert!(EventBatch::decode(bytes).is_err(), "prost refuses it too");
     }
 }
