@@ -52,8 +52,6 @@ pub struct WireBatch {
 /// batch prost encoded, and never less for any other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LargestEvent {
-    /// Its index in the batch.
-    pub index: usize,
     pub seq: u64,
     pub len: usize,
 }
@@ -177,7 +175,6 @@ impl WireBatch {
     }
 
     fn push(&mut self, event: Seen, len: usize) {
-        let index = self.events;
         self.events += 1;
         if self.last_seq.is_some_and(|last| last >= event.seq) {
             self.increasing = false;
@@ -186,7 +183,6 @@ impl WireBatch {
         self.last_seq = Some(event.seq);
         if self.largest.is_none_or(|l| len > l.len) {
             self.largest = Some(LargestEvent {
-                index,
                 seq: event.seq,
                 len,
             });

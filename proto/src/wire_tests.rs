@@ -47,7 +47,7 @@ fn a_batch_is_read_off_the_wire_and_its_events_decode() {
     );
     assert!(wire.increasing);
     let largest = wire.largest.unwrap();
-    assert_eq!((largest.index, largest.seq), (1, 2), "the first of equals");
+    assert_eq!(largest.seq, 2, "the first of equals");
     assert_eq!(largest.len, sent.events[1].encoded_len());
     let id = wire.longest_id.unwrap();
     assert_eq!((id.seq, id.field, id.len), (4, "turn_id", 70));
@@ -238,11 +238,12 @@ proptest! {
         let mut bytes = sent.encode_to_vec();
         let wire = WireBatch::from_wire(Bytes::from(bytes.clone())).unwrap();
         prop_assert_eq!(wire.decode_events().unwrap(), sent.events.clone());
-        let read = wire.largest.map(|l| (l.index, l.len));
-        let measured = sent.events.iter().map(Message::encoded_len).enumerate()
-            .fold(None, |m: Option<(usize, usize)>, (i, len)| match m {
+        let read = wire.largest.map(|l| (l.seq, l.len));
+        // The first of equals: its seq and length.
+        let measured = sent.events.iter().map(|e| (e.seq, e.encoded_len()))
+            .fold(None, |m: Option<(u64, usize)>, (seq, len)| match m {
                 Some(m) if m.1 >= len => Some(m),
-                _ => Some((i, len)),
+                _ => Some((seq, len)),
             });
         prop_assert_eq!(read, measured);
         for damage in damages {

@@ -406,8 +406,8 @@ impl EventIngest for Ingest {
                         continue;
                     }
                 };
-                let received = match next {
-                    Ok(Some(received)) => received,
+                let batch = match next {
+                    Ok(Some(batch)) => batch,
                     Ok(None) => break,
                     Err(status) => {
                         let status = match status.code() {
@@ -428,17 +428,16 @@ impl EventIngest for Ingest {
                         break;
                     }
                 };
-                if let Err(status) = this.validate(&received) {
+                if let Err(status) = this.validate(&batch) {
                     this.refuse(status, &ack_tx).await;
                     break;
                 }
                 if let Some(principal) = principal
-                    && let Err(status) = this.claim(&received, principal, &mut claimed)
+                    && let Err(status) = this.claim(&batch, principal, &mut claimed)
                 {
                     let _ = ack_tx.send(Err(status)).await;
                     break;
                 }
-                let batch = received;
                 if fleet && subscription.is_none() {
                     let instance = batch.shim.as_ref().map_or("", |s| s.instance_id.as_str());
                     let rx = this.settlements.subscribe(instance);
