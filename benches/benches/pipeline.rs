@@ -31,8 +31,9 @@
 //!   in-process CPU cost of one event without the gRPC transports.
 //! * `stages_per_event/driver`: the same events through the collector's
 //!   correlation stage itself (`hermes_pipeline`'s driver task on a
-//!   current-thread runtime, its channels, the derived metrics), then
-//!   encoded: what the stage adds to the loop above.
+//!   current-thread runtime, its channels, the derived metrics), encoding
+//!   what it exports as it does when every sink sends protobuf: what the
+//!   stage adds to the loop above.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -354,12 +355,13 @@ fn stages_per_event(c: &mut Criterion) {
     group.finish();
 }
 
-/// Decodes `batches`, runs them through a fresh correlation stage and
-/// encodes what it exports; the encoded bytes.
+/// Decodes `batches`, runs them through a fresh correlation stage, which
+/// encodes what it exports as it does for OTLP sinks; the encoded bytes.
 async fn through_the_driver(batches: &[Vec<u8>]) -> usize {
+    use hermes_exporter::{ExporterSettings, ExporterStage, Outgoing};
     use hermes_pipeline::clock::WallClock;
     use hermes_pipeline::driver::Driver;
-    let driver = Driver::in_memory(
+    let mut driver = Driver::in_memory(
         Correlation::new(
             Sequencer::new(SequencerConfig::default()),
             Correlator::new(Config::default()),
@@ -367,6 +369,7 @@ async fn through_the_driver(batches: &[Vec<u8>]) -> usize {
         SpanProcessor::new(&ProcessorConfig::default()).unwrap(),
         WallClock,
     );
+    driver.encoder = ExporterStage::new(Vec::new(), ExporterSettings::default()).encoder();
     let (ingest, ingest_rx) = tokio::sync::mpsc::channel(64);
     let (export, mut exported) = tokio::sync::mpsc::channel(64);
     let stage = tokio::spawn(driver.run(ingest_rx, export, Default::default()));
@@ -381,11 +384,14 @@ async fn through_the_driver(batches: &[Vec<u8>]) -> usize {
     };
     let encode = async {
         let mut bytes = 0;
-        while let Some(spans) = exported.recv().await {
-            bytes += encode_request(&ExportTraceServiceRequest {
-                resource_spans: spans,
-            })
-            .len();
+        while let Some(outgoing) = exported.recv().await {
+            bytes += match outgoing {
+                Outgoing::Encoded(requests) => requests.iter().map(|r| r.bytes().len()).sum(),
+                Outgoing::Spans(spans) => encode_request(&ExportTraceServiceRequest {
+                    resource_spans: spans,
+                })
+                .len(),
+            };
         }
         bytes
     };

@@ -14,7 +14,7 @@ use hermes_pipeline::driver::Driver;
 use hermes_pipeline::stats::PipelineStats;
 use hermes_processor::{ProcessorConfig, SpanProcessor};
 use hermes_receiver::{Ingested, check_batch};
-use hermes_span::trace::v1::ResourceSpans;
+use hermes_exporter::Outgoing;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -103,11 +103,13 @@ fn processing() -> ProcessorConfig {
 type Emitted = (HashSet<(Vec<u8>, Vec<u8>)>, Vec<(Vec<u8>, Vec<u8>, String)>);
 
 /// Every exported span's ids, and the parent each child names.
-async fn collect(mut exported: mpsc::Receiver<Vec<ResourceSpans>>) -> Emitted {
+async fn collect(mut exported: mpsc::Receiver<Outgoing>) -> Emitted {
     let mut emitted = HashSet::new();
     let mut parents = Vec::new();
     while let Some(batch) = exported.recv().await {
         for span in batch
+            .into_spans()
+            .expect("the stage encodes nothing without an encoder")
             .into_iter()
             .flat_map(|rs| rs.scope_spans)
             .flat_map(|ss| ss.spans)

@@ -280,7 +280,11 @@ fn correlate_arrivals(arrivals: &[v1::Event]) -> Vec<Vec<u8>> {
         let stage = tokio::spawn(driver.run(ingest_rx, export, CancellationToken::new()));
         let mut spans = Vec::new();
         while let Some(batch) = exported.recv().await {
-            spans.extend(canonical(batch));
+            spans.extend(canonical(
+                batch
+                    .into_spans()
+                    .expect("no encoder: the spans as they are"),
+            ));
         }
         stage.await.unwrap();
         spans.sort();

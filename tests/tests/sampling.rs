@@ -355,6 +355,9 @@ fn exported(events: &[v1::Event], sampler: Sampler) -> BTreeMap<Vec<u8>, Vec<Vec
         let stage = tokio::spawn(driver.run(ingest_rx, export, CancellationToken::new()));
         let mut traces: BTreeMap<Vec<u8>, Vec<Vec<u8>>> = BTreeMap::new();
         while let Some(batch) = out.recv().await {
+            let batch = batch
+                .into_spans()
+                .expect("no encoder: the spans as they are");
             for span in batch
                 .iter()
                 .flat_map(|rs| &rs.scope_spans)

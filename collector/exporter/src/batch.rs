@@ -11,7 +11,17 @@
 //!   merged into one, and within it `ScopeSpans` with an equal scope and scope
 //!   `schema_url` are merged into one; span order is preserved;
 //! * scopes and resources without spans are dropped (nothing to export).
+//!
+//! Spans may also arrive encoded ([`Outgoing::Encoded`]): the correlation
+//! stage runs an [`Encoder`] (which splits as this batcher does) when every sink sends
+//! protobuf, so spans are built, encoded and freed on one thread and the
+//! exporter stage handles bytes (`docs/ARCHITECTURE.md`, "Spans encoded
+//! where they are built"). Encoded requests are joined by concatenation,
+//! which protobuf defines as merging their repeated `resource_spans`:
+//! within the same limits, but each keeps its own resource and scope
+//! (equal ones are not merged across them).
 
+use bytes::Bytes;
 use hermes_span::collector::trace::v1::ExportTraceServiceRequest;
 use hermes_span::common::v1::InstrumentationScope;
 use hermes_span::resource::v1::Resource;
@@ -33,6 +43,107 @@ pub(crate) struct Batcher {
     /// Encoded size of the current batch, approximately (spans plus the
     /// resources and scopes they bring).
     bytes: usize,
+    /// The current batch when its spans came encoded: requests to join.
+    encoded: Vec<Bytes>,
+}
+
+/// What the correlation stage hands the exporter stage.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// Spans as built, for sinks that read them (file, console, ATIF).
+    Spans(Vec<ResourceSpans>),
+    /// Spans encoded where they were built ([`Encoder`]).
+    Encoded(Vec<Encoded>),
+}
+
+impl Outgoing {
+    /// Number of spans.
+    pub fn span_count(&self) -> u64 {
+        match self {
+            Self::Spans(spans) => crate::sink::span_count(spans),
+            Self::Encoded(chunks) => chunks.iter().map(|c| c.spans).sum(),
+        }
+    }
+
+    /// The spans, when they were not encoded.
+    pub fn into_spans(self) -> Option<Vec<ResourceSpans>> {
+        match self {
+            Self::Spans(spans) => Some(spans),
+            Self::Encoded(_) => None,
+        }
+    }
+}
+
+impl From<Vec<ResourceSpans>> for Outgoing {
+    fn from(spans: Vec<ResourceSpans>) -> Self {
+        Self::Spans(spans)
+    }
+}
+
+/// The protobuf bytes of one OTLP `ExportTraceServiceRequest`, within the
+/// exporter's batch limits, and how many spans it holds.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    bytes: Bytes,
+    spans: u64,
+}
+
+impl Encoded {
+    /// The request's protobuf bytes.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+}
+
+/// Encodes spans into requests within the exporter's batch limits, on the
+/// caller's thread: the structured spans are freed there.
+#[derive(Debug, Clone, Copy)]
+pub struct Encoder {
+    max_spans: usize,
+    max_bytes: usize,
+}
+
+impl Encoder {
+    pub(crate) fn new(max_spans: usize, max_bytes: usize) -> Self {
+        Self {
+            max_spans,
+            max_bytes,
+        }
+    }
+
+    /// `spans` encoded as one request when it is within the limits, else
+    /// merged by resource and scope and split at the limits, as the
+    /// exporter's batcher does, each part encoded.
+    pub fn encode(&self, spans: Vec<ResourceSpans>) -> Outgoing {
+        let count = crate::sink::span_count(&spans);
+        if count == 0 {
+            return Outgoing::Encoded(Vec::new());
+        }
+        let request = ExportTraceServiceRequest {
+            resource_spans: spans,
+        };
+        if usize::try_from(count).is_ok_and(|count| count <= self.max_spans) {
+            let lengths = Lengths::of(&request);
+            if lengths.total() <= self.max_bytes {
+                let bytes = Bytes::from(lengths.encode(&request));
+                return Outgoing::Encoded(vec![Encoded {
+                    bytes,
+                    spans: count,
+                }]);
+            }
+        }
+        let mut batcher = Batcher::new(self.max_spans, self.max_bytes);
+        let mut full = batcher.push(request.resource_spans);
+        full.extend(batcher.take());
+        Outgoing::Encoded(
+            full.into_iter()
+                .map(|batch| Encoded {
+                    spans: batch.span_count(),
+                    bytes: batch.protobuf().clone(),
+                })
+                .collect(),
+        )
+    }
 }
 
 /// Protobuf framing per repeated message (tag and length), upper bound.
@@ -47,6 +158,7 @@ impl Batcher {
             measured: Vec::new(),
             spans: 0,
             bytes: 0,
+            encoded: Vec::new(),
         }
     }
 
@@ -58,6 +170,9 @@ impl Batcher {
     /// Adds spans; returns the batches that became full, oldest first.
     pub(crate) fn push(&mut self, incoming: Vec<ResourceSpans>) -> Vec<ExportBatch> {
         let mut full = Vec::new();
+        if !self.encoded.is_empty() {
+            full.extend(self.take());
+        }
         for rs in incoming {
             let ResourceSpans {
                 resource,
@@ -118,13 +233,54 @@ impl Batcher {
         full
     }
 
+    /// Adds encoded requests, joining them up to the limits (a request
+    /// is never split: the [`Encoder`] kept it within them); returns the
+    /// batches that became full, oldest first.
+    pub(crate) fn push_encoded(&mut self, incoming: Vec<Encoded>) -> Vec<ExportBatch> {
+        let mut full = Vec::new();
+        if !self.current.is_empty() {
+            full.extend(self.take());
+        }
+        for Encoded { bytes, spans } in incoming {
+            let spans = usize::try_from(spans).unwrap_or(usize::MAX);
+            let over = self.spans.saturating_add(spans) > self.max_spans
+                || self.bytes + bytes.len() > self.max_bytes;
+            if over && self.spans > 0 {
+                full.extend(self.take());
+            }
+            self.spans = self.spans.saturating_add(spans);
+            self.bytes += bytes.len();
+            self.encoded.push(bytes);
+            if self.spans >= self.max_spans {
+                full.extend(self.take());
+            }
+        }
+        full
+    }
+
     /// Takes the current batch, if it holds any span.
     pub(crate) fn take(&mut self) -> Option<ExportBatch> {
         if self.spans == 0 {
             return None;
         }
-        self.spans = 0;
+        let spans = std::mem::take(&mut self.spans);
         self.bytes = 0;
+        match self.encoded.len() {
+            0 => {}
+            1 => {
+                return self
+                    .encoded
+                    .pop()
+                    .map(|bytes| ExportBatch::encoded(bytes, spans as u64));
+            }
+            _ => {
+                let mut joined = Vec::with_capacity(self.encoded.iter().map(Bytes::len).sum());
+                for bytes in self.encoded.drain(..) {
+                    joined.extend_from_slice(&bytes);
+                }
+                return Some(ExportBatch::encoded(Bytes::from(joined), spans as u64));
+            }
+        }
         let request = ExportTraceServiceRequest {
             resource_spans: std::mem::take(&mut self.current),
         };
@@ -271,6 +427,65 @@ mod tests {
         assert_eq!(ids(&rest), vec![vec![7]]);
     }
 
+    /// The spans of `spans` (one resource and scope), encoded.
+    fn encoded(encoder: &Encoder, spans: ResourceSpans) -> Vec<Encoded> {
+        match encoder.encode(vec![spans]) {
+            Outgoing::Encoded(requests) => requests,
+            Outgoing::Spans(_) => panic!("the encoder encodes"),
+        }
+    }
+
+    #[test]
+    fn encoded_requests_are_joined_and_kept_apart_from_spans() {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest as Theirs;
+        use prost::Message;
+        let encoder = Encoder::new(3, usize::MAX);
+        let mut b = Batcher::new(3, usize::MAX);
+        assert!(
+            b.push_encoded(encoded(&encoder, rs("a", "s", &[1])))
+                .is_empty()
+        );
+        assert!(
+            b.push_encoded(encoded(&encoder, rs("b", "s", &[2])))
+                .is_empty()
+        );
+        // Spans as they are close the encoded batch, which holds both
+        // requests: one request, each resource as it came.
+        let joined = b.push(vec![rs("a", "s", &[3])]);
+        assert_eq!(joined.len(), 1);
+        assert_eq!(joined[0].span_count(), 2);
+        assert!(joined[0].request().resource_spans.is_empty());
+        let decoded = Theirs::decode(joined[0].protobuf().as_ref()).unwrap();
+        let span_ids: Vec<_> = decoded
+            .resource_spans
+            .iter()
+            .flat_map(|rs| &rs.scope_spans)
+            .flat_map(|ss| &ss.spans)
+            .map(|span| span.span_id.clone())
+            .collect();
+        assert_eq!(span_ids, vec![vec![1; 8], vec![2; 8]]);
+        assert_eq!(decoded.resource_spans.len(), 2);
+        // And encoded requests close a batch of spans as they are.
+        let spans = b.push_encoded(encoded(&encoder, rs("c", "s", &[4])));
+        assert_eq!(ids(&spans[0]), vec![vec![3]]);
+        assert_eq!(b.take().map(|batch| batch.span_count()), Some(1));
+    }
+
+    #[test]
+    fn a_full_encoded_batch_goes_at_once() {
+        let encoder = Encoder::new(2, usize::MAX);
+        let mut b = Batcher::new(2, usize::MAX);
+        assert!(
+            b.push_encoded(encoded(&encoder, rs("a", "s", &[1])))
+                .is_empty()
+        );
+        let full = b.push_encoded(encoded(&encoder, rs("a", "s", &[2, 3, 4])));
+        // 1 alone (1 + 2 is over), then 2 and 3; 4 waits.
+        let counts: Vec<u64> = full.iter().map(ExportBatch::span_count).collect();
+        assert_eq!(counts, vec![1, 2]);
+        assert_eq!(b.take().map(|batch| batch.span_count()), Some(1));
+    }
+
     #[test]
     fn drops_empty_scopes() {
         let mut b = Batcher::new(3, usize::MAX);
@@ -369,6 +584,51 @@ mod generated {
                 exported += batch.span_count();
             }
             prop_assert_eq!(exported, pushed);
+        }
+
+        /// Spans encoded by the [`Encoder`] and joined by the batcher
+        /// arrive whole, each once, in batches within the limits.
+        #[test]
+        fn encoded_batches_hold_every_span_within_the_limits(
+            messages in vec(request(), 1..5),
+            max_spans in 1usize..8,
+            max_bytes in prop_oneof![Just(usize::MAX), 200usize..5_000],
+        ) {
+            use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest as Theirs;
+            let spans_of = |request: &Theirs| {
+                request.resource_spans.iter()
+                    .flat_map(|rs| &rs.scope_spans)
+                    .flat_map(|ss| &ss.spans)
+                    .map(Message::encode_to_vec)
+                    .collect::<Vec<_>>()
+            };
+            let encoder = super::Encoder::new(max_spans, max_bytes);
+            let mut batcher = Batcher::new(max_spans, max_bytes);
+            let (mut sent, mut largest, mut batches) = (Vec::new(), 0, Vec::new());
+            for message in &messages {
+                let model = hermes_span::collector::trace::v1::ExportTraceServiceRequest::from(
+                    message.clone(),
+                );
+                sent.extend(spans_of(&Theirs::from(&model)));
+                let super::Outgoing::Encoded(requests) = encoder.encode(model.resource_spans) else {
+                    panic!("the encoder encodes");
+                };
+                largest = requests.iter().map(|r| r.bytes.len()).fold(largest, usize::max);
+                batches.extend(batcher.push_encoded(requests));
+            }
+            batches.extend(batcher.take());
+            let mut exported = Vec::new();
+            for batch in &batches {
+                let theirs = Theirs::decode(batch.protobuf().as_ref()).unwrap();
+                let spans = spans_of(&theirs);
+                prop_assert_eq!(spans.len() as u64, batch.span_count());
+                prop_assert!(spans.len() <= max_spans);
+                prop_assert!(batch.protobuf().len() <= max_bytes.max(largest));
+                exported.extend(spans);
+            }
+            sent.sort();
+            exported.sort();
+            prop_assert_eq!(exported, sent);
         }
     }
 }

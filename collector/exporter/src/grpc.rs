@@ -229,6 +229,10 @@ impl GrpcExporter {
 }
 
 impl SpanExporter for GrpcExporter {
+    fn takes_encoded(&self) -> bool {
+        true
+    }
+
     fn destination(&self) -> String {
         format!(
             "OTLP/gRPC {}",

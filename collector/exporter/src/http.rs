@@ -251,6 +251,10 @@ impl HttpExporter {
 }
 
 impl SpanExporter for HttpExporter {
+    fn takes_encoded(&self) -> bool {
+        true
+    }
+
     fn destination(&self) -> String {
         format!(
             "OTLP/HTTP protobuf POST {}",

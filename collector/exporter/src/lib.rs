@@ -55,6 +55,7 @@ pub mod sink;
 pub mod stage;
 pub mod tls;
 
+pub use batch::{Encoded, Encoder, Outgoing};
 pub use console::{ConsoleExporter, ConsoleExporterConfig};
 pub use error::{ExportError, RetryClass};
 pub use file::{FileExporter, FileExporterConfig};

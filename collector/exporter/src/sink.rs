@@ -44,6 +44,13 @@ pub trait SpanExporter: Send + 'static {
     /// URL or file, never credentials (see [`shown_endpoint`]).
     fn destination(&self) -> String;
 
+    /// True when this exporter reads only [`ExportBatch::protobuf`], never
+    /// [`ExportBatch::request`]: when every sink does, the correlation stage
+    /// encodes spans where it builds them ([`crate::Encoder`]).
+    fn takes_encoded(&self) -> bool {
+        false
+    }
+
     /// Called once, after the last `export`, when the stage shuts down
     /// cleanly. Exporters that buffer (the console tree) flush here.
     fn shutdown(&mut self) -> ExportFuture<'_> {
@@ -75,6 +82,11 @@ impl Sink {
     /// Where the sink's exporter sends spans ([`SpanExporter::destination`]).
     pub fn destination(&self) -> String {
         self.exporter.destination()
+    }
+
+    /// See [`SpanExporter::takes_encoded`].
+    pub fn takes_encoded(&self) -> bool {
+        self.exporter.takes_encoded()
     }
 
     pub(crate) fn exporter_mut(&mut self) -> &mut dyn SpanExporter {
@@ -144,7 +156,18 @@ impl ExportBatch {
         }
     }
 
-    /// The spans.
+    /// A batch that came encoded: its [`Self::request`] is empty (only
+    /// sinks that take encoded batches get one).
+    pub(crate) fn encoded(protobuf: Bytes, spans: u64) -> Self {
+        Self {
+            request: ExportTraceServiceRequest::default(),
+            spans,
+            lengths: Mutex::new(None),
+            protobuf: OnceLock::from(protobuf),
+        }
+    }
+
+    /// The spans (none for a batch that came encoded).
     pub fn request(&self) -> &ExportTraceServiceRequest {
         &self.request
     }

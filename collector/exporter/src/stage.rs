@@ -44,16 +44,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use hermes_span::trace::v1::ResourceSpans;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::Batcher;
+use crate::batch::{Batcher, Encoder, Outgoing};
 use crate::error::ExportError;
 use crate::retry::{Attempts, RetrySettings};
-use crate::sink::{ExportBatch, ExportOutcome, Sink, span_count};
+use crate::sink::{ExportBatch, ExportOutcome, Sink};
 
 /// Settings of the exporter stage, filled by the binary from its config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,7 +201,7 @@ impl ExporterStats {
 /// Runs the stage until shutdown and drain complete; see the module docs.
 /// Shorthand for `ExporterStage::new(sinks, settings).run(rx, shutdown)`.
 pub async fn run(
-    rx: mpsc::Receiver<Vec<ResourceSpans>>,
+    rx: mpsc::Receiver<Outgoing>,
     sinks: Vec<Sink>,
     settings: ExporterSettings,
     shutdown: CancellationToken,
@@ -256,6 +255,16 @@ impl ExporterStage {
         self.deadline.clone()
     }
 
+    /// The encoder the correlation stage runs when every sink takes
+    /// encoded batches ([`SpanExporter::takes_encoded`]), within this
+    /// stage's batch limits; `None` when a sink reads the spans.
+    pub fn encoder(&self) -> Option<Encoder> {
+        self.sinks
+            .iter()
+            .all(Sink::takes_encoded)
+            .then(|| Encoder::new(self.settings.max_batch_spans, self.settings.max_batch_bytes))
+    }
+
     /// The stage's counters (live while it runs).
     pub fn stats(&self) -> Arc<ExporterStats> {
         Arc::clone(&self.stats)
@@ -267,7 +276,7 @@ impl ExporterStage {
     /// runtime with the time driver enabled.
     pub async fn run(
         self,
-        mut rx: mpsc::Receiver<Vec<ResourceSpans>>,
+        mut rx: mpsc::Receiver<Outgoing>,
         shutdown: CancellationToken,
     ) -> Arc<ExporterStats> {
         let Self {
@@ -342,7 +351,7 @@ impl ExporterStage {
         }
         let mut left = 0u64;
         while let Ok(message) = rx.try_recv() {
-            left += span_count(&message);
+            left += message.span_count();
         }
         if left > 0 {
             stats.spans_received.fetch_add(left, Ordering::Relaxed);
@@ -384,12 +393,15 @@ async fn receive(
     stats: &ExporterStats,
     batcher: &mut Batcher,
     dispatcher: &mut Dispatcher,
-    message: Vec<ResourceSpans>,
+    message: Outgoing,
 ) -> bool {
-    let count = span_count(&message);
+    let count = message.span_count();
     stats.spans_received.fetch_add(count, Ordering::Relaxed);
     let n = stats.messages_received.fetch_add(1, Ordering::Relaxed) + 1;
-    let full = batcher.push(message);
+    let full = match message {
+        Outgoing::Spans(spans) => batcher.push(spans),
+        Outgoing::Encoded(requests) => batcher.push_encoded(requests),
+    };
     let flushed = !full.is_empty();
     // Every batch returned finishes message n-1 (the older spans go first);
     // the last one finishes message n too when nothing of it is left over.

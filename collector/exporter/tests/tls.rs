@@ -313,7 +313,7 @@ async fn a_wrong_ca_is_counted_as_failed_spans_without_retrying() {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(stage.run(rx, shutdown.clone()));
-    tx.send(spans(4)).await.unwrap();
+    tx.send(spans(4).into()).await.unwrap();
     drop(tx);
     // Well within max_elapsed: no retries.
     tokio::time::timeout(WAIT, task)

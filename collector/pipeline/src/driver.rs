@@ -26,6 +26,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hermes_correlator::{Correlation, Departure, Expiry, FinishedSpan, to_resource_spans};
+use hermes_exporter::{Encoder, Outgoing};
 use hermes_processor::SpanProcessor;
 use hermes_receiver::Ingested;
 use hermes_sampling::{Policy, Sampler};
@@ -67,6 +68,10 @@ pub struct Driver<C> {
     /// Settlement of fleet shims' events ([`crate::settle`]); none: no
     /// shim is told.
     pub settlement: Option<Settlement>,
+    /// Encodes the spans sent on, when every sink takes encoded batches
+    /// ([`hermes_exporter::ExporterStage::encoder`]): built, encoded and
+    /// freed on this thread. None: the spans go as they are.
+    pub encoder: Option<Encoder>,
 }
 
 /// What the stage hands back when it ends: its ledger and the lowest lsn
@@ -113,6 +118,7 @@ impl<C: Clock> Driver<C> {
             policies: None,
             session_ends: None,
             settlement: None,
+            encoder: None,
         }
     }
 
@@ -124,7 +130,7 @@ impl<C: Clock> Driver<C> {
     pub async fn run(
         self,
         mut ingest: mpsc::Receiver<Ingested>,
-        export: mpsc::Sender<Vec<ResourceSpans>>,
+        export: mpsc::Sender<Outgoing>,
         stop: CancellationToken,
     ) -> Ended {
         let Self {
@@ -142,7 +148,12 @@ impl<C: Clock> Driver<C> {
             mut policies,
             session_ends,
             mut settlement,
+            encoder,
         } = self;
+        let outgoing = |spans: Vec<ResourceSpans>| match encoder {
+            Some(encoder) => encoder.encode(spans),
+            None => Outgoing::Spans(spans),
+        };
         if settlement.is_some() {
             correlation.record_closures();
         }
@@ -314,7 +325,7 @@ impl<C: Clock> Driver<C> {
                     if let Some(settlement) = settlement.as_mut() {
                         settlement.sending();
                     }
-                    if export.send(batch).await.is_err() {
+                    if export.send(outgoing(batch)).await.is_err() {
                         tracing::error!(
                             "exporter stage is gone; spans of the remaining events are lost"
                         );
@@ -381,7 +392,7 @@ impl<C: Clock> Driver<C> {
                 .flat_map(|rs| &rs.scope_spans)
                 .map(|ss| ss.spans.len())
                 .sum();
-            if export.send(batch).await.is_err() {
+            if export.send(outgoing(batch)).await.is_err() {
                 tracing::error!(
                     spans = n,
                     "exporter stage is gone; spans closed at shutdown are lost"

@@ -11,11 +11,12 @@ use std::time::Duration;
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Correlation, Correlator};
 use hermes_e2e::ingest::{basic_events, basic_open_turn as open_turn, batch_of};
+use hermes_exporter::Outgoing;
 use hermes_processor::{ProcessorConfig, SpanProcessor};
 use hermes_proto::v1::Event;
 use hermes_receiver::Ingested;
 use hermes_span::common::v1::any_value::Value;
-use hermes_span::trace::v1::{ResourceSpans, Span};
+use hermes_span::trace::v1::Span;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -35,7 +36,7 @@ const TICK: Duration = Duration::from_millis(500);
 /// A running stage fed by `ingest`, read at `export`.
 struct Stage {
     ingest: mpsc::Sender<Ingested>,
-    export: mpsc::Receiver<Vec<ResourceSpans>>,
+    export: mpsc::Receiver<Outgoing>,
     stop: CancellationToken,
     task: JoinHandle<Ended>,
 }
@@ -127,21 +128,23 @@ fn incomplete(span: &Span) -> bool {
 }
 
 /// Every span the stage exports within `within` (of paused time).
-async fn exported_within(
-    export: &mut mpsc::Receiver<Vec<ResourceSpans>>,
-    within: Duration,
-) -> Vec<Span> {
+async fn exported_within(export: &mut mpsc::Receiver<Outgoing>, within: Duration) -> Vec<Span> {
     let until = tokio::time::Instant::now() + within;
     let mut spans = Vec::new();
     while let Ok(Some(batch)) = tokio::time::timeout_at(until, export.recv()).await {
-        spans.extend(
-            batch
-                .into_iter()
-                .flat_map(|rs| rs.scope_spans)
-                .flat_map(|ss| ss.spans),
-        );
+        spans.extend(spans_of(batch));
     }
     spans
+}
+
+/// The spans of what the stage sent (without an encoder: as they are).
+fn spans_of(batch: Outgoing) -> impl Iterator<Item = Span> {
+    batch
+        .into_spans()
+        .expect("the stage encodes nothing without an encoder")
+        .into_iter()
+        .flat_map(|rs| rs.scope_spans)
+        .flat_map(|ss| ss.spans)
 }
 
 /// The one turn among `spans`, exported because `why`.
@@ -363,12 +366,7 @@ async fn a_finalized_session_is_reported_after_its_spans_were_sent() {
     // The turn the finalize closed was already in the export channel.
     let mut sent = Vec::new();
     while let Ok(batch) = stage.export.try_recv() {
-        sent.extend(
-            batch
-                .into_iter()
-                .flat_map(|rs| rs.scope_spans)
-                .flat_map(|ss| ss.spans),
-        );
+        sent.extend(spans_of(batch));
     }
     one_root(&sent, "sent before the end was reported");
 }

@@ -16,11 +16,10 @@ use anyhow::Context as _;
 use hermes_config::{Config, DiskQueueSettings, Validated};
 use hermes_correlator::sequencer::Sequencer;
 use hermes_correlator::{Correlation, Correlator};
-use hermes_exporter::ExporterStage;
+use hermes_exporter::{ExporterStage, Outgoing};
 use hermes_metrics::collector;
 use hermes_receiver::{Ingest, Ingested, ListenAddr, Listener, ReceiverStats, Settlements};
 use hermes_sampling::{Policy, Sampler};
-use hermes_span::trace::v1::ResourceSpans;
 use prometheus_client::collector::Collector;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -41,7 +40,7 @@ pub struct Topology {
     pub(crate) readiness: Arc<Readiness>,
     pub(crate) receiver: ReceiverPart,
     pub(crate) admin: AdminPart,
-    pub(crate) exporter: (ExporterStage, mpsc::Receiver<Vec<ResourceSpans>>),
+    pub(crate) exporter: (ExporterStage, mpsc::Receiver<Outgoing>),
     pub(crate) correlation: CorrelationPart,
     pub(crate) writer: Option<WriterPart>,
     pub(crate) metrics_export: Option<OtlpMetricsExport>,
@@ -78,7 +77,7 @@ pub(crate) struct AdminPart {
 pub(crate) struct CorrelationPart {
     pub driver: Driver<WallClock>,
     pub ingest: mpsc::Receiver<Ingested>,
-    pub export: mpsc::Sender<Vec<ResourceSpans>>,
+    pub export: mpsc::Sender<Outgoing>,
     pub stats: Arc<PipelineStats>,
 }
 
@@ -167,6 +166,7 @@ impl Topology {
             let stats = exporter_stats.clone();
             Box::new(move || stats.done_through())
         });
+        correlation.driver.encoder = stage.encoder();
         correlation.driver.settlement = Some(if config.fleet.replicated {
             settlement.replicated(
                 config
@@ -271,7 +271,7 @@ fn correlation_part(
     config: &Config,
     steps: Steps,
     persistent: Option<(Writer, Recovered)>,
-    (ingest, export): (mpsc::Receiver<Ingested>, mpsc::Sender<Vec<ResourceSpans>>),
+    (ingest, export): (mpsc::Receiver<Ingested>, mpsc::Sender<Outgoing>),
     exporter_stats: &Arc<hermes_exporter::ExporterStats>,
     (probes, metrics): (&mut Vec<QueueProbe>, &mut Vec<Box<dyn Collector>>),
 ) -> (
@@ -319,6 +319,7 @@ fn correlation_part(
         policies: Some(updates),
         session_ends: None,
         settlement: None,
+        encoder: None,
     };
     let part = CorrelationPart {
         driver,

@@ -92,6 +92,11 @@ impl Lengths {
         Self { total, lens }
     }
 
+    /// Encoded size of the whole request.
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+
     /// Encodes `request`, which must be the request measured (the second
     /// pass), into a new buffer of exactly its encoded size.
     pub(crate) fn encode(&self, request: &ExportTraceServiceRequest) -> Vec<u8> {

@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hermes_e2e::OtlpReceiver;
+use hermes_e2e::{OtlpReceiver, ReceivedExport};
 use hermes_exporter::{
-    Compression, ExportError, ExporterSettings, GrpcExporter, GrpcExporterConfig, RetryClass, Sink,
-    SpanExporter,
+    Compression, ExportError, ExporterSettings, ExporterStage, GrpcExporter, GrpcExporterConfig,
+    Outgoing, RetryClass, Sink, SpanExporter,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use tokio_util::sync::CancellationToken;
@@ -105,44 +105,94 @@ async fn unreachable_receiver_is_retryable() {
     assert_eq!(err.retry_class(), RetryClass::Retryable, "{err:?}");
 }
 
-#[tokio::test]
-async fn stage_exports_to_grpc_and_drains_on_shutdown() {
-    let receiver = OtlpReceiver::start();
+/// A stage exporting to `receiver` over gRPC with gzip, in batches of at
+/// most 4 spans, sent when full or at shutdown.
+fn by_fours(receiver: &OtlpReceiver) -> ExporterStage {
     let sink = Sink::new(
         "otlp_grpc",
         exporter(&receiver.endpoint(), Compression::Gzip),
     );
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    let shutdown = CancellationToken::new();
     let settings = ExporterSettings {
         max_batch_spans: 4,
         batch_timeout: Duration::from_secs(60),
         ..ExporterSettings::default()
     };
-    let task = tokio::spawn(hermes_exporter::run(
-        rx,
-        vec![sink],
-        settings,
-        shutdown.clone(),
-    ));
-    for i in 0..5u8 {
-        tx.send(ours(leaf_spans(2 + i * 2, 2))).await.unwrap();
+    ExporterStage::new(vec![sink], settings)
+}
+
+/// Runs `stage` ([`by_fours`]) on `messages`, ten spans, then shuts it
+/// down; the requests `receiver` got, in order.
+async fn ten_spans_then_shutdown(
+    stage: ExporterStage,
+    receiver: &OtlpReceiver,
+    messages: Vec<Outgoing>,
+) -> Vec<ReceivedExport> {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(stage.run(rx, shutdown.clone()));
+    for message in messages {
+        tx.send(message).await.unwrap();
     }
-    // 10 spans: two full batches of 4 go out at once, 2 wait for shutdown.
+    // Two full batches of 4 go out at once, 2 spans wait for shutdown.
     assert!(receiver.store().until_spans(8, WAIT).await);
     shutdown.cancel();
     let stats = task.await.unwrap();
     assert!(receiver.store().until_spans(10, WAIT).await);
-    let calls = receiver.store().exports();
-    assert_eq!(calls.len(), 3);
-    // Merged: one resource, one scope per request.
-    for call in &calls {
-        assert_eq!(call.request.resource_spans.len(), 1);
-        assert_eq!(call.request.resource_spans[0].scope_spans.len(), 1);
-    }
     let sink = stats.sink("otlp_grpc").unwrap();
     assert_eq!(stats.spans_received(), 10);
     assert_eq!(sink.spans_sent(), 10);
     assert_eq!(sink.spans_failed(), 0);
     assert_eq!(sink.batches_sent(), 3);
+    let calls = receiver.store().exports();
+    assert_eq!(calls.len(), 3);
+    calls
+}
+
+/// Five groups of two spans.
+fn five_pairs() -> impl Iterator<Item = Vec<hermes_span::trace::v1::ResourceSpans>> {
+    (0..5u8).map(|i| ours(leaf_spans(2 + i * 2, 2)))
+}
+
+#[tokio::test]
+async fn stage_exports_to_grpc_and_drains_on_shutdown() {
+    let receiver = OtlpReceiver::start();
+    let messages = five_pairs().map(Outgoing::from).collect();
+    let calls = ten_spans_then_shutdown(by_fours(&receiver), &receiver, messages).await;
+    // Merged: one resource, one scope per request.
+    for call in &calls {
+        assert_eq!(call.request.resource_spans.len(), 1);
+        assert_eq!(call.request.resource_spans[0].scope_spans.len(), 1);
+    }
+}
+
+/// The correlation stage's path when every sink sends protobuf: spans
+/// encoded by the stage's encoder, joined by the exporter stage, arrive at
+/// a real OTLP receiver whole and in order, within the batch limit.
+#[tokio::test]
+async fn encoded_spans_are_joined_and_arrive_whole() {
+    let receiver = OtlpReceiver::start();
+    let stage = by_fours(&receiver);
+    let encoder = stage.encoder().expect("a gRPC sink takes encoded batches");
+    let messages = five_pairs().map(|spans| encoder.encode(spans)).collect();
+    let calls = ten_spans_then_shutdown(stage, &receiver, messages).await;
+    // Joined, not merged: each group keeps its resource entry.
+    let entries: Vec<usize> = calls
+        .iter()
+        .map(|c| c.request.resource_spans.len())
+        .collect();
+    assert_eq!(entries, vec![2, 2, 1]);
+    let names: Vec<String> = calls
+        .iter()
+        .flat_map(|c| &c.request.resource_spans)
+        .flat_map(|rs| &rs.scope_spans)
+        .flat_map(|ss| &ss.spans)
+        .map(|span| span.name.clone())
+        .collect();
+    let sent: Vec<String> = five_pairs()
+        .flatten()
+        .flat_map(|rs| rs.scope_spans)
+        .flat_map(|ss| ss.spans)
+        .map(|span| span.name.to_string())
+        .collect();
+    assert_eq!(names, sent);
 }

@@ -48,7 +48,7 @@ async fn run_stage(
         fast_retry(),
         CancellationToken::new(),
     ));
-    tx.send(ours(spans)).await.unwrap();
+    tx.send(ours(spans).into()).await.unwrap();
     drop(tx);
     task.await.unwrap()
 }

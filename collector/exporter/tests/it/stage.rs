@@ -4,9 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hermes_exporter::{
-    ExportError, ExporterSettings, ExporterStage, ExporterStats, RetrySettings, Sink,
+    ExportError, ExporterSettings, ExporterStage, ExporterStats, Outgoing, RetrySettings, Sink,
 };
-use hermes_span::trace::v1::ResourceSpans;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -22,7 +21,7 @@ fn settings(max_batch_spans: usize, batch_timeout_ms: u64) -> ExporterSettings {
 }
 
 struct Running {
-    tx: mpsc::Sender<Vec<ResourceSpans>>,
+    tx: mpsc::Sender<Outgoing>,
     shutdown: CancellationToken,
     stats: Arc<ExporterStats>,
     task: tokio::task::JoinHandle<Arc<ExporterStats>>,
@@ -44,6 +43,18 @@ fn start(sinks: Vec<(&str, ScriptedSink)>, settings: ExporterSettings) -> Runnin
         stats,
         task,
     }
+}
+
+#[test]
+fn a_sink_that_reads_the_spans_gets_them_as_they_are() {
+    // A sink that does not take encoded batches (as the file, console and
+    // trajectory sinks, which read `ExportBatch::request`): the correlation
+    // stage must send the spans as they are.
+    let stage = ExporterStage::new(
+        vec![Sink::new("scripted", ScriptedSink::new(Vec::new()))],
+        ExporterSettings::default(),
+    );
+    assert!(stage.encoder().is_none());
 }
 
 fn assert_accounted(stats: &ExporterStats) {
@@ -70,7 +81,7 @@ async fn batches_by_size_then_by_timeout() {
     let sink = ScriptedSink::new(vec![]);
     let run = start(vec![("s", sink.clone())], settings(3, 200));
     let t0 = Instant::now();
-    run.tx.send(ours(leaf_spans(2, 7))).await.unwrap();
+    run.tx.send(ours(leaf_spans(2, 7)).into()).await.unwrap();
 
     tokio::time::sleep(Duration::from_millis(100)).await;
     let sizes = |sink: &ScriptedSink| -> Vec<usize> {
@@ -98,8 +109,8 @@ async fn batches_by_size_then_by_timeout() {
 async fn merges_equal_resources_and_scopes() {
     let sink = ScriptedSink::new(vec![]);
     let run = start(vec![("s", sink.clone())], settings(100, 200));
-    run.tx.send(ours(leaf_spans(2, 1))).await.unwrap();
-    run.tx.send(ours(leaf_spans(3, 2))).await.unwrap();
+    run.tx.send(ours(leaf_spans(2, 1)).into()).await.unwrap();
+    run.tx.send(ours(leaf_spans(3, 2)).into()).await.unwrap();
     drop(run.tx);
     let stats = run.task.await.unwrap();
 
@@ -122,7 +133,10 @@ async fn shutdown_drains_the_channel() {
     let sink = ScriptedSink::new(vec![]);
     let run = start(vec![("s", sink.clone())], settings(512, 60_000));
     for i in 0..3 {
-        run.tx.send(ours(leaf_spans(2 + i, 1))).await.unwrap();
+        run.tx
+            .send(ours(leaf_spans(2 + i, 1)).into())
+            .await
+            .unwrap();
     }
     let t0 = Instant::now();
     run.shutdown.cancel();
@@ -136,7 +150,7 @@ async fn shutdown_drains_the_channel() {
     assert_accounted(&stats);
     assert_eq!(*sink.shutdowns.lock().unwrap(), 1);
     // The channel is closed once the stage stops.
-    assert!(run.tx.send(ours(leaf_spans(9, 1))).await.is_err());
+    assert!(run.tx.send(ours(leaf_spans(9, 1)).into()).await.is_err());
 }
 
 #[tokio::test(start_paused = true)]
@@ -150,7 +164,7 @@ async fn drain_deadline_abandons_a_hanging_sink_only() {
         s,
     );
     // 5 spans: two full batches now, one partial at shutdown.
-    run.tx.send(ours(leaf_spans(2, 5))).await.unwrap();
+    run.tx.send(ours(leaf_spans(2, 5)).into()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
 
     let t0 = Instant::now();
@@ -183,7 +197,7 @@ async fn throttle_delay_is_honoured() {
         message: String::new(),
     })]);
     let run = start(vec![("s", sink.clone())], settings(1, 10));
-    run.tx.send(ours(leaf_spans(2, 1))).await.unwrap();
+    run.tx.send(ours(leaf_spans(2, 1)).into()).await.unwrap();
     drop(run.tx);
     let stats = run.task.await.unwrap();
 
@@ -204,7 +218,7 @@ async fn retries_with_backoff_then_gives_up() {
         max_elapsed: Duration::from_secs(2),
     };
     let run = start(vec![("s", sink.clone())], s);
-    run.tx.send(ours(leaf_spans(2, 4))).await.unwrap();
+    run.tx.send(ours(leaf_spans(2, 4)).into()).await.unwrap();
     drop(run.tx);
     let stats = run.task.await.unwrap();
 
@@ -234,10 +248,10 @@ async fn non_retryable_errors_are_dropped_at_once() {
         message: "bad".into(),
     })]);
     let run = start(vec![("s", sink.clone())], settings(10, 10));
-    run.tx.send(ours(leaf_spans(2, 2))).await.unwrap();
-    run.tx.send(ours(leaf_spans(4, 1))).await.unwrap();
+    run.tx.send(ours(leaf_spans(2, 2)).into()).await.unwrap();
+    run.tx.send(ours(leaf_spans(4, 1)).into()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    run.tx.send(ours(leaf_spans(5, 1))).await.unwrap();
+    run.tx.send(ours(leaf_spans(5, 1)).into()).await.unwrap();
     drop(run.tx);
     let stats = run.task.await.unwrap();
     assert_eq!(sink.calls.lock().unwrap().len(), 2);
@@ -256,10 +270,10 @@ async fn done_through_follows_the_slowest_sink_and_never_counts_abandoned_batche
         settings(2, 100),
     );
     // Message 1: 3 spans (a full batch of 2 + 1 left over); message 2: 1 span.
-    run.tx.send(ours(leaf_spans(1, 3))).await.unwrap();
+    run.tx.send(ours(leaf_spans(1, 3)).into()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(run.stats.done_through(), 0, "message 1 is not complete yet");
-    run.tx.send(ours(leaf_spans(4, 1))).await.unwrap();
+    run.tx.send(ours(leaf_spans(4, 1)).into()).await.unwrap();
     // Both messages go out; the slow sink needs its retries.
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(run.stats.sink("fast").unwrap().done_through(), 2);
@@ -271,7 +285,7 @@ async fn done_through_follows_the_slowest_sink_and_never_counts_abandoned_batche
     let mut s = settings(1, 100);
     s.drain_timeout = Duration::from_secs(1);
     let run = start(vec![("hanging", hanging)], s);
-    run.tx.send(ours(leaf_spans(1, 1))).await.unwrap();
+    run.tx.send(ours(leaf_spans(1, 1)).into()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
     run.shutdown.cancel();
     let stats = run.task.await.unwrap();
