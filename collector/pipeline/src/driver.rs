@@ -8,7 +8,8 @@
 //! and state that only its TTL closes wakes it once, at the TTL); finished
 //! spans pass the [`SpanProcessor`] (attribute sets, redaction, truncation)
 //! and the derived metrics, then the tail [`Sampler`], and go to the
-//! exporters as OTLP `ResourceSpans`. Awaiting a place in the
+//! exporters as OTLP `ResourceSpans`, or encoded here when every sink
+//! sends protobuf ([`Driver::encoder`]). Awaiting a place in the
 //! export channel is the backpressure: when the exporters fall behind, this
 //! stage stops reading, the ingest channel fills, and the receiver stops
 //! reading from the shims.
