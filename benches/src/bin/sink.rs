@@ -124,7 +124,18 @@ async fn main() -> anyhow::Result<()> {
     let service = TraceServiceServer::new(sink.clone())
         .max_decoding_message_size(64 << 20)
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // TCP_NODELAY, as real receivers set it (Go's net package by default,
+    // gRPC's C core): with Nagle on, a response written behind a small
+    // unacknowledged write waits for the peer's delayed ACK (40 ms).
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |stream| {
+            stream.and_then(|stream| {
+                stream.set_nodelay(true)?;
+                Ok(stream)
+            })
+        },
+    );
     let server =
         tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(service, incoming));
     let mut term = signal(SignalKind::terminate())?;
