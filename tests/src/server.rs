@@ -225,14 +225,16 @@ fn local_addr(listener: &StdTcpListener) -> SocketAddr {
 }
 
 /// Serves gRPC on `listener` from a thread of its own: `serve` runs the
-/// tonic server on the incoming connections.
+/// tonic server on the incoming connections, with `TCP_NODELAY` as real
+/// OTLP receivers set it (a response must not wait for the client's
+/// delayed acknowledgement of the previous write).
 fn serve_grpc<F, Fut>(name: &'static str, listener: StdTcpListener, serve: F) -> ServerThread
 where
     F: FnOnce(TcpIncoming) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<(), tonic::transport::Error>>,
 {
     ServerThread::spawn(name, listener, move |listener| async move {
-        if let Err(e) = serve(TcpIncoming::from(listener)).await {
+        if let Err(e) = serve(TcpIncoming::from(listener).with_nodelay(Some(true))).await {
             eprintln!("{name}: {e}");
         }
     })
