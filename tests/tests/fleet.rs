@@ -11,6 +11,8 @@
 //! Every turn must arrive as one trace with exactly one root span, every
 //! expected span id must arrive, a span that arrives twice must be the
 //! same bytes, and the agents' queue pushes (the hook path) never wait.
+//! The replicas run with a short end grace, so that a move between a
+//! turn's end events is caught in every run, not only under load.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,6 +28,13 @@ const FIRST: [u8; 3] = [2, 3, 4];
 const ADDED: u8 = 5;
 const KILLED: u8 = 3;
 const DRAINED: u8 = 2;
+/// An end grace far below the default (2 s): a replica that closed a moved
+/// agent's ended turn at the grace, before the handoff behind its last
+/// batches was read, would export it without its end while the next
+/// replica ends it whole. With the default that takes a stream backed up
+/// for seconds; with this one, any move between a turn's `post_llm_call`
+/// and its `on_session_end`.
+const SHORT_END_GRACE: &str = "correlator:\n  turn_end_grace_ms: 100\n";
 /// Real Hermes agents run alongside the simulated ones.
 const REAL_AGENTS: usize = 3;
 /// The longest queue push the agents may see. A push never waits for the
@@ -66,7 +75,7 @@ fn a_fleet_keeps_every_turn_one_trace_through_a_kill_a_scale_up_and_a_drain() {
     cargo_bin("hermes-loadgen", "hermes-loadgen");
     hermes_e2e::ensure_venv();
     let receiver = OtlpReceiver::start();
-    let mut fleet = Fleet::new(&receiver, &[2, 3, 4, 5], "");
+    let mut fleet = Fleet::new(&receiver, &[2, 3, 4, 5], SHORT_END_GRACE);
     for octet in FIRST {
         fleet.start(octet);
     }

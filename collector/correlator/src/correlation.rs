@@ -53,9 +53,9 @@ impl Correlation {
         self.correlate(out);
     }
 
-    /// See [`Correlator::set_away`].
-    pub fn set_away(&mut self, away: std::collections::HashSet<String>) {
-        self.correlator.set_away(away);
+    /// See [`Correlator::set_movable`].
+    pub fn set_movable(&mut self, movable: std::collections::HashSet<String>) {
+        self.correlator.set_movable(movable);
     }
 
     /// The timers at wall-clock `now`: holes older than the gap timeout are

@@ -402,9 +402,10 @@ pub struct Correlator {
     /// Closed units' positions, for a fleet replica's settlement
     /// ([`Correlator::record_closures`]); None: not recorded.
     closures: Option<Vec<(Str, Closure)>>,
-    /// Fleet instances whose stream left without a handoff
-    /// ([`Correlator::set_away`]): their ended turns wait for the TTL.
-    away: std::collections::HashSet<String>,
+    /// Fleet instances of a replicated collector, which may move to another
+    /// replica at any time ([`Correlator::set_movable`]): their ended turns
+    /// are not closed at the end grace.
+    movable: std::collections::HashSet<String>,
     /// Wall clock of the last [`Correlator::expire`].
     clock: u64,
     /// Sessions whose host said they ended (`on_session_finalize`), until
@@ -446,7 +447,7 @@ impl Correlator {
             lsn: 0,
             max_lsn: 0,
             closures: None,
-            away: std::collections::HashSet::new(),
+            movable: std::collections::HashSet::new(),
             clock: 0,
             session_ends: std::collections::VecDeque::new(),
         }

@@ -13,14 +13,14 @@ impl Correlator {
         let before = out.len();
         let ttl = self.config.state_ttl_nanos;
         let grace = self.config.turn_end_grace_nanos;
-        let away = &self.away;
+        let movable = &self.movable;
         let mut ended: Vec<(String, bool)> = self
             .turns
             .iter()
             .filter_map(|(id, turn)| match turn.end {
                 Some(_)
                     if now.saturating_sub(turn.end_seen) >= grace
-                        && !away.contains(turn.instance.as_str()) =>
+                        && !movable.contains(turn.instance.as_str()) =>
                 {
                     Some((id.clone(), false))
                 }
@@ -58,17 +58,19 @@ impl Correlator {
         self.stats.spans += (out.len() - before) as u64;
     }
 
-    /// The fleet instances whose last stream here ended without a handoff
-    /// (a replicated collector's settlement knows them). Their agent
-    /// either died or moved on without its handoff reaching this replica
-    /// (it waits behind the batches sent before it, for a bounded time):
-    /// a moved agent sends its next replica every event not settled, which
-    /// then ends its turns whole. Closing an ended turn here after the end
-    /// grace would export a second copy of it without its end event, so
-    /// their ended turns wait like any open state: for the agent's return
-    /// (which rebuilds them) or the TTL (which closes them incomplete).
-    pub fn set_away(&mut self, away: std::collections::HashSet<String>) {
-        self.away = away;
+    /// The fleet instances of a replicated collector (its settlement knows
+    /// them): agents that may move to another replica between any two
+    /// events. A moved agent sends its next replica every event not
+    /// settled here, and that replica ends the turn whole; the handoff
+    /// that tells this replica comes behind the batches sent before it, as
+    /// late as the stream is backed up, or never (the agent's stream broke).
+    /// Closing an ended turn here at the end grace would then export a
+    /// second copy of it without its end event, so their ended turns wait
+    /// like any open state: for `on_session_end`, the next turn of the
+    /// session (which supersedes it), the handoff or the drain (which
+    /// forget it), or the TTL (which closes it incomplete).
+    pub fn set_movable(&mut self, movable: std::collections::HashSet<String>) {
+        self.movable = movable;
     }
 
     /// Closes, as incomplete, every open state that depends on a position

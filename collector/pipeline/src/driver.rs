@@ -254,7 +254,7 @@ impl<C: Clock> Driver<C> {
                         // firing at once for its overdue tick and expiring a
                         // second time.
                         if let Some(settlement) = settlement.as_ref() {
-                            correlation.set_away(settlement.away());
+                            correlation.set_movable(settlement.movable());
                         }
                         correlation.catch_up(now, &mut out);
                         timer.reset();
@@ -281,7 +281,7 @@ impl<C: Clock> Driver<C> {
                         depart(&orphans, Departure::Orphaned, &mut correlation, &mut sampler, Some(settlement));
                     }
                     if let Some(settlement) = settlement.as_ref() {
-                        correlation.set_away(settlement.away());
+                        correlation.set_movable(settlement.movable());
                     }
                     correlation.tick(now, &mut out);
                     sampler.expire(now);

@@ -207,6 +207,65 @@ async fn an_ended_turn_of_an_agent_gone_without_a_handoff_waits_for_the_ttl() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_ended_turn_of_a_connected_agent_waits_past_the_grace_for_its_end_or_handoff() {
+    // The agent is still connected after its turn's post_llm_call, but it
+    // may have moved: its on_session_end went to its next replica, and the
+    // handoff behind its last batches here is read late (a backed-up
+    // stream). Closing the turn at the end grace would export it without
+    // its end while the next replica ends it whole.
+    let events = basic_events();
+    let end = events
+        .iter()
+        .position(|e| e.hook == "on_session_end")
+        .unwrap();
+    let registry = Arc::new(Settlements::default());
+    let _connected = registry.subscribe(AGENT);
+    let mut stage = start_replicated(Ledger::Memory, &events, &registry);
+    feed_fleet(&stage, events[..end].to_vec()).await;
+    let spans = exported_within(&mut stage.export, GRACE + 4 * TICK).await;
+    assert!(roots(&spans).is_empty(), "closed at the grace: {spans:?}");
+    // It did not move: its end comes, and the turn ends whole.
+    feed_fleet(&stage, events[end..].to_vec()).await;
+    let spans = exported_within(&mut stage.export, 2 * TICK).await;
+    assert_eq!(roots_incomplete(&spans), (1, 0), "{spans:?}");
+    let completed = one_root(&spans, "ended")
+        .attributes
+        .iter()
+        .find(|kv| kv.key == "hermes.turn.completed")
+        .and_then(|kv| kv.value.as_ref()?.value.clone());
+    assert_eq!(
+        completed,
+        Some(Value::BoolValue(true)),
+        "ended by its end event"
+    );
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ended_turn_handed_off_after_the_grace_is_not_exported() {
+    let events = basic_events();
+    let end = events
+        .iter()
+        .position(|e| e.hook == "on_session_end")
+        .unwrap();
+    let registry = Arc::new(Settlements::default());
+    let _connected = registry.subscribe(AGENT);
+    let mut stage = start_replicated(Ledger::Memory, &events, &registry);
+    feed_fleet(&stage, events[..end].to_vec()).await;
+    tokio::time::sleep(GRACE + 4 * TICK).await;
+    hand_off(&stage, 0).await;
+    stage.stop.cancel();
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+    let spans = exported_within(&mut stage.export, TICK).await;
+    assert!(
+        roots(&spans).is_empty(),
+        "the next replica ends it; not exported here: {spans:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn replayed_state_of_an_agent_that_does_not_come_back_is_dropped_at_the_ttl() {
     let events = basic_events();
     let open = open_turn();

@@ -182,18 +182,14 @@ impl Settlement {
         departed
     }
 
-    /// With `fleet.replicated`: the fleet instances that hold state here
-    /// and whose last stream ended without a handoff
-    /// ([`hermes_correlator::Correlator::set_away`]).
-    pub fn away(&self) -> HashSet<String> {
+    /// With `fleet.replicated`: the fleet instances seen here, which may
+    /// move to another replica at any time
+    /// ([`hermes_correlator::Correlator::set_movable`]).
+    pub fn movable(&self) -> HashSet<String> {
         if self.replicated.is_none() {
             return HashSet::new();
         }
-        self.seen
-            .iter()
-            .filter(|i| self.registry.is_abandoned(i))
-            .cloned()
-            .collect()
+        self.seen.clone()
     }
 
     /// The lsn of a batch that came without one (the memory queue).
