@@ -110,14 +110,23 @@ impl Ledger {
         self.total.add(turns, sessions, bytes);
     }
 
+    /// Takes back what `instance` held, at most all of it: the total stays
+    /// the sum of the agents' usage, which
+    /// [`Correlator::enforce_budgets`] relies on.
     pub fn sub(&mut self, instance: &str, turns: usize, sessions: usize, bytes: usize) {
-        if let Some(u) = self.agents.get_mut(instance) {
-            u.sub(turns, sessions, bytes);
-            if u.is_empty() {
-                self.agents.remove(instance);
-            }
+        let Some(u) = self.agents.get_mut(instance) else {
+            return;
+        };
+        let before = *u;
+        u.sub(turns, sessions, bytes);
+        self.total.sub(
+            before.turns - u.turns,
+            before.sessions - u.sessions,
+            before.bytes - u.bytes,
+        );
+        if u.is_empty() {
+            self.agents.remove(instance);
         }
-        self.total.sub(turns, sessions, bytes);
     }
 
     /// The instance holding the most by `measure` (ties: the smallest id,
@@ -252,7 +261,11 @@ impl Correlator {
     }
 
     fn enforce(&mut self, instance: &str, budget: &Budget, out: &mut Vec<FinishedSpan>) {
-        while (budget.used)(&self.ledger.of(instance)) > budget.per_agent {
+        // No agent holds more than all of them together: within the
+        // per-agent limit in total, nobody's usage needs looking up.
+        while (budget.used)(&self.ledger.total) > budget.per_agent
+            && (budget.used)(&self.ledger.of(instance)) > budget.per_agent
+        {
             if !(budget.evict)(self, instance, out) {
                 break;
             }
@@ -381,11 +394,10 @@ fn charge(turns: &mut Map<String, Turn>, ledger: &mut Ledger, key: &str) {
     if let Some(turn) = turns.get_mut(key)
         && turn.held != turn.charged
     {
-        let instance = turn.instance.clone();
         if turn.held > turn.charged {
-            ledger.add(&instance, 0, 0, turn.held - turn.charged);
+            ledger.add(&turn.instance, 0, 0, turn.held - turn.charged);
         } else {
-            ledger.sub(&instance, 0, 0, turn.charged - turn.held);
+            ledger.sub(&turn.instance, 0, 0, turn.charged - turn.held);
         }
         turn.charged = turn.held;
     }
@@ -407,7 +419,7 @@ fn oldest_of<V>(
 
 #[cfg(test)]
 mod tests {
-    use super::{KeyBuf, key};
+    use super::{KeyBuf, Ledger, key};
 
     #[test]
     fn a_key_is_the_instances_length_then_both_strings() {
@@ -430,5 +442,27 @@ mod tests {
         ] {
             assert_eq!(keys.of(instance, id), key(instance, id));
         }
+    }
+
+    #[test]
+    fn the_total_stays_the_sum_of_the_agents() {
+        // Budgets skip looking an agent up while the total is within the
+        // per-agent limit: taking back more than an agent held must not
+        // take the rest from the others' share of the total.
+        let mut ledger = Ledger::default();
+        ledger.add("a", 1, 1, 10);
+        ledger.add("b", 0, 0, 5);
+        ledger.sub("a", 2, 1, 25);
+        ledger.sub("gone", 1, 1, 1);
+        assert_eq!(
+            (
+                ledger.total.turns,
+                ledger.total.sessions,
+                ledger.total.bytes
+            ),
+            (0, 0, 5)
+        );
+        assert_eq!(ledger.of("b").bytes, 5);
+        assert_eq!(ledger.of("a").bytes, 0);
     }
 }

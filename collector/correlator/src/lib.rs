@@ -378,6 +378,10 @@ pub enum Expiry {
 pub struct Correlator {
     config: Config,
     resources: Map<String, ResourceEntry>,
+    /// The resource of the instance of the last event, found without
+    /// hashing its id again while one agent's events follow each other
+    /// (a batch); emptied before `resources` drops unused entries.
+    last_resource: Option<(String, Arc<Resource>)>,
     /// Open turns, by [`fair::key`] (instance, turn id); likewise the
     /// links, subagents (instance, child session id) and pending starts
     /// (instance, session id).
@@ -435,6 +439,7 @@ impl Correlator {
         Self {
             config,
             resources: Map::default(),
+            last_resource: None,
             turns: Map::default(),
             ledger: Ledger::default(),
             closed: Closed::default(),

@@ -53,6 +53,7 @@ impl Correlator {
             self.remove_link(&k);
         }
         self.drop_pending_starts(|p| now.abs_diff(p.at) >= ttl);
+        self.last_resource = None;
         self.resources
             .retain(|_, r| Arc::strong_count(&r.resource) > 1);
         self.stats.spans += (out.len() - before) as u64;

@@ -17,6 +17,24 @@ pub(crate) struct At<'a> {
 
 impl Correlator {
     pub(crate) fn resource(&mut self, shim: &v1::ShimInfo, schema_version: &str) -> Arc<Resource> {
+        if let Some((instance, resource)) = &self.last_resource
+            && *instance == shim.instance_id
+        {
+            return resource.clone();
+        }
+        let resource = self.resource_entry(shim, schema_version);
+        match &mut self.last_resource {
+            Some((instance, last)) => {
+                instance.clone_from(&shim.instance_id);
+                *last = resource.clone();
+            }
+            None => self.last_resource = Some((shim.instance_id.clone(), resource.clone())),
+        }
+        resource
+    }
+
+    /// The instance's resource from `resources`, made on its first event.
+    fn resource_entry(&mut self, shim: &v1::ShimInfo, schema_version: &str) -> Arc<Resource> {
         if let Some(entry) = self.resources.get(&shim.instance_id) {
             return entry.resource.clone();
         }
