@@ -13,10 +13,8 @@ impl Correlator {
     ) {
         let mut end = end.max(turn.start);
         // Close children that never got their end event.
-        let mut attempts: Vec<(String, u32)> = turn.attempts.keys().cloned().collect();
-        attempts.sort();
         let nothing = HashMap::new();
-        for (api_request_id, attempt) in attempts {
+        for (api_request_id, attempt) in attempts::open_attempts(&turn.requests) {
             let api = v1::ApiCall {
                 attempt,
                 ..Default::default()
@@ -172,35 +170,35 @@ pub(crate) fn close_attempt(
     captured: &HashMap<String, String>,
 ) -> FinishedSpan {
     let attempt = api.attempt.max(1);
-    let open = turn.attempts.remove(&(api_request_id.to_owned(), attempt));
-    if let Some(o) = &open {
-        turn.held = turn.held.saturating_sub(o.bytes() + api_request_id.len());
-    }
     let end = if api.ended_at_unix_nano > 0 {
         api.ended_at_unix_nano
     } else {
         t
     };
+    let request = match turn.requests.get_mut(api_request_id) {
+        Some(request) => request,
+        None => turn.requests.entry(api_request_id.to_owned()).or_default(),
+    };
+    let mut open = request.close(attempt);
+    let last_end = request.last_end.replace(end);
+    if let Some(o) = &open {
+        turn.held = turn.held.saturating_sub(o.bytes() + api_request_id.len());
+    }
+    if last_end.is_none() {
+        turn.held += RECORD_BYTES / 2 + api_request_id.len();
+    }
     let start = match &open {
         Some(o) => o.start,
         None if attempt <= 1 && api.started_at_unix_nano > 0 => api.started_at_unix_nano,
-        None => turn
-            .last_attempt_end
-            .get(api_request_id)
-            .copied()
-            .unwrap_or(if api.started_at_unix_nano > 0 {
-                api.started_at_unix_nano
-            } else {
-                end
-            }),
+        None => last_end.unwrap_or(if api.started_at_unix_nano > 0 {
+            api.started_at_unix_nano
+        } else {
+            end
+        }),
     };
-    if turn
-        .last_attempt_end
-        .insert(api_request_id.to_owned(), end)
-        .is_none()
-    {
-        turn.held += RECORD_BYTES / 2 + api_request_id.len();
-    }
+    // The pre event's content, taken rather than copied: the attempt is
+    // closed.
+    let pre_input = open.as_mut().map(|o| std::mem::take(&mut o.input));
     turn.api_attempts += 1;
     // The post (or error) event's value, else the pre event's: borrowed,
     // the attributes copy them once.
@@ -239,11 +237,11 @@ pub(crate) fn close_attempt(
         }
     }
     // Content: the request of the pre event, else of the error event.
-    let input = match open.as_ref().map(|o| &o.input) {
+    let input = match pre_input {
         Some((None, None)) | None => captured
             .get(content::REQUEST)
             .map_or((None, None), |r| content::chat_input(r)),
-        Some(input) => input.clone(),
+        Some(input) => input,
     };
     if let Some(messages) = &input.0 {
         a.str("gen_ai.input.messages", messages);

@@ -121,9 +121,11 @@ impl Correlator {
                             .map_or((None, None), |r| content::chat_input(r)),
                     };
                     turn.held += attempt.bytes() + ids.api_request_id.len();
-                    let old = turn
-                        .attempts
-                        .insert((ids.api_request_id.clone(), api.attempt.max(1)), attempt);
+                    let request = match turn.requests.get_mut(&ids.api_request_id) {
+                        Some(request) => request,
+                        None => turn.requests.entry(ids.api_request_id.clone()).or_default(),
+                    };
+                    let old = request.open(api.attempt.max(1), attempt);
                     if let Some(old) = old {
                         turn.held = turn
                             .held

@@ -36,6 +36,7 @@
 //! | [`correlation`], [`sequencer`], [`ids`], `fair.rs`, `attrs.rs`, `content.rs` | the sequencer in front, deterministic ids, per-agent budgets, attribute building, content capture |
 
 mod approval;
+mod attempts;
 mod attrs;
 mod content;
 pub mod correlation;
@@ -313,10 +314,9 @@ struct Turn {
     /// `hermes.turn.user_message` / `.final_answer` (content).
     user_message: Option<String>,
     final_answer: Option<String>,
-    attempts: Map<(String, u32), OpenAttempt>,
-    /// End of the latest closed attempt per api_request_id (start of the next
-    /// attempt when its `pre_api_request` is missing).
-    last_attempt_end: Map<String, u64>,
+    /// Open attempts and the latest end per `api_request_id` (the end is
+    /// the start of a next attempt whose `pre_api_request` is missing).
+    requests: Map<String, attempts::ApiRequest>,
     tools: Map<String, OpenTool>,
     approvals: Map<approval::ApprovalKey, approval::OpenApproval>,
     /// Lowest persistent-queue position of the events that touched it.
