@@ -81,6 +81,15 @@ pub fn basic_events() -> Vec<Event> {
     events_of(&fixture_records("basic"))
 }
 
+/// Fixture `name` as wire events at capture `metadata` and at `content`.
+pub fn fixture_events_both_levels(name: &str) -> [Vec<Event>; 2] {
+    let records = fixture_records(name);
+    [
+        events_at(&records, CaptureLevel::Metadata),
+        events_at(&records, CaptureLevel::Content),
+    ]
+}
+
 /// The basic fixture's events before its turn's end (`post_llm_call`):
 /// a turn still open.
 pub fn basic_open_turn() -> Vec<Event> {

@@ -150,9 +150,10 @@ impl Correlation {
         if let Some(lsn) = self.sequencer.take_released_lsn() {
             self.correlator.set_lsn(lsn);
         }
-        // By reference: an `Event` is 272 bytes, not worth a move.
-        for (shim, event) in &self.ready {
-            self.correlator.ingest(shim, event, out);
+        // By reference (an `Event` is 272 bytes, not worth a move); the
+        // correlator takes the strings it keeps, the events go after this.
+        for (shim, event) in &mut self.ready {
+            self.correlator.ingest_taking(shim, event, out);
         }
         self.ready.clear();
     }

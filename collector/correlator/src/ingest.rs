@@ -3,8 +3,68 @@
 
 use super::*;
 
+/// The strings an event hands to the state it opens, moved out of an
+/// event its caller drops afterwards ([`Correlator::ingest_taking`])
+/// instead of copied.
+#[derive(Default)]
+struct Taken {
+    /// `pre_api_request`: model, provider and base URL.
+    api: Option<(String, String, String)>,
+    /// `pre_tool_call`: the tool's name and captured arguments.
+    tool: Option<(String, Option<String>)>,
+}
+
+impl Taken {
+    fn from(event: &mut v1::Event) -> Self {
+        match (event.hook.as_str(), event.body.as_mut()) {
+            (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => Self {
+                api: Some((
+                    std::mem::take(&mut api.model),
+                    std::mem::take(&mut api.provider),
+                    std::mem::take(&mut api.base_url),
+                )),
+                tool: None,
+            },
+            (hooks::PRE_TOOL_CALL, body) => {
+                let name = match body {
+                    Some(Body::Tool(b)) => std::mem::take(&mut b.tool_name),
+                    _ => String::new(),
+                };
+                Self {
+                    api: None,
+                    tool: Some((name, event.content.remove(content::ARGS))),
+                }
+            }
+            _ => Self::default(),
+        }
+    }
+}
+
 impl Correlator {
+    /// Correlates one event of `shim`'s.
     pub fn ingest(&mut self, shim: &v1::ShimInfo, event: &v1::Event, out: &mut Vec<FinishedSpan>) {
+        self.ingest_with(shim, event, Taken::default(), out);
+    }
+
+    /// [`Self::ingest`] of an event the caller drops afterwards: what the
+    /// state keeps of it is moved out rather than copied.
+    pub fn ingest_taking(
+        &mut self,
+        shim: &v1::ShimInfo,
+        event: &mut v1::Event,
+        out: &mut Vec<FinishedSpan>,
+    ) {
+        let taken = Taken::from(event);
+        self.ingest_with(shim, event, taken, out);
+    }
+
+    fn ingest_with(
+        &mut self,
+        shim: &v1::ShimInfo,
+        event: &v1::Event,
+        taken: Taken,
+        out: &mut Vec<FinishedSpan>,
+    ) {
         self.stats.events += 1;
         let before = out.len();
         let resource = self.resource(shim, &event.schema_version);
@@ -108,11 +168,18 @@ impl Correlator {
                     } else {
                         t
                     };
+                    let (model, provider, base_url) = taken.api.unwrap_or_else(|| {
+                        (
+                            api.model.clone(),
+                            api.provider.clone(),
+                            api.base_url.clone(),
+                        )
+                    });
                     let attempt = OpenAttempt {
                         start,
-                        model: api.model.clone(),
-                        provider: api.provider.clone(),
-                        base_url: api.base_url.clone(),
+                        model,
+                        provider,
+                        base_url,
                         api_call_count: api.api_call_count,
                         max_tokens: api.max_tokens,
                         input: event
@@ -150,11 +217,13 @@ impl Correlator {
             }
             (hooks::PRE_TOOL_CALL, body) => {
                 if let Some(turn) = self.turn(at, out) {
-                    let name = match body {
-                        Some(Body::Tool(b)) => b.tool_name.clone(),
-                        _ => String::new(),
-                    };
-                    let arguments = event.content.get(content::ARGS).cloned();
+                    let (name, arguments) = taken.tool.unwrap_or_else(|| {
+                        let name = match body {
+                            Some(Body::Tool(b)) => b.tool_name.clone(),
+                            _ => String::new(),
+                        };
+                        (name, event.content.get(content::ARGS).cloned())
+                    });
                     let tool = OpenTool {
                         start: t,
                         name,

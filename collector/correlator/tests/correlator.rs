@@ -134,6 +134,31 @@ fn basic_turn_is_a_nested_trace() {
 }
 
 #[test]
+fn taking_what_it_keeps_from_the_events_changes_no_span() {
+    // The stage hands the correlator events it drops afterwards, and the
+    // correlator moves the strings it keeps out of them: the spans must be
+    // those of correlating the events as they are.
+    let shim = events::shim("inst-1");
+    for name in hermes_e2e::ingest::FIXTURES {
+        for events in hermes_e2e::ingest::fixture_events_both_levels(name) {
+            let (mut copied, mut taken) = (Vec::new(), Vec::new());
+            let mut c = hermes_correlator::Correlator::new(Default::default());
+            for e in &events {
+                c.ingest(&shim, e, &mut copied);
+            }
+            c.flush_all(&mut copied);
+            let mut c = hermes_correlator::Correlator::new(Default::default());
+            for mut e in events {
+                c.ingest_taking(&shim, &mut e, &mut taken);
+            }
+            c.flush_all(&mut taken);
+            assert!(!copied.is_empty(), "{name}");
+            assert_eq!(copied, taken, "{name}");
+        }
+    }
+}
+
+#[test]
 fn same_events_give_same_spans() {
     let mut a = Feed::new();
     basic_turn(&mut a);
