@@ -177,23 +177,32 @@ async fn a_replicated_drain_drops_what_moves_and_closes_what_a_dead_agent_left()
     );
 }
 
+/// A replicated stage on `registry` (as the receiver left it) that took
+/// [`AGENT`]'s basic turn up to its end, `post_llm_call`, without its
+/// `on_session_end`; the events from that one on.
+async fn ended_turn(registry: &Arc<Settlements>) -> (Stage, Vec<Event>) {
+    let mut events = basic_events();
+    let end = events
+        .iter()
+        .position(|e| e.hook == "on_session_end")
+        .unwrap();
+    let stage = start_replicated(Ledger::Memory, &events, registry);
+    let rest = events.split_off(end);
+    feed_fleet(&stage, events).await;
+    (stage, rest)
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_ended_turn_of_an_agent_gone_without_a_handoff_waits_for_the_ttl() {
     // The agent's stream ended without a handoff after its turn's
     // post_llm_call: the agent may have moved on with its handoff stuck
     // behind a full stream, and its next replica ends the turn whole. This
     // one must not close it at the end grace, ended but without its end.
-    let events = basic_events();
-    let end = events
-        .iter()
-        .position(|e| e.hook == "on_session_end")
-        .unwrap();
     let registry = Arc::new(Settlements::default());
     registry.stream_opened();
     let gone = registry.subscribe(AGENT);
     registry.stream_closed(Some((AGENT.to_owned(), gone)), true);
-    let mut stage = start_replicated(Ledger::Memory, &events, &registry);
-    feed_fleet(&stage, events[..end].to_vec()).await;
+    let (mut stage, _) = ended_turn(&registry).await;
     let spans = exported_within(&mut stage.export, GRACE + 4 * TICK).await;
     assert!(roots(&spans).is_empty(), "closed at the grace: {spans:?}");
     let spans = exported_within(&mut stage.export, TTL).await;
@@ -213,19 +222,13 @@ async fn an_ended_turn_of_a_connected_agent_waits_past_the_grace_for_its_end_or_
     // handoff behind its last batches here is read late (a backed-up
     // stream). Closing the turn at the end grace would export it without
     // its end while the next replica ends it whole.
-    let events = basic_events();
-    let end = events
-        .iter()
-        .position(|e| e.hook == "on_session_end")
-        .unwrap();
     let registry = Arc::new(Settlements::default());
     let _connected = registry.subscribe(AGENT);
-    let mut stage = start_replicated(Ledger::Memory, &events, &registry);
-    feed_fleet(&stage, events[..end].to_vec()).await;
+    let (mut stage, rest) = ended_turn(&registry).await;
     let spans = exported_within(&mut stage.export, GRACE + 4 * TICK).await;
     assert!(roots(&spans).is_empty(), "closed at the grace: {spans:?}");
     // It did not move: its end comes, and the turn ends whole.
-    feed_fleet(&stage, events[end..].to_vec()).await;
+    feed_fleet(&stage, rest).await;
     let spans = exported_within(&mut stage.export, 2 * TICK).await;
     assert_eq!(roots_incomplete(&spans), (1, 0), "{spans:?}");
     let completed = one_root(&spans, "ended")
@@ -244,15 +247,9 @@ async fn an_ended_turn_of_a_connected_agent_waits_past_the_grace_for_its_end_or_
 
 #[tokio::test(start_paused = true)]
 async fn an_ended_turn_handed_off_after_the_grace_is_not_exported() {
-    let events = basic_events();
-    let end = events
-        .iter()
-        .position(|e| e.hook == "on_session_end")
-        .unwrap();
     let registry = Arc::new(Settlements::default());
     let _connected = registry.subscribe(AGENT);
-    let mut stage = start_replicated(Ledger::Memory, &events, &registry);
-    feed_fleet(&stage, events[..end].to_vec()).await;
+    let (mut stage, _) = ended_turn(&registry).await;
     tokio::time::sleep(GRACE + 4 * TICK).await;
     hand_off(&stage, 0).await;
     stage.stop.cancel();
