@@ -265,21 +265,9 @@ impl Batcher {
         }
         let spans = std::mem::take(&mut self.spans);
         self.bytes = 0;
-        match self.encoded.len() {
-            0 => {}
-            1 => {
-                return self
-                    .encoded
-                    .pop()
-                    .map(|bytes| ExportBatch::encoded(bytes, spans as u64));
-            }
-            _ => {
-                let mut joined = Vec::with_capacity(self.encoded.iter().map(Bytes::len).sum());
-                for bytes in self.encoded.drain(..) {
-                    joined.extend_from_slice(&bytes);
-                }
-                return Some(ExportBatch::encoded(Bytes::from(joined), spans as u64));
-            }
+        if !self.encoded.is_empty() {
+            let parts = std::mem::take(&mut self.encoded);
+            return Some(ExportBatch::encoded_parts(parts, spans as u64));
         }
         let request = ExportTraceServiceRequest {
             resource_spans: std::mem::take(&mut self.current),

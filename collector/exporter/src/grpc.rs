@@ -243,7 +243,7 @@ impl SpanExporter for GrpcExporter {
     fn export(&mut self, batch: Arc<ExportBatch>) -> ExportFuture<'_> {
         // The batch is shared with the other sinks and kept for retries:
         // its encoding is made once, and the request is never copied.
-        Box::pin(self.send(batch.protobuf().clone()))
+        Box::pin(self.send(batch.protobuf_parts()))
     }
 }
 
@@ -252,7 +252,7 @@ impl GrpcExporter {
     /// service. The OTLP services' responses share one layout (field 1, a
     /// partial success whose field 1 counts the rejected items), so the
     /// trace response reads every signal's.
-    pub(crate) async fn send(&mut self, body: Bytes) -> Result<ExportOutcome, ExportError> {
+    pub(crate) async fn send(&mut self, body: Vec<Bytes>) -> Result<ExportOutcome, ExportError> {
         let mut client = self.client();
         let mut grpc_request = tonic::Request::new(body);
         *grpc_request.metadata_mut() = self.metadata.clone();
@@ -295,12 +295,13 @@ const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/
 /// every batch on every attempt), copied into tonic's buffer
 /// whole: tonic's `EncodeBuf` takes single bytes through `put_slice`, so
 /// writing the request into it directly costs more than the copy
-/// (`docs/BENCHMARKS.md`).
+/// (`docs/BENCHMARKS.md`). A batch joined from encoded requests comes as
+/// those requests, copied one after another: the frame is the only copy.
 #[derive(Debug, Clone, Copy, Default)]
 struct SharedCodec;
 
 impl Codec for SharedCodec {
-    type Encode = Bytes;
+    type Encode = Vec<Bytes>;
     type Decode = ExportTraceServiceResponse;
     type Encoder = SharedCodec;
     type Decoder = SharedCodec;
@@ -315,11 +316,14 @@ impl Codec for SharedCodec {
 }
 
 impl Encoder for SharedCodec {
-    type Item = Bytes;
+    type Item = Vec<Bytes>;
     type Error = tonic::Status;
 
     fn encode(&mut self, item: Self::Item, buf: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
-        buf.put_slice(&item);
+        buf.reserve(item.iter().map(Bytes::len).sum());
+        for part in &item {
+            buf.put_slice(part);
+        }
         Ok(())
     }
 }

@@ -80,7 +80,7 @@ impl LogsExporter {
     /// One attempt; the number of log records the receiver refused.
     pub async fn export(&mut self, body: Bytes) -> Result<u64, ExportError> {
         let outcome = match self {
-            Self::Grpc(grpc) => grpc.send(body).await?,
+            Self::Grpc(grpc) => grpc.send(vec![body]).await?,
             Self::Http(http) => http.post(body).await?,
         };
         Ok(outcome.rejected_spans)

@@ -133,6 +133,9 @@ pub struct ExportBatch {
     spans: u64,
     /// The batcher's measure of `request`, taken by the first encoding.
     lengths: Mutex<Option<Lengths>>,
+    /// Encoded requests whose concatenation is the batch's request, as
+    /// they came (a sink that sends them in one piece need not join them).
+    parts: Vec<Bytes>,
     protobuf: OnceLock<Bytes>,
 }
 
@@ -152,18 +155,22 @@ impl ExportBatch {
             request,
             spans,
             lengths: Mutex::new(lengths),
+            parts: Vec::new(),
             protobuf: OnceLock::new(),
         }
     }
 
-    /// A batch that came encoded: its [`Self::request`] is empty (only
-    /// sinks that take encoded batches get one).
-    pub(crate) fn encoded(protobuf: Bytes, spans: u64) -> Self {
+    /// A batch that came as encoded requests, whose concatenation is one
+    /// request (protobuf merges the repeated `resource_spans`); its
+    /// [`Self::request`] is empty (only sinks that take encoded batches get
+    /// one).
+    pub(crate) fn encoded_parts(parts: Vec<Bytes>, spans: u64) -> Self {
         Self {
             request: ExportTraceServiceRequest::default(),
             spans,
             lengths: Mutex::new(None),
-            protobuf: OnceLock::from(protobuf),
+            parts,
+            protobuf: OnceLock::new(),
         }
     }
 
@@ -178,13 +185,27 @@ impl ExportBatch {
     }
 
     /// The request's protobuf bytes (OTLP `ExportTraceServiceRequest`),
-    /// encoded by the first caller.
+    /// encoded (or joined) by the first caller.
     pub fn protobuf(&self) -> &Bytes {
-        self.protobuf.get_or_init(|| {
-            let measured = self.lengths.lock().ok().and_then(|mut l| l.take());
-            let lengths = measured.unwrap_or_else(|| Lengths::of(&self.request));
-            Bytes::from(lengths.encode(&self.request))
+        self.protobuf.get_or_init(|| match self.parts.as_slice() {
+            [] => {
+                let measured = self.lengths.lock().ok().and_then(|mut l| l.take());
+                let lengths = measured.unwrap_or_else(|| Lengths::of(&self.request));
+                Bytes::from(lengths.encode(&self.request))
+            }
+            [one] => one.clone(),
+            parts => Bytes::from(parts.concat()),
         })
+    }
+
+    /// The request's protobuf bytes in pieces to send one after another:
+    /// the encoded requests as they came, without joining them.
+    pub fn protobuf_parts(&self) -> Vec<Bytes> {
+        if self.parts.is_empty() {
+            vec![self.protobuf().clone()]
+        } else {
+            self.parts.clone()
+        }
     }
 }
 
