@@ -44,7 +44,8 @@ pub trait SpanExporter: Send + 'static {
     /// URL or file, never credentials (see [`shown_endpoint`]).
     fn destination(&self) -> String;
 
-    /// True when this exporter reads only [`ExportBatch::protobuf`], never
+    /// True when this exporter reads only the batch's protobuf bytes
+    /// ([`ExportBatch::protobuf`], [`ExportBatch::protobuf_parts`]), never
     /// [`ExportBatch::request`]: when every sink does, the correlation stage
     /// encodes spans where it builds them ([`crate::Encoder`]).
     fn takes_encoded(&self) -> bool {
