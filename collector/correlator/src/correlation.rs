@@ -54,7 +54,7 @@ impl Correlation {
     }
 
     /// See [`Correlator::set_movable`].
-    pub fn set_movable(&mut self, movable: std::collections::HashSet<String>) {
+    pub fn set_movable(&mut self, movable: std::sync::Arc<std::collections::HashSet<String>>) {
         self.correlator.set_movable(movable);
     }
 

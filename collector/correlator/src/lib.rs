@@ -409,7 +409,7 @@ pub struct Correlator {
     /// Fleet instances of a replicated collector, which may move to another
     /// replica at any time ([`Correlator::set_movable`]): their ended turns
     /// are not closed at the end grace.
-    movable: std::collections::HashSet<String>,
+    movable: Arc<std::collections::HashSet<String>>,
     /// Wall clock of the last [`Correlator::expire`].
     clock: u64,
     /// Sessions whose host said they ended (`on_session_finalize`), until
@@ -452,7 +452,7 @@ impl Correlator {
             lsn: 0,
             max_lsn: 0,
             closures: None,
-            movable: std::collections::HashSet::new(),
+            movable: Arc::default(),
             clock: 0,
             session_ends: std::collections::VecDeque::new(),
         }

@@ -70,7 +70,7 @@ impl Correlator {
     /// like any open state: for `on_session_end`, the next turn of the
     /// session (which supersedes it), the handoff or the drain (which
     /// forget it), or the TTL (which closes it incomplete).
-    pub fn set_movable(&mut self, movable: std::collections::HashSet<String>) {
+    pub fn set_movable(&mut self, movable: Arc<std::collections::HashSet<String>>) {
         self.movable = movable;
     }
 

@@ -91,8 +91,10 @@ pub struct Settlement {
     /// `fleet.replicated`: after how long (nanoseconds) replayed state
     /// whose instance did not come back is an orphan.
     replicated: Option<u64>,
-    /// Instances that sent fleet batches and may hold open state.
-    seen: HashSet<String>,
+    /// Instances that sent fleet batches and may hold open state (with
+    /// `fleet.replicated` only). Shared with the correlator
+    /// ([`Settlement::movable`]), copied only when it changes after that.
+    seen: Arc<HashSet<String>>,
     /// Instances replayed from the persistent queue, not back yet.
     replayed: HashSet<String>,
     /// When the replayed instances not back by then are orphans.
@@ -115,7 +117,7 @@ impl Settlement {
             last_lsn: 0,
             low_water: 0,
             replicated: None,
-            seen: HashSet::new(),
+            seen: Arc::default(),
             replayed: HashSet::new(),
             orphan_deadline: None,
             streams: HashMap::new(),
@@ -184,12 +186,9 @@ impl Settlement {
 
     /// With `fleet.replicated`: the fleet instances seen here, which may
     /// move to another replica at any time
-    /// ([`hermes_correlator::Correlator::set_movable`]).
-    pub fn movable(&self) -> HashSet<String> {
-        if self.replicated.is_none() {
-            return HashSet::new();
-        }
-        self.seen.clone()
+    /// ([`hermes_correlator::Correlator::set_movable`]); none otherwise.
+    pub fn movable(&self) -> Arc<HashSet<String>> {
+        Arc::clone(&self.seen)
     }
 
     /// The lsn of a batch that came without one (the memory queue).
@@ -203,7 +202,7 @@ impl Settlement {
     pub fn ingested(&mut self, instance: &str, lsn: u64, last_seq: u64) {
         self.last_lsn = self.last_lsn.max(lsn);
         if self.replicated.is_some() && !self.seen.contains(instance) {
-            self.seen.insert(instance.to_owned());
+            Arc::make_mut(&mut self.seen).insert(instance.to_owned());
         }
         let track = match self.tracks.get_mut(instance) {
             Some(track) => track,
@@ -221,7 +220,9 @@ impl Settlement {
     /// be settled here).
     pub fn forget(&mut self, instance: &str) {
         self.tracks.remove(instance);
-        self.seen.remove(instance);
+        if self.seen.contains(instance) {
+            Arc::make_mut(&mut self.seen).remove(instance);
+        }
         self.streams.remove(instance);
     }
 
@@ -276,8 +277,10 @@ impl Settlement {
         }
         let open = correlation.min_open_lsn_by_instance();
         let registry = &self.registry;
-        self.seen
-            .retain(|i| open.contains_key(i.as_str()) || registry.is_connected(i));
+        let holds = |i: &String| open.contains_key(i.as_str()) || registry.is_connected(i);
+        if !self.seen.iter().all(holds) {
+            Arc::make_mut(&mut self.seen).retain(holds);
+        }
         self.streams
             .retain(|i, _| open.contains_key(i.as_str()) || registry.is_connected(i));
         let done = (self.done)();
