@@ -22,8 +22,9 @@
 //!   prost's `encode_to_vec` of the same request, for comparison.
 //! * `ingest_decode/metadata`: one wire `EventBatch` of 512 events as the
 //!   collector reads it: the receiver's walk over the bytes
-//!   (`WireBatch::from_wire`), then the correlation stage's decoding of
-//!   the events (`WireBatch::decode_events`); `ingest_decode/metadata_walk` is the
+//!   (`WireBatch::from_wire`), then the correlation stage's reading of
+//!   the events in place (`WireBatch::wire_events`, each `view`ed);
+//!   `ingest_decode/metadata_walk` is the
 //!   walk alone, `ingest_decode/metadata_through_buf` prost decoding the
 //!   same bytes through the length-limited `Buf` as tonic's prost codec does.
 //! * `stages_per_event/metadata`: decode + sequencer + correlator +
@@ -38,6 +39,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+
+use hermes_proto::view::Source;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -288,10 +291,12 @@ fn ingest_decode(c: &mut Criterion) {
     let bytes = Bytes::copy_from_slice(first);
     group.bench_function("metadata", |b| {
         b.iter(|| {
-            WireBatch::from_wire(bytes.clone())
-                .unwrap()
-                .decode_events()
-                .unwrap()
+            let batch = WireBatch::from_wire(bytes.clone()).unwrap();
+            let events = batch.wire_events().unwrap();
+            events
+                .iter()
+                .map(|e| e.view().unwrap().hook.len())
+                .sum::<usize>()
         })
     });
     group.bench_function("metadata_walk", |b| {
@@ -330,7 +335,7 @@ fn stages_per_event(c: &mut Criterion) {
             let mut bytes = 0;
             for wire in &batches {
                 let batch = WireBatch::from_wire(Bytes::copy_from_slice(wire)).unwrap();
-                let events = batch.decode_events().unwrap();
+                let events = batch.wire_events().unwrap();
                 let shim = batch.shim.unwrap_or_default();
                 correlation.push_batch(&shim, batch.floor_seq, events, 0, 1, &mut out);
                 if !out.is_empty() {

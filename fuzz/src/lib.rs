@@ -16,6 +16,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config as CorrelatorConfig, Correlation, Correlator, FinishedSpan};
 use hermes_proto::hooks;
+use hermes_proto::view::WireEvent;
 use hermes_proto::wire::WireBatch;
 use hermes_proto::v1::{self, EventBatch, event::Body};
 use hermes_receiver::{Limits, check_batch};
@@ -288,7 +289,7 @@ fn shim(instance: u8) -> v1::ShimInfo {
 }
 
 /// The sequencer and correlator with the fuzz targets' small limits.
-fn correlation() -> Correlation {
+fn correlation() -> Correlation<WireEvent> {
     Correlation::new(
         Sequencer::new(SequencerConfig {
             max_held: MAX_HELD,
@@ -306,7 +307,7 @@ fn correlation() -> Correlation {
 
 struct Pipeline {
     limits: Limits,
-    correlation: Correlation,
+    correlation: Correlation<WireEvent>,
     now: u64,
     spans: Vec<FinishedSpan>,
     /// (trace id, span id) of every span emitted so far.
@@ -350,7 +351,7 @@ impl Pipeline {
         if check_batch(&received, &self.limits).is_err() {
             return;
         }
-        let events = received.decode_events().unwrap();
+        let events = received.wire_events().unwrap();
         let Some(shim) = received.shim else { return };
         self.correlation.push_batch(
             &shim,

@@ -3,6 +3,7 @@
 //! receives [`v1::Ack`]s. See `docs/PROTOCOL.md`.
 
 pub mod codec;
+pub mod view;
 pub mod wire;
 
 /// The gRPC package of this release of the wire protocol: the collector

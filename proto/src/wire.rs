@@ -9,11 +9,12 @@
 //! without allocating: every field of every event has the wire type its
 //! schema says, every length fits, every string is UTF-8; and it reads
 //! what the receiver needs (the shim, the seqs, the largest event, the
-//! longest correlation id). [`WireBatch::decode_events`] then decodes the events
-//! with prost, on the stage's thread.
+//! longest correlation id). The stage then reads each event in place
+//! ([`WireBatch::wire_events`], [`crate::view`]); [`WireBatch::decode_events`]
+//! decodes them with prost, for tests and tools.
 //!
 //! The walk accepts no more than prost does, so a batch it accepts always
-//! decodes ([`tests`]): it is stricter in two places prost's
+//! decodes, with prost and as views ([`tests`]): it is stricter in two places prost's
 //! generated code is lenient and no shim writes: a map field must be
 //! length-delimited, and fields of the deprecated group wire type are
 //! refused (which also keeps the walk's depth at the schema's five
@@ -26,6 +27,7 @@ use prost::encoding::{WireType, decode_key, decode_varint};
 use prost::{DecodeError, Message};
 
 use crate::v1::{Event, EventBatch, ShimInfo};
+use crate::view::WireEvent;
 
 /// See the module docs.
 #[derive(Debug, Clone, PartialEq)]
@@ -166,6 +168,23 @@ impl WireBatch {
     /// accepted; an error here is a bug of the walk.
     pub fn decode_events(&self) -> Result<Vec<Event>, DecodeError> {
         BatchEvents::decode(&self.bytes[..]).map(|b| b.events)
+    }
+
+    /// The events, each kept as its bytes (not copied) with its seq read:
+    /// what the stage sequences and views ([`WireEvent`]).
+    pub fn wire_events(&self) -> Result<Vec<WireEvent>, WireError> {
+        let mut events = Vec::with_capacity(self.events);
+        let mut buf: &[u8] = &self.bytes;
+        while !buf.is_empty() {
+            let (tag, wire_type) = decode_key(&mut buf)?;
+            if tag == 2 {
+                let body = delimited(tag, wire_type, &mut buf)?;
+                events.push(WireEvent::new(self.bytes.slice_ref(body))?);
+            } else {
+                skip(tag, wire_type, &mut buf)?;
+            }
+        }
+        Ok(events)
     }
 
     /// Decodes the whole batch (for tests and tools; the collector uses
@@ -336,7 +355,7 @@ fn walk(buf: &mut &[u8], schema: &[Kind], seen: &mut Seen) -> Result<(), WireErr
     Ok(())
 }
 
-fn expect(tag: u32, found: WireType, expected: WireType) -> Result<(), WireError> {
+pub(crate) fn expect(tag: u32, found: WireType, expected: WireType) -> Result<(), WireError> {
     if found == expected {
         Ok(())
     } else {
@@ -356,7 +375,11 @@ fn advance(buf: &mut &[u8], len: usize) -> Result<(), WireError> {
 }
 
 /// The body of a length-delimited field; `buf` moves past it.
-fn delimited<'a>(tag: u32, wire_type: WireType, buf: &mut &'a [u8]) -> Result<&'a [u8], WireError> {
+pub(crate) fn delimited<'a>(
+    tag: u32,
+    wire_type: WireType,
+    buf: &mut &'a [u8],
+) -> Result<&'a [u8], WireError> {
     expect(tag, wire_type, WireType::LengthDelimited)?;
     let len = usize::try_from(decode_varint(buf)?).map_err(|_| WireError::Truncated)?;
     let whole: &'a [u8] = buf;
@@ -373,7 +396,7 @@ fn text(tag: u32, wire_type: WireType, buf: &mut &[u8]) -> Result<usize, WireErr
 }
 
 /// Skips an unknown field as prost does, except groups (module docs).
-fn skip(tag: u32, wire_type: WireType, buf: &mut &[u8]) -> Result<(), WireError> {
+pub(crate) fn skip(tag: u32, wire_type: WireType, buf: &mut &[u8]) -> Result<(), WireError> {
     match wire_type {
         WireType::Varint => {
             decode_varint(buf)?;

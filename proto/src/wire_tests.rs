@@ -1,7 +1,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::*;
-use crate::v1::{Ids, ShimInfo};
+use crate::v1::event::Body;
+use crate::v1::{
+    ApiCall, Approval, Ids, Other, Scalar, Session, ShimInfo, Subagent, ToolCall, Turn, Usage,
+    scalar,
+};
+use crate::view::Source;
 use proptest::prelude::*;
 use prost_types::field_descriptor_proto::Type;
 use prost_types::{DescriptorProto, FileDescriptorSet};
@@ -188,25 +193,104 @@ fn the_walk_schema_is_the_proto_files() {
 
 fn event() -> impl Strategy<Value = Event> {
     (
-        any::<u64>(),
-        ".{0,20}",
-        ".{0,300}",
+        (any::<u64>(), ".{0,20}", ".{0,300}", any::<u64>()),
         proptest::collection::btree_map(".{0,8}", ".{0,200}", 0..3),
-        proptest::option::of(".{0,80}"),
+        proptest::option::of((".{0,80}", ".{0,40}")),
+        proptest::option::of(body()),
     )
-        .prop_map(|(seq, hook, thread, content, session)| Event {
+        .prop_map(|((seq, hook, thread, time), content, ids, body)| Event {
             seq,
             hook,
             thread,
+            time_unix_nano: time,
             content: content.into_iter().collect(),
-            ids: session.map(|session_id| {
+            ids: ids.map(|(session_id, turn_id)| {
                 Box::new(Ids {
                     session_id,
+                    turn_id,
                     ..Default::default()
                 })
             }),
+            body,
             ..Default::default()
         })
+}
+
+/// One body of each kind, with a few of its fields set.
+fn body() -> impl Strategy<Value = Body> {
+    let text = || ".{0,30}";
+    prop_oneof![
+        (text(), text()).prop_map(|(model, reason)| Body::Session(Session {
+            model,
+            reason,
+            ..Default::default()
+        })),
+        (text(), proptest::option::of(any::<bool>())).prop_map(|(model, completed)| {
+            Body::Turn(Turn {
+                model,
+                completed,
+                ..Default::default()
+            })
+        }),
+        (
+            (text(), text(), any::<u32>(), any::<u64>()),
+            (
+                proptest::option::of(any::<i32>()),
+                proptest::option::of(any::<u64>())
+            ),
+            proptest::option::of(any::<u64>()),
+        )
+            .prop_map(
+                |((model, base_url, attempt, started), (status, max), input)| {
+                    Body::Api(Box::new(ApiCall {
+                        model,
+                        base_url,
+                        attempt,
+                        started_at_unix_nano: started,
+                        status_code: status,
+                        max_tokens: max,
+                        usage: input.map(|input_tokens| Usage {
+                            input_tokens,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }))
+                }
+            ),
+        (text(), proptest::option::of(any::<u64>())).prop_map(|(tool_name, duration_ms)| {
+            Body::Tool(ToolCall {
+                tool_name,
+                duration_ms,
+                ..Default::default()
+            })
+        }),
+        text().prop_map(|child_goal| Body::Subagent(Subagent {
+            child_goal,
+            ..Default::default()
+        })),
+        (text(), proptest::collection::vec(text(), 0..3)).prop_map(|(surface, pattern_keys)| {
+            Body::Approval(Box::new(Approval {
+                surface,
+                pattern_keys,
+                ..Default::default()
+            }))
+        }),
+        proptest::collection::hash_map(".{0,8}", any::<i64>(), 0..3).prop_map(|fields| {
+            Body::Other(Other {
+                fields: fields
+                    .into_iter()
+                    .map(|(k, v)| {
+                        (
+                            k,
+                            Scalar {
+                                value: Some(scalar::Value::IntValue(v)),
+                            },
+                        )
+                    })
+                    .collect(),
+            })
+        }),
+    ]
 }
 
 /// Bytes changed at `at`: a byte replaced, the rest cut, or bytes put in.
@@ -226,9 +310,24 @@ fn damage() -> impl Strategy<Value = Damage> {
     ]
 }
 
+/// The batch's events as the stage reads them, copied back into prost's
+/// messages.
+fn views(wire: &WireBatch) -> Vec<Event> {
+    let events = wire.wire_events().unwrap();
+    let views: Vec<Event> = events
+        .iter()
+        .map(|e| e.view().unwrap().to_event())
+        .collect();
+    for (event, view) in events.iter().zip(&views) {
+        assert_eq!(event.seq(), view.seq);
+    }
+    views
+}
+
 proptest! {
     /// A batch prost encoded is accepted as it is; damaged, whatever the
-    /// walk accepts prost decodes to the same events.
+    /// walk accepts prost decodes to the same events. The stage's views of
+    /// the events are prost's decoding, and so is a view of prost's event.
     #[test]
     fn the_walk_accepts_no_more_than_prost(
         events in proptest::collection::vec(event(), 0..5),
@@ -238,6 +337,10 @@ proptest! {
         let mut bytes = sent.encode_to_vec();
         let wire = WireBatch::from_wire(Bytes::from(bytes.clone())).unwrap();
         prop_assert_eq!(wire.decode_events().unwrap(), sent.events.clone());
+        prop_assert_eq!(views(&wire), sent.events.clone());
+        for event in &sent.events {
+            prop_assert_eq!(&event.view().unwrap().to_event(), event);
+        }
         let read = wire.largest.map(|l| (l.seq, l.len));
         // The first of equals: its seq and length.
         let measured = sent.events.iter().map(|e| (e.seq, e.encoded_len()))
@@ -265,6 +368,7 @@ proptest! {
             prop_assert!(decoded.is_ok(), "prost refused what the walk accepted");
             let decoded = decoded.unwrap();
             prop_assert_eq!(wire.decode_events().unwrap(), decoded.events.clone());
+            prop_assert_eq!(views(&wire), decoded.events.clone());
             prop_assert_eq!(wire.events, decoded.events.len());
             prop_assert_eq!(wire.last_seq, decoded.events.last().map(|e| e.seq));
             prop_assert_eq!(&wire.shim, &decoded.shim);

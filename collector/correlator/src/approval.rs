@@ -14,7 +14,7 @@
 //! Owns the open approvals of a [`Turn`] (the map `Turn::approvals`) and
 //! the bytes they are charged.
 
-use hermes_proto::v1;
+use hermes_proto::view;
 use hermes_span::Str;
 use hermes_span::trace::v1::{Span, span};
 
@@ -39,18 +39,18 @@ impl OpenApproval {
 
 /// `pre_approval_request`: opens the request's span. A repeated request
 /// (same tool call, pattern and surface) keeps the first one's start.
-pub(crate) fn request(turn: &mut Turn, ids: &v1::Ids, appr: &v1::Approval, t: u64) {
+pub(crate) fn request(turn: &mut Turn, ids: &view::Ids<'_>, appr: &view::Approval<'_>, t: u64) {
     let key = (
-        ids.tool_call_id.clone(),
-        appr.pattern_key.clone(),
-        appr.surface.clone(),
+        ids.tool_call_id.to_owned(),
+        appr.pattern_key.to_owned(),
+        appr.surface.to_owned(),
     );
     if turn.approvals.contains_key(&key) {
         return;
     }
     let open = OpenApproval {
         start: t,
-        command: appr.command.clone(),
+        command: appr.command.to_owned(),
     };
     turn.held += open.bytes(&key);
     turn.approvals.insert(key, open);
@@ -60,11 +60,16 @@ pub(crate) fn request(turn: &mut Turn, ids: &v1::Ids, appr: &v1::Approval, t: u6
 /// call, pattern and surface; a response without a surface answers the
 /// latest open request of its tool call and pattern). A response without
 /// its request is a span of its own, from the response's time.
-pub(crate) fn respond(turn: &mut Turn, ids: &v1::Ids, appr: &v1::Approval, t: u64) -> FinishedSpan {
+pub(crate) fn respond(
+    turn: &mut Turn,
+    ids: &view::Ids<'_>,
+    appr: &view::Approval<'_>,
+    t: u64,
+) -> FinishedSpan {
     let exact = (
-        ids.tool_call_id.clone(),
-        appr.pattern_key.clone(),
-        appr.surface.clone(),
+        ids.tool_call_id.to_owned(),
+        appr.pattern_key.to_owned(),
+        appr.surface.to_owned(),
     );
     let key = if appr.surface.is_empty() && !turn.approvals.contains_key(&exact) {
         turn.approvals
@@ -119,14 +124,14 @@ fn close(
     turn: &mut Turn,
     key: ApprovalKey,
     open: Option<OpenApproval>,
-    response: Option<&v1::Approval>,
+    response: Option<&view::Approval<'_>>,
     t: u64,
     incomplete: bool,
 ) -> FinishedSpan {
     let (tool_call_id, pattern_key, surface) = key;
     let start = open.as_ref().map_or(t, |o| o.start);
     let command = response
-        .map(|r| r.command.as_str())
+        .map(|r| r.command)
         .filter(|c| !c.is_empty())
         .or(open.as_ref().map(|o| o.command.as_str()))
         .unwrap_or_default()
@@ -136,8 +141,8 @@ fn close(
         .str("hermes.approval.surface", &surface)
         .bool("hermes.approval.answered", response.is_some());
     if let Some(r) = response {
-        a.str("hermes.approval.choice", &r.choice)
-            .str("hermes.approval.decided_by", &r.decided_by);
+        a.str("hermes.approval.choice", r.choice)
+            .str("hermes.approval.decided_by", r.decided_by);
     }
     a.str("hermes.approval.command", &command)
         .str("gen_ai.tool.call.id", &tool_call_id);

@@ -7,21 +7,25 @@
 //! wall-clock time of each call.
 
 use hermes_proto::v1::{Event, ShimInfo};
+use hermes_proto::view::Source;
 
 use crate::sequencer::{Ready, Sequencer};
 use crate::{Correlator, Expiry, FinishedSpan};
 
-/// The sequencer feeding the correlator.
-pub struct Correlation {
-    sequencer: Sequencer,
+/// The sequencer feeding the correlator, with events of type `E`: the
+/// collector's stage sequences each event as the bytes it came in
+/// ([`hermes_proto::view::WireEvent`]) and decodes it when it is
+/// correlated; tests and tools pass prost's [`Event`]s.
+pub struct Correlation<E = Event> {
+    sequencer: Sequencer<E>,
     correlator: Correlator,
     /// Events the sequencer released, until the correlator takes them.
-    ready: Vec<Ready>,
+    ready: Vec<Ready<E>>,
 }
 
-impl Correlation {
+impl<E: Source> Correlation<E> {
     /// Joins a sequencer and a correlator.
-    pub fn new(sequencer: Sequencer, correlator: Correlator) -> Self {
+    pub fn new(sequencer: Sequencer<E>, correlator: Correlator) -> Self {
         Self {
             sequencer,
             correlator,
@@ -42,7 +46,7 @@ impl Correlation {
         &mut self,
         shim: &ShimInfo,
         floor_seq: u64,
-        events: impl IntoIterator<Item = Event>,
+        events: impl IntoIterator<Item = E>,
         lsn: u64,
         now: u64,
         out: &mut Vec<FinishedSpan>,
@@ -134,8 +138,14 @@ impl Correlation {
         self.correlator.take_closures()
     }
 
+    /// Counts `events` lost because their batch did not decode
+    /// ([`crate::Stats::undecodable_events`]).
+    pub fn undecodable(&mut self, events: u64) {
+        self.correlator.undecodable(events);
+    }
+
     /// The sequencer (its counters and held events).
-    pub fn sequencer(&self) -> &Sequencer {
+    pub fn sequencer(&self) -> &Sequencer<E> {
         &self.sequencer
     }
 
@@ -150,11 +160,8 @@ impl Correlation {
         if let Some(lsn) = self.sequencer.take_released_lsn() {
             self.correlator.set_lsn(lsn);
         }
-        // By reference (an `Event` is 272 bytes, not worth a move); the
-        // correlator takes the strings it keeps, the events go after this.
-        for (shim, event) in &mut self.ready {
-            self.correlator.ingest_taking(shim, event, out);
+        for (shim, event) in self.ready.drain(..) {
+            self.correlator.ingest(&shim, &event, out);
         }
-        self.ready.clear();
     }
 }

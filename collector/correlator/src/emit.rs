@@ -13,9 +13,9 @@ impl Correlator {
     ) {
         let mut end = end.max(turn.start);
         // Close children that never got their end event.
-        let nothing = HashMap::new();
+        let nothing = view::Content::default();
         for (api_request_id, attempt) in attempts::open_attempts(&turn.requests) {
-            let api = v1::ApiCall {
+            let api = view::ApiCall {
                 attempt,
                 ..Default::default()
             };
@@ -42,7 +42,7 @@ impl Correlator {
                 &mut self.values,
                 &tool_call_id,
                 Some(open),
-                &v1::ToolCall::default(),
+                &view::ToolCall::default(),
                 end,
             );
             mark_incomplete(&mut span.span);
@@ -164,10 +164,10 @@ pub(crate) fn close_attempt(
     turn: &mut Turn,
     values: &mut Interner,
     api_request_id: &str,
-    api: &v1::ApiCall,
+    api: &view::ApiCall<'_>,
     failed: bool,
     t: u64,
-    captured: &HashMap<String, String>,
+    captured: &view::Content<'_>,
 ) -> FinishedSpan {
     let attempt = api.attempt.max(1);
     let end = if api.ended_at_unix_nano > 0 {
@@ -209,9 +209,9 @@ pub(crate) fn close_attempt(
             post
         }
     }
-    let model = pick(&api.model, open.as_ref().map(|o| o.model.as_str()));
-    let provider = pick(&api.provider, open.as_ref().map(|o| o.provider.as_str()));
-    let base_url = pick(&api.base_url, open.as_ref().map(|o| o.base_url.as_str()));
+    let model = pick(api.model, open.as_ref().map(|o| o.model.as_str()));
+    let provider = pick(api.provider, open.as_ref().map(|o| o.provider.as_str()));
+    let base_url = pick(api.base_url, open.as_ref().map(|o| o.base_url.as_str()));
     let max_tokens = api.max_tokens.or(open.as_ref().and_then(|o| o.max_tokens));
     let api_call_count = if api.api_call_count > 0 {
         api.api_call_count
@@ -240,7 +240,7 @@ pub(crate) fn close_attempt(
     let input = match pre_input {
         Some((None, None)) | None => captured
             .get(content::REQUEST)
-            .map_or((None, None), |r| content::chat_input(r)),
+            .map_or((None, None), content::chat_input),
         Some(input) => input,
     };
     if let Some(messages) = &input.0 {
@@ -251,7 +251,7 @@ pub(crate) fn close_attempt(
     }
     if let Some(output) = captured
         .get(content::RESPONSE)
-        .and_then(|r| content::chat_output(r))
+        .and_then(content::chat_output)
     {
         a.str("gen_ai.output.messages", &output);
     }
@@ -259,9 +259,9 @@ pub(crate) fn close_attempt(
     let mut events = Vec::new();
     if failed {
         let error_type = if api.reason.is_empty() {
-            api.error_type.as_str()
+            api.error_type
         } else {
-            api.reason.as_str()
+            api.reason
         };
         a.str(
             "error.type",
@@ -277,15 +277,15 @@ pub(crate) fn close_attempt(
         a.opt_bool("hermes.retryable", api.retryable)
             .uint("hermes.retry_count", u64::from(api.retry_count));
         let mut ev = Attrs::default();
-        ev.str("exception.type", &api.error_type)
-            .str("exception.message", &api.error_message);
+        ev.str("exception.type", api.error_type)
+            .str("exception.message", api.error_message);
         events.push(span::Event {
             time_unix_nano: end,
             name: Str::from_static("exception"),
             attributes: ev.0,
             dropped_attributes_count: 0,
         });
-        status = Some(error_status(&api.error_message));
+        status = Some(error_status(api.error_message));
         turn.last_attempt_error = Some(if error_type.is_empty() {
             "_OTHER".to_owned()
         } else {
@@ -296,11 +296,11 @@ pub(crate) fn close_attempt(
             // A real response (not an attempt closed for lack of one).
             turn.last_attempt_error = None;
         }
-        a.common_str("gen_ai.response.model", &api.response_model, values);
+        a.common_str("gen_ai.response.model", api.response_model, values);
         if !api.finish_reason.is_empty() {
             a.common_str_array(
                 "gen_ai.response.finish_reasons",
-                &[api.finish_reason.as_str()],
+                &[api.finish_reason],
                 values,
             );
         }
@@ -342,12 +342,12 @@ pub(crate) fn close_tool(
     values: &mut Interner,
     tool_call_id: &str,
     open: Option<OpenTool>,
-    tool: &v1::ToolCall,
+    tool: &view::ToolCall<'_>,
     t: u64,
 ) -> FinishedSpan {
     let name = match &open {
         Some(o) if tool.tool_name.is_empty() => o.name.as_str(),
-        _ => tool.tool_name.as_str(),
+        _ => tool.tool_name,
     };
     let start = match &open {
         Some(o) => o.start,
@@ -363,7 +363,7 @@ pub(crate) fn close_tool(
         .common_str("gen_ai.tool.name", name, values)
         .str("gen_ai.tool.call.id", tool_call_id)
         .fixed("gen_ai.tool.type", "function")
-        .common_str("hermes.tool.status", &tool.status, values)
+        .common_str("hermes.tool.status", tool.status, values)
         .opt_uint("hermes.tool.duration_ms", tool.duration_ms);
     if let Some(arguments) = open.as_ref().and_then(|o| o.arguments.as_deref()) {
         a.str("gen_ai.tool.call.arguments", arguments);
@@ -374,10 +374,10 @@ pub(crate) fn close_tool(
             if tool.error_type.is_empty() {
                 "_OTHER"
             } else {
-                &tool.error_type
+                tool.error_type
             },
         );
-        Some(error_status(&tool.error_message))
+        Some(error_status(tool.error_message))
     } else {
         None
     };

@@ -25,7 +25,7 @@
 //!   zero-length one while the child did something.
 //! - Only the marker's own instance is touched.
 
-use hermes_proto::v1;
+use hermes_proto::view;
 
 use crate::{Correlator, FinishedSpan, sorted_keys};
 
@@ -60,7 +60,7 @@ impl Correlator {
                 .is_some_and(|l| l.instance == instance)
         });
         for child in subs {
-            self.subagent_stop_at(&child, &v1::Subagent::default(), t, true, out);
+            self.subagent_stop_at(&child, &view::Subagent::default(), t, true, out);
         }
         // Nothing of this instance can arrive any more.
         let links = sorted_keys(&self.links, |_, l| l.instance == instance);

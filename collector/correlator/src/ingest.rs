@@ -3,83 +3,49 @@
 
 use super::*;
 
-/// The strings an event hands to the state it opens, moved out of an
-/// event its caller drops afterwards ([`Correlator::ingest_taking`])
-/// instead of copied.
-#[derive(Default)]
-struct Taken {
-    /// `pre_api_request`: model, provider and base URL.
-    api: Option<(String, String, String)>,
-    /// `pre_tool_call`: the tool's name and captured arguments.
-    tool: Option<(String, Option<String>)>,
-}
-
-impl Taken {
-    fn from(event: &mut v1::Event) -> Self {
-        match (event.hook.as_str(), event.body.as_mut()) {
-            (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => Self {
-                api: Some((
-                    std::mem::take(&mut api.model),
-                    std::mem::take(&mut api.provider),
-                    std::mem::take(&mut api.base_url),
-                )),
-                tool: None,
-            },
-            (hooks::PRE_TOOL_CALL, body) => {
-                let name = match body {
-                    Some(Body::Tool(b)) => std::mem::take(&mut b.tool_name),
-                    _ => String::new(),
-                };
-                Self {
-                    api: None,
-                    tool: Some((name, event.content.remove(content::ARGS))),
-                }
-            }
-            _ => Self::default(),
-        }
-    }
-}
-
 impl Correlator {
-    /// Correlates one event of `shim`'s.
-    pub fn ingest(&mut self, shim: &v1::ShimInfo, event: &v1::Event, out: &mut Vec<FinishedSpan>) {
-        self.ingest_with(shim, event, Taken::default(), out);
-    }
-
-    /// [`Self::ingest`] of an event the caller drops afterwards: what the
-    /// state keeps of it is moved out rather than copied.
-    pub fn ingest_taking(
+    /// Correlates one event of `shim`'s. An event that does not decode
+    /// is counted ([`Stats::undecodable_events`]) and changes nothing.
+    pub fn ingest<E: Source + ?Sized>(
         &mut self,
         shim: &v1::ShimInfo,
-        event: &mut v1::Event,
+        event: &E,
         out: &mut Vec<FinishedSpan>,
     ) {
-        let taken = Taken::from(event);
-        self.ingest_with(shim, event, taken, out);
+        match event.view() {
+            Ok(event) => self.ingest_view(shim, &event, out),
+            Err(_) => self.stats.undecodable_events += 1,
+        }
     }
 
-    fn ingest_with(
+    /// Counts `events` lost undecoded before they reached the correlator.
+    pub(crate) fn undecodable(&mut self, events: u64) {
+        self.stats.undecodable_events += events;
+    }
+
+    /// Correlates one event, its strings borrowed: what the state keeps of
+    /// them is copied.
+    pub fn ingest_view(
         &mut self,
         shim: &v1::ShimInfo,
-        event: &v1::Event,
-        taken: Taken,
+        event: &view::Event<'_>,
         out: &mut Vec<FinishedSpan>,
     ) {
         self.stats.events += 1;
         let before = out.len();
-        let resource = self.resource(shim, &event.schema_version);
+        let resource = self.resource(shim, event.schema_version);
         let instance = shim.instance_id.as_str();
         // Missing ids or a missing body read as empty: each handler below
         // takes what the event has.
         let ids = match &event.ids {
             Some(ids) => ids,
-            None => &v1::Ids::default(),
+            None => &view::Ids::default(),
         };
         let t = event.time_unix_nano;
         let platform = match event.body.as_ref() {
-            Some(Body::Session(b)) => b.platform.as_str(),
-            Some(Body::Turn(b)) => b.platform.as_str(),
-            Some(Body::Api(b)) => b.platform.as_str(),
+            Some(Body::Session(b)) => b.platform,
+            Some(Body::Turn(b)) => b.platform,
+            Some(Body::Api(b)) => b.platform,
             _ => "",
         };
         let at = At {
@@ -89,13 +55,13 @@ impl Correlator {
             t,
             platform,
         };
-        match (event.hook.as_str(), event.body.as_ref()) {
+        match (event.hook, event.body.as_ref()) {
             (hooks::ON_SESSION_START, body) => {
                 let (model, platform) = match body {
-                    Some(Body::Session(s)) => (s.model.clone(), s.platform.clone()),
+                    Some(Body::Session(s)) => (s.model.to_owned(), s.platform.to_owned()),
                     _ => Default::default(),
                 };
-                self.session_start(instance, &ids.session_id, t, model, platform);
+                self.session_start(instance, ids.session_id, t, model, platform);
             }
             (hooks::PRE_LLM_CALL, body) => {
                 self.close_superseded(ids, instance, out);
@@ -110,7 +76,7 @@ impl Correlator {
                     if let Some(Body::Turn(b)) = body
                         && !b.model.is_empty()
                     {
-                        turn.model = b.model.as_str().into();
+                        turn.model = b.model.into();
                     }
                     if let Some(text) = event.content.get(content::USER_MESSAGE) {
                         let text = content::text(text);
@@ -120,7 +86,7 @@ impl Correlator {
                         }
                     }
                 }
-                self.attach_session_start(instance, &ids.session_id);
+                self.attach_session_start(instance, ids.session_id);
             }
             (hooks::POST_LLM_CALL, _) => {
                 let clock = self.clock;
@@ -139,27 +105,27 @@ impl Correlator {
             (hooks::ON_SESSION_END, body) => {
                 if ids.turn_id.is_empty() {
                     // Shutdown variant: no turn id; closes the session.
-                    self.close_session(&ids.session_id, instance, t, out);
+                    self.close_session(ids.session_id, instance, t, out);
                 } else if let Some(turn) = self.turn(at, out) {
                     if let Some(Body::Turn(b)) = body {
                         turn.completed = b.completed;
                         turn.interrupted = b.interrupted;
-                        turn.end_reason = b.reason.clone();
+                        turn.end_reason = b.reason.to_owned();
                     }
                     let end = turn.end.unwrap_or(t);
-                    if let Some(turn) = self.take_turn(&key(instance, &ids.turn_id)) {
+                    if let Some(turn) = self.take_turn(&key(instance, ids.turn_id)) {
                         self.emit_turn(turn, end, false, out);
                     }
                 }
             }
             (hooks::ON_SESSION_FINALIZE, _) => {
-                self.close_session(&ids.session_id, instance, t, out);
-                self.session_ended(instance, &ids.session_id);
+                self.close_session(ids.session_id, instance, t, out);
+                self.session_ended(instance, ids.session_id);
             }
             (hooks::ON_SESSION_RESET, _) => {
                 // Carries the new session's id; the old one's end is the
                 // finalize the host fires before it.
-                self.close_session(&ids.session_id, instance, t, out);
+                self.close_session(ids.session_id, instance, t, out);
             }
             (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => {
                 if let Some(turn) = self.turn(at, out) {
@@ -168,29 +134,25 @@ impl Correlator {
                     } else {
                         t
                     };
-                    let (model, provider, base_url) = taken.api.unwrap_or_else(|| {
-                        (
-                            api.model.clone(),
-                            api.provider.clone(),
-                            api.base_url.clone(),
-                        )
-                    });
                     let attempt = OpenAttempt {
                         start,
-                        model,
-                        provider,
-                        base_url,
+                        model: api.model.to_owned(),
+                        provider: api.provider.to_owned(),
+                        base_url: api.base_url.to_owned(),
                         api_call_count: api.api_call_count,
                         max_tokens: api.max_tokens,
                         input: event
                             .content
                             .get(content::REQUEST)
-                            .map_or((None, None), |r| content::chat_input(r)),
+                            .map_or((None, None), content::chat_input),
                     };
                     turn.held += attempt.bytes() + ids.api_request_id.len();
-                    let request = match turn.requests.get_mut(&ids.api_request_id) {
+                    let request = match turn.requests.get_mut(ids.api_request_id) {
                         Some(request) => request,
-                        None => turn.requests.entry(ids.api_request_id.clone()).or_default(),
+                        None => turn
+                            .requests
+                            .entry(ids.api_request_id.to_owned())
+                            .or_default(),
                     };
                     let old = request.open(api.attempt.max(1), attempt);
                     if let Some(old) = old {
@@ -206,7 +168,7 @@ impl Correlator {
                     let span = close_attempt(
                         turn,
                         values,
-                        &ids.api_request_id,
+                        ids.api_request_id,
                         api,
                         failed,
                         t,
@@ -217,20 +179,17 @@ impl Correlator {
             }
             (hooks::PRE_TOOL_CALL, body) => {
                 if let Some(turn) = self.turn(at, out) {
-                    let (name, arguments) = taken.tool.unwrap_or_else(|| {
-                        let name = match body {
-                            Some(Body::Tool(b)) => b.tool_name.clone(),
-                            _ => String::new(),
-                        };
-                        (name, event.content.get(content::ARGS).cloned())
-                    });
+                    let name = match body {
+                        Some(Body::Tool(b)) => b.tool_name.to_owned(),
+                        _ => String::new(),
+                    };
                     let tool = OpenTool {
                         start: t,
                         name,
-                        arguments,
+                        arguments: event.content.get(content::ARGS).map(str::to_owned),
                     };
                     turn.held += tool.bytes() + ids.tool_call_id.len();
-                    if let Some(old) = turn.tools.insert(ids.tool_call_id.clone(), tool) {
+                    if let Some(old) = turn.tools.insert(ids.tool_call_id.to_owned(), tool) {
                         turn.held = turn
                             .held
                             .saturating_sub(old.bytes() + ids.tool_call_id.len());
@@ -240,17 +199,17 @@ impl Correlator {
             (hooks::POST_TOOL_CALL, body) => {
                 let tool = match body {
                     Some(Body::Tool(b)) => b,
-                    _ => &v1::ToolCall::default(),
+                    _ => &view::ToolCall::default(),
                 };
                 if let Some((turn, values)) = self.turn_and_values(at, out) {
                     // Requests of this tool still waiting are unanswered:
                     // closed with it, under it.
-                    approval::close_for_tool(turn, &ids.tool_call_id, t, out);
-                    let open = turn.tools.remove(&ids.tool_call_id);
+                    approval::close_for_tool(turn, ids.tool_call_id, t, out);
+                    let open = turn.tools.remove(ids.tool_call_id);
                     if let Some(o) = &open {
                         turn.held = turn.held.saturating_sub(o.bytes() + ids.tool_call_id.len());
                     }
-                    let mut span = close_tool(turn, values, &ids.tool_call_id, open, tool, t);
+                    let mut span = close_tool(turn, values, ids.tool_call_id, open, tool, t);
                     if let Some(result) = event.content.get(content::RESULT) {
                         span.span.attributes.push(attrs::kv(
                             "gen_ai.tool.call.result",
@@ -263,7 +222,7 @@ impl Correlator {
             (hooks::SUBAGENT_START | hooks::SUBAGENT_STOP, body) => {
                 let sub = match body {
                     Some(Body::Subagent(s)) => s,
-                    _ => &v1::Subagent::default(),
+                    _ => &view::Subagent::default(),
                 };
                 if event.hook == hooks::SUBAGENT_START {
                     self.subagent_start(at, sub, out);
@@ -274,7 +233,7 @@ impl Correlator {
             (hooks::PRE_APPROVAL_REQUEST | hooks::POST_APPROVAL_RESPONSE, body) => {
                 let appr = match body {
                     Some(Body::Approval(a)) => a,
-                    _ => &v1::Approval::default(),
+                    _ => &view::Approval::default(),
                 };
                 if let Some(turn) = self.turn(at, out) {
                     if event.hook == hooks::PRE_APPROVAL_REQUEST {
@@ -287,7 +246,7 @@ impl Correlator {
             (hooks::PROCESS_EXIT, _) => self.process_exit(instance, t, out),
             (hook, body) => {
                 self.stats.unknown_hooks += 1;
-                let turn_key = key(instance, &ids.turn_id);
+                let turn_key = key(instance, ids.turn_id);
                 if self.closed.contains(&turn_key) {
                     self.stats.late_events_dropped += 1;
                     self.closed_unit(instance, 0, self.max_lsn);
@@ -295,10 +254,8 @@ impl Correlator {
                 if let Some(turn) = self.turns.get_mut(&turn_key) {
                     let mut attrs = Attrs::default();
                     if let Some(Body::Other(other)) = body {
-                        let mut keys: Vec<_> = other.fields.keys().collect();
-                        keys.sort();
-                        for k in keys {
-                            if let Some(v) = other.fields.get(k).and_then(|s| s.value.clone()) {
+                        for (k, v) in &other.fields {
+                            if let Some(v) = v.value.clone() {
                                 attrs.0.push(scalar_kv(k, v));
                             }
                         }
@@ -321,10 +278,10 @@ impl Correlator {
         }
         // Charge what the event added, then hold every budget.
         if !ids.turn_id.is_empty() {
-            self.charge_turn(instance, &ids.turn_id);
+            self.charge_turn(instance, ids.turn_id);
         }
         if !ids.parent_turn_id.is_empty() {
-            self.charge_turn(instance, &ids.parent_turn_id);
+            self.charge_turn(instance, ids.parent_turn_id);
         }
         self.enforce_budgets(instance, out);
         self.stats.spans += (out.len() - before) as u64;

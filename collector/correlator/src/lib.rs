@@ -61,7 +61,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use hermes_proto::hooks;
-use hermes_proto::v1::{self, event::Body};
+use hermes_proto::v1;
+use hermes_proto::view::{self, Body, Source};
 use hermes_span::Str;
 use hermes_span::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use hermes_span::resource::v1::Resource;
@@ -179,6 +180,9 @@ pub struct Stats {
     /// Events of a turn already closed (ended, expired or evicted): dropped,
     /// so that no turn is exported twice.
     pub late_events_dropped: u64,
+    /// Events that did not decode (a batch the receiver accepted whose
+    /// events the stage could not read: a bug of the receiver's check).
+    pub undecodable_events: u64,
     /// Turns opened with a turn id another shim instance holds: they get a
     /// trace id scoped by their instance.
     pub cross_instance_turns: u64,

@@ -28,6 +28,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use hermes_proto::v1::{Event, ShimInfo};
+use hermes_proto::view::Source;
 
 use crate::{Map, sorted_keys};
 
@@ -64,19 +65,19 @@ pub struct SequencerStats {
 }
 
 /// An event ready for the correlator, with its shim's identity.
-pub type Ready = (Arc<ShimInfo>, Event);
+pub type Ready<E = Event> = (Arc<ShimInfo>, E);
 
-struct Instance {
+struct Instance<E> {
     shim: Arc<ShimInfo>,
     /// The seq released next.
     next: u64,
     /// Early events by seq.
-    held: BTreeMap<u64, Held>,
+    held: BTreeMap<u64, Held<E>>,
     last_active: u64,
 }
 
-struct Held {
-    event: Event,
+struct Held<E> {
+    event: E,
     /// Arrival time.
     arrived: u64,
     /// Position in the persistent queue (0 without one).
@@ -84,14 +85,14 @@ struct Held {
 }
 
 /// Where released events go, and the lowest lsn among them.
-struct Out<'a> {
-    ready: &'a mut Vec<Ready>,
+struct Out<'a, E> {
+    ready: &'a mut Vec<Ready<E>>,
     stats: &'a mut SequencerStats,
     min_lsn: &'a mut u64,
 }
 
-impl Out<'_> {
-    fn release(&mut self, shim: &Arc<ShimInfo>, held: Held) {
+impl<E> Out<'_, E> {
+    fn release(&mut self, shim: &Arc<ShimInfo>, held: Held<E>) {
         self.stats.released += 1;
         *self.min_lsn = (*self.min_lsn).min(held.lsn);
         self.ready.push((shim.clone(), held.event));
@@ -99,16 +100,16 @@ impl Out<'_> {
 }
 
 /// See the module docs.
-pub struct Sequencer {
+pub struct Sequencer<E = Event> {
     config: SequencerConfig,
-    instances: Map<String, Instance>,
+    instances: Map<String, Instance<E>>,
     stats: SequencerStats,
     /// Lowest lsn released since [`Sequencer::take_released_lsn`]
     /// (`u64::MAX`: none).
     released_lsn: u64,
 }
 
-impl Sequencer {
+impl<E: Source> Sequencer<E> {
     pub fn new(config: SequencerConfig) -> Self {
         Self {
             config,
@@ -164,8 +165,8 @@ impl Sequencer {
     fn out<'a>(
         stats: &'a mut SequencerStats,
         released_lsn: &'a mut u64,
-        ready: &'a mut Vec<Ready>,
-    ) -> Out<'a> {
+        ready: &'a mut Vec<Ready<E>>,
+    ) -> Out<'a, E> {
         Out {
             ready,
             stats,
@@ -179,9 +180,9 @@ impl Sequencer {
         &mut self,
         shim: &ShimInfo,
         floor_seq: u64,
-        event: Event,
+        event: E,
         now: u64,
-        ready: &mut Vec<Ready>,
+        ready: &mut Vec<Ready<E>>,
     ) {
         self.push_batch(shim, floor_seq, [event], 0, now, ready);
     }
@@ -194,10 +195,10 @@ impl Sequencer {
         &mut self,
         shim: &ShimInfo,
         floor_seq: u64,
-        events: impl IntoIterator<Item = Event>,
+        events: impl IntoIterator<Item = E>,
         lsn: u64,
         now: u64,
-        ready: &mut Vec<Ready>,
+        ready: &mut Vec<Ready<E>>,
     ) {
         let mut events = events.into_iter();
         let Some(first) = events.next() else {
@@ -238,7 +239,7 @@ impl Sequencer {
     }
 
     /// Skips holes older than the gap timeout at wall-clock `now`.
-    pub fn expire(&mut self, now: u64, ready: &mut Vec<Ready>) {
+    pub fn expire(&mut self, now: u64, ready: &mut Vec<Ready<E>>) {
         let timeout = self.config.gap_timeout_nanos;
         let ids = sorted_keys(&self.instances, |_, _| true);
         let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
@@ -253,7 +254,7 @@ impl Sequencer {
     }
 
     /// Releases everything held (shutdown), in order, skipping the holes.
-    pub fn flush_all(&mut self, ready: &mut Vec<Ready>) {
+    pub fn flush_all(&mut self, ready: &mut Vec<Ready<E>>) {
         let ids = sorted_keys(&self.instances, |_, _| true);
         let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
         for id in ids {
@@ -265,7 +266,7 @@ impl Sequencer {
         }
     }
 
-    fn forget_least_active(&mut self, ready: &mut Vec<Ready>) {
+    fn forget_least_active(&mut self, ready: &mut Vec<Ready<E>>) {
         let oldest = self
             .instances
             .iter()
@@ -281,7 +282,7 @@ impl Sequencer {
 }
 
 /// Gives up on every seq below `seq`, then releases what is contiguous.
-fn skip_to(instance: &mut Instance, seq: u64, out: &mut Out<'_>) {
+fn skip_to<E>(instance: &mut Instance<E>, seq: u64, out: &mut Out<'_, E>) {
     if seq > instance.next {
         // Held events below the floor are still released, in order.
         let below: Vec<u64> = instance.held.range(..seq).map(|(k, _)| *k).collect();
@@ -300,19 +301,20 @@ fn skip_to(instance: &mut Instance, seq: u64, out: &mut Out<'_>) {
 /// Takes one event of `instance`'s stream: dropped as a redelivery,
 /// released, or held until the seqs before it arrive.
 #[inline]
-fn take(
-    instance: &mut Instance,
-    event: Event,
+fn take<E: Source>(
+    instance: &mut Instance<E>,
+    event: E,
     now: u64,
     lsn: u64,
     max_held: usize,
-    out: &mut Out<'_>,
+    out: &mut Out<'_, E>,
 ) {
-    if event.seq < instance.next || instance.held.contains_key(&event.seq) {
+    let seq = event.seq();
+    if seq < instance.next || instance.held.contains_key(&seq) {
         out.stats.duplicates += 1;
         return;
     }
-    if event.seq == instance.next && instance.held.is_empty() {
+    if seq == instance.next && instance.held.is_empty() {
         // In order with nothing held (the common case): released at once,
         // without a round trip through the hold.
         instance.next += 1;
@@ -326,7 +328,6 @@ fn take(
         );
         return;
     }
-    let seq = event.seq;
     instance.held.insert(
         seq,
         Held {
@@ -343,7 +344,7 @@ fn take(
     }
 }
 
-fn release(instance: &mut Instance, out: &mut Out<'_>) {
+fn release<E>(instance: &mut Instance<E>, out: &mut Out<'_, E>) {
     while let Some(held) = instance.held.remove(&instance.next) {
         instance.next += 1;
         out.release(&instance.shim, held);

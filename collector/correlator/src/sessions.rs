@@ -87,14 +87,14 @@ impl Correlator {
     /// ended without `on_session_end` (Hermes' failure paths fire none).
     pub(crate) fn close_superseded(
         &mut self,
-        ids: &v1::Ids,
+        ids: &view::Ids<'_>,
         instance_id: &str,
         out: &mut Vec<FinishedSpan>,
     ) {
         if ids.session_id.is_empty() {
             return;
         }
-        let k = self.keys.of(instance_id, &ids.turn_id);
+        let k = self.keys.of(instance_id, ids.turn_id);
         if self.turns.contains_key(k) || self.closed.contains(k) {
             return;
         }

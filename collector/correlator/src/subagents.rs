@@ -7,7 +7,7 @@ impl Correlator {
     pub(crate) fn subagent_start(
         &mut self,
         at: At<'_>,
-        sub: &v1::Subagent,
+        sub: &view::Subagent<'_>,
         out: &mut Vec<FinishedSpan>,
     ) {
         let At {
@@ -22,7 +22,7 @@ impl Correlator {
         // second start for a child whose subagent is still open is ignored
         // too: the child's turns already hang from the first one, in its
         // trace, and moving the link would orphan them.
-        let child_key = key(instance, &ids.child_session_id);
+        let child_key = key(instance, ids.child_session_id);
         if ids.child_session_id.is_empty()
             || ids.child_session_id == ids.parent_session_id
             || self.subagents.contains_key(&child_key)
@@ -30,9 +30,9 @@ impl Correlator {
             self.stats.unknown_hooks += 1;
             return;
         }
-        let parent_ids = v1::Ids {
-            session_id: ids.parent_session_id.clone(),
-            turn_id: ids.parent_turn_id.clone(),
+        let parent_ids = view::Ids {
+            session_id: ids.parent_session_id,
+            turn_id: ids.parent_turn_id,
             ..Default::default()
         };
         let parent_at = At {
@@ -51,7 +51,7 @@ impl Correlator {
             .collect();
         let parent = match delegates.as_slice() {
             [only] => span_id(SpanKey::Tool {
-                turn_id: &ids.parent_turn_id,
+                turn_id: ids.parent_turn_id,
                 tool_call_id: only,
             }),
             _ => parent_turn.span_id,
@@ -63,19 +63,19 @@ impl Correlator {
         let role = if sub.child_role.is_empty() {
             Str::from_static("subagent")
         } else {
-            sub.child_role.as_str().into()
+            sub.child_role.into()
         };
         let mut common = Attrs::with_capacity(6);
         common
             .str("session.id", &root_session)
             .str("gen_ai.conversation.id", &root_session)
-            .str("hermes.turn_id", &ids.parent_turn_id)
+            .str("hermes.turn_id", ids.parent_turn_id)
             .str("hermes.task_id", &task_id)
             .str("gen_ai.agent.name", &role)
             .str("hermes.platform", &platform)
-            .str("hermes.session_id", &ids.parent_session_id);
+            .str("hermes.session_id", ids.parent_session_id);
         let span = span_id(SpanKey::Subagent {
-            child_session_id: &ids.child_session_id,
+            child_session_id: ids.child_session_id,
         });
         self.remove_link(&child_key);
         let bytes = 2 * RECORD_BYTES
@@ -105,9 +105,9 @@ impl Correlator {
                 resource: resource.clone(),
                 common,
                 start: t,
-                child_session_id: ids.child_session_id.clone(),
-                child_subagent_id: ids.child_subagent_id.clone(),
-                goal: sub.child_goal.clone(),
+                child_session_id: ids.child_session_id.to_owned(),
+                child_subagent_id: ids.child_subagent_id.to_owned(),
+                goal: sub.child_goal.to_owned(),
                 child_seen: 0,
                 min_lsn: self.lsn,
             },
@@ -117,17 +117,17 @@ impl Correlator {
     pub(crate) fn subagent_stop(
         &mut self,
         at: At<'_>,
-        sub: &v1::Subagent,
+        sub: &view::Subagent<'_>,
         out: &mut Vec<FinishedSpan>,
     ) {
         let (ids, t) = (at.ids, at.t);
-        let child_key = key(at.instance, &ids.child_session_id);
+        let child_key = key(at.instance, ids.child_session_id);
         if !self.subagents.contains_key(&child_key) {
             // Missing start: build the span from the stop event and its duration.
             let start =
                 t.saturating_sub(sub.duration_ms.unwrap_or(0).saturating_mul(NANOS_PER_MILLI));
             let mut start_ids = ids.clone();
-            start_ids.child_subagent_id.clear();
+            start_ids.child_subagent_id = "";
             let start_at = At {
                 ids: &start_ids,
                 t: start,
@@ -140,7 +140,7 @@ impl Correlator {
     pub(crate) fn subagent_stop_at(
         &mut self,
         child: &str,
-        sub: &v1::Subagent,
+        sub: &view::Subagent<'_>,
         t: u64,
         incomplete: bool,
         out: &mut Vec<FinishedSpan>,
@@ -156,21 +156,21 @@ impl Correlator {
         a.fixed("gen_ai.operation.name", "invoke_agent")
             .str("gen_ai.agent.id", &open.child_subagent_id)
             .str("hermes.child_session_id", &open.child_session_id)
-            .str("hermes.subagent.status", &sub.child_status)
+            .str("hermes.subagent.status", sub.child_status)
             .str(
                 "hermes.subagent.goal",
                 if open.goal.is_empty() {
-                    &sub.child_goal
+                    sub.child_goal
                 } else {
                     &open.goal
                 },
             )
-            .str("hermes.subagent.summary", &sub.child_summary)
+            .str("hermes.subagent.summary", sub.child_summary)
             .opt_uint("hermes.subagent.duration_ms", sub.duration_ms);
         if incomplete {
             a.bool("hermes.incomplete", true);
         }
-        let failed = matches!(sub.child_status.as_str(), "error" | "failed");
+        let failed = matches!(sub.child_status, "error" | "failed");
         out.push(FinishedSpan {
             resource: open.resource,
             span: Span {
@@ -182,7 +182,7 @@ impl Correlator {
                 start_time_unix_nano: open.start,
                 end_time_unix_nano: t.max(open.start),
                 attributes: a.0,
-                status: failed.then(|| error_status(&sub.child_status)),
+                status: failed.then(|| error_status(sub.child_status)),
                 ..Default::default()
             },
         });

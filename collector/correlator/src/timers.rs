@@ -42,7 +42,7 @@ impl Correlator {
         for child in stale {
             self.stats.expired += 1;
             let end = self.subagent_end(&child);
-            self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
+            self.subagent_stop_at(&child, &view::Subagent::default(), end, true, out);
         }
         // A link lives as long as its subagent is open (its span needs it).
         let open = &self.subagents;
@@ -90,7 +90,7 @@ impl Correlator {
         let subs = sorted_keys(&self.subagents, |_, s| s.min_lsn < lsn);
         for child in subs {
             let end = self.subagent_end(&child);
-            self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
+            self.subagent_stop_at(&child, &view::Subagent::default(), end, true, out);
         }
         self.drop_pending_starts(|p| p.min_lsn < lsn);
         self.stats.spans += (out.len() - before) as u64;
@@ -110,7 +110,7 @@ impl Correlator {
         let subs = sorted_keys(&self.subagents, |_, _| true);
         for child in subs {
             let end = self.subagent_end(&child);
-            self.subagent_stop_at(&child, &v1::Subagent::default(), end, true, out);
+            self.subagent_stop_at(&child, &view::Subagent::default(), end, true, out);
         }
         self.stats.spans += (out.len() - before) as u64;
     }

@@ -9,7 +9,7 @@ use super::*;
 #[derive(Clone, Copy)]
 pub(crate) struct At<'a> {
     pub(crate) instance: &'a str,
-    pub(crate) ids: &'a v1::Ids,
+    pub(crate) ids: &'a view::Ids<'a>,
     pub(crate) resource: &'a Arc<Resource>,
     pub(crate) t: u64,
     pub(crate) platform: &'a str,
@@ -94,11 +94,8 @@ impl Correlator {
         if ids.turn_id.is_empty() {
             return None;
         }
-        if !self
-            .turns
-            .contains_key(self.keys.of(instance, &ids.turn_id))
-        {
-            let k = key(instance, &ids.turn_id);
+        if !self.turns.contains_key(self.keys.of(instance, ids.turn_id)) {
+            let k = key(instance, ids.turn_id);
             if self.closed.contains(&k) {
                 self.stats.late_events_dropped += 1;
                 self.closed_unit(instance, 0, self.max_lsn);
@@ -111,7 +108,7 @@ impl Correlator {
         }
         let (lsn, max_lsn) = (self.lsn, self.max_lsn);
         let clock = self.clock;
-        let turn = self.turns.get_mut(self.keys.of(instance, &ids.turn_id))?;
+        let turn = self.turns.get_mut(self.keys.of(instance, ids.turn_id))?;
         turn.last_seen = turn.last_seen.max(t);
         turn.active_seen = turn.active_seen.max(t).max(clock);
         turn.min_lsn = turn.min_lsn.min(lsn);
@@ -121,7 +118,7 @@ impl Correlator {
             turn.held += platform.len();
         }
         if turn.task_id.is_empty() && !ids.task_id.is_empty() {
-            turn.task_id = ids.task_id.as_str().into();
+            turn.task_id = ids.task_id.into();
             turn.held += ids.task_id.len();
         }
         if t < turn.start && !turn.started {
@@ -133,13 +130,13 @@ impl Correlator {
     pub(crate) fn new_turn(
         &mut self,
         instance: &str,
-        ids: &v1::Ids,
+        ids: &view::Ids<'_>,
         resource: &Arc<Resource>,
         t: u64,
     ) -> Turn {
         let link = self
             .links
-            .get_mut(self.keys.of(instance, &ids.session_id))
+            .get_mut(self.keys.of(instance, ids.session_id))
             .map(|l| {
                 l.last_seen = l.last_seen.max(t);
                 l.clone()
@@ -156,17 +153,17 @@ impl Correlator {
             None => {
                 // The first instance to open a turn id gets its plain trace
                 // id; another one, a trace id of its own.
-                plain = self.closed.claim(&ids.turn_id, &instance);
+                plain = self.closed.claim(ids.turn_id, &instance);
                 let trace = if plain {
-                    trace_id(&ids.turn_id)
+                    trace_id(ids.turn_id)
                 } else {
                     self.stats.cross_instance_turns += 1;
-                    scoped_trace_id(&instance, &ids.turn_id)
+                    scoped_trace_id(&instance, ids.turn_id)
                 };
                 (
                     trace,
                     None,
-                    ids.session_id.as_str().into(),
+                    ids.session_id.into(),
                     Str::from_static("hermes"),
                 )
             }
@@ -175,7 +172,7 @@ impl Correlator {
         Turn {
             trace_id: trace,
             span_id: span_id(SpanKey::Turn {
-                turn_id: &ids.turn_id,
+                turn_id: ids.turn_id,
             }),
             parent,
             resource: resource.clone(),
@@ -183,9 +180,9 @@ impl Correlator {
             plain,
             held,
             charged: held,
-            turn_id: ids.turn_id.as_str().into(),
-            task_id: ids.task_id.as_str().into(),
-            session_id: ids.session_id.as_str().into(),
+            turn_id: ids.turn_id.into(),
+            task_id: ids.task_id.into(),
+            session_id: ids.session_id.into(),
             root_session_id: root_session,
             platform: Str::default(),
             agent_name,

@@ -23,12 +23,12 @@
 //! persistent queue).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hermes_correlator::{Correlation, Departure, Expiry, FinishedSpan, to_resource_spans};
 use hermes_exporter::{Encoder, Outgoing};
 use hermes_processor::SpanProcessor;
+use hermes_proto::view::WireEvent;
 use hermes_receiver::Ingested;
 use hermes_sampling::{Policy, Sampler};
 use hermes_span::trace::v1::ResourceSpans;
@@ -46,7 +46,7 @@ use crate::stats::PipelineStats;
 /// derived metrics (every span counts), then through the sampler, which
 /// holds each trace until it is decided and passes on the kept ones whole.
 pub struct Steps {
-    pub correlation: Correlation,
+    pub correlation: Correlation<WireEvent>,
     pub derived: DerivedMetrics,
     pub processor: SpanProcessor,
     pub sampler: Sampler,
@@ -85,7 +85,10 @@ pub struct Ended {
 /// Hands the sessions ended since the last pass to `to` (never waiting: a
 /// full channel loses the end, counted, and the session is written at its
 /// idle time instead); without a receiver they are dropped.
-fn report_session_ends(correlation: &mut Correlation, to: Option<&crate::sinks::SessionEnds>) {
+fn report_session_ends(
+    correlation: &mut Correlation<WireEvent>,
+    to: Option<&crate::sinks::SessionEnds>,
+) {
     for end in correlation.take_session_ends() {
         let Some(to) = to else { continue };
         to.hand(hermes_trajectory::SessionEnd {
@@ -104,7 +107,11 @@ impl<C: Clock> Driver<C> {
     /// A stage on the in-memory ledger with fresh derived metrics and
     /// stats, no sampling and a 100 ms tick: what tests, benches and fuzz
     /// targets run (set the public fields for anything else).
-    pub fn in_memory(correlation: Correlation, processor: SpanProcessor, clock: C) -> Self {
+    pub fn in_memory(
+        correlation: Correlation<WireEvent>,
+        processor: SpanProcessor,
+        clock: C,
+    ) -> Self {
         Self {
             steps: Steps {
                 correlation,
@@ -210,9 +217,10 @@ impl<C: Clock> Driver<C> {
                         Some(settlement) if lsn == 0 => settlement.number(),
                         _ => lsn,
                     };
-                    // Decoded here, on the thread that consumes and frees them.
-                    let events = batch.decode_events().unwrap_or_else(|error| {
-                        stats.undecodable_events.fetch_add(batch.events as u64, Ordering::Relaxed);
+                    // Each event stays the bytes it came in until it is
+                    // correlated, read in place on this thread.
+                    let events = batch.wire_events().unwrap_or_else(|error| {
+                        correlation.undecodable(batch.events as u64);
                         tracing::error!(%error, events = batch.events, "a batch the receiver accepted did not decode; its events are lost");
                         Vec::new()
                     });
@@ -412,7 +420,7 @@ impl<C: Clock> Driver<C> {
 fn depart(
     instances: &[String],
     why: Departure,
-    correlation: &mut Correlation,
+    correlation: &mut Correlation<WireEvent>,
     sampler: &mut Sampler,
     mut settlement: Option<&mut Settlement>,
 ) {

@@ -38,6 +38,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use hermes_correlator::{Closure, Correlation};
+use hermes_proto::view::WireEvent;
 use hermes_receiver::Settlements;
 
 use crate::ledger::Done;
@@ -254,7 +255,7 @@ impl Settlement {
     /// those of instances with batches to settle (the rest can split
     /// nothing). Called after every step of the stage, so that what
     /// non-fleet shims close never piles up.
-    pub fn take_closures(&mut self, correlation: &mut Correlation) {
+    pub fn take_closures(&mut self, correlation: &mut Correlation<WireEvent>) {
         for (instance, closure) in correlation.take_closures() {
             if let Some(track) = self.tracks.get_mut(&*instance) {
                 track.closures.push(closure);
@@ -265,7 +266,7 @@ impl Settlement {
     /// Closes and settles what it can (see the module docs); `held` is the
     /// lowest lsn the sampler's held traces need. Publishes each instance
     /// whose settled seq advanced.
-    pub fn settle(&mut self, correlation: &Correlation, held: Option<u64>) {
+    pub fn settle(&mut self, correlation: &Correlation<WireEvent>, held: Option<u64>) {
         let next = self.last_lsn + 1;
         let open_all = [correlation.min_open_lsn(), held]
             .into_iter()

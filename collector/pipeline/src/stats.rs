@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hermes_correlator::Correlation;
 use hermes_metrics::{MetricEncoder, StageMetrics};
+use hermes_proto::view::WireEvent;
 
 /// Counters of the correlation stage; all monotonic except the gauges
 /// (`open_turns`, `held_events`, `sessions`, `held_bytes`, `agents`).
@@ -39,7 +40,7 @@ pub struct PipelineStats {
 impl PipelineStats {
     /// Copies the numbers of `correlation`; losses an agent caused are
     /// logged at their 1st, 2nd, 4th, … occurrence.
-    pub fn publish(&self, correlation: &Correlation) {
+    pub fn publish(&self, correlation: &Correlation<WireEvent>) {
         let (sequencer, correlator) = (correlation.sequencer(), correlation.correlator());
         let s = correlator.stats();
         let store = |counter: &AtomicU64, value: u64| counter.store(value, Ordering::Relaxed);
@@ -71,6 +72,11 @@ impl PipelineStats {
                 &self.late_events_dropped,
                 s.late_events_dropped,
                 "events of a turn already closed dropped (the turn was exported)",
+            ),
+            (
+                &self.undecodable_events,
+                s.undecodable_events,
+                "events the receiver accepted did not decode and are lost (a collector bug)",
             ),
             (
                 &self.cross_instance_turns,
