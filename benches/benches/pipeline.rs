@@ -292,7 +292,7 @@ fn ingest_decode(c: &mut Criterion) {
     group.bench_function("metadata", |b| {
         b.iter(|| {
             let batch = WireBatch::from_wire(bytes.clone()).unwrap();
-            let events = batch.wire_events().unwrap();
+            let events = batch.wire_events();
             events
                 .iter()
                 .map(|e| e.view().unwrap().hook.len())
@@ -335,7 +335,7 @@ fn stages_per_event(c: &mut Criterion) {
             let mut bytes = 0;
             for wire in &batches {
                 let batch = WireBatch::from_wire(Bytes::copy_from_slice(wire)).unwrap();
-                let events = batch.wire_events().unwrap();
+                let events = batch.wire_events();
                 let shim = batch.shim.unwrap_or_default();
                 correlation.push_batch(&shim, batch.floor_seq, events, 0, 1, &mut out);
                 if !out.is_empty() {

@@ -351,7 +351,7 @@ impl Pipeline {
         if check_batch(&received, &self.limits).is_err() {
             return;
         }
-        let events = received.wire_events().unwrap();
+        let events = received.wire_events();
         let Some(shim) = received.shim else { return };
         self.correlation.push_batch(
             &shim,

@@ -67,6 +67,11 @@ impl WireEvent {
         Ok(Self { seq, bytes })
     }
 
+    /// Event `seq` of a batch the walk accepted, in `bytes`.
+    pub(crate) fn at(seq: u64, bytes: Bytes) -> Self {
+        Self { seq, bytes }
+    }
+
     /// Its bytes on the wire.
     pub fn bytes(&self) -> &Bytes {
         &self.bytes

@@ -47,6 +47,8 @@ pub struct WireBatch {
     pub largest: Option<LargestEvent>,
     /// The longest correlation id of any event (the first of equals).
     pub longest_id: Option<LongestId>,
+    /// Each event's seq and where its bytes are in `bytes`.
+    at: Vec<(u64, std::ops::Range<usize>)>,
 }
 
 /// An event of a batch and its length on the wire (without the field's key
@@ -128,6 +130,7 @@ impl WireBatch {
             increasing: true,
             largest: None,
             longest_id: None,
+            at: Vec::new(),
         };
         let mut buf: &[u8] = &bytes;
         while !buf.is_empty() {
@@ -140,8 +143,10 @@ impl WireBatch {
                 2 => {
                     let mut body = delimited(tag, wire_type, &mut buf)?;
                     let len = body.len();
+                    let end = bytes.len() - buf.len();
                     let mut event = Seen::default();
                     walk(&mut body, EVENT, &mut event)?;
+                    batch.at.push((event.seq, end - len..end));
                     batch.push(event, len);
                 }
                 3 => batch.dropped_events = varint(tag, wire_type, &mut buf)?,
@@ -170,21 +175,14 @@ impl WireBatch {
         BatchEvents::decode(&self.bytes[..]).map(|b| b.events)
     }
 
-    /// The events, each kept as its bytes (not copied) with its seq read:
-    /// what the stage sequences and views ([`WireEvent`]).
-    pub fn wire_events(&self) -> Result<Vec<WireEvent>, WireError> {
-        let mut events = Vec::with_capacity(self.events);
-        let mut buf: &[u8] = &self.bytes;
-        while !buf.is_empty() {
-            let (tag, wire_type) = decode_key(&mut buf)?;
-            if tag == 2 {
-                let body = delimited(tag, wire_type, &mut buf)?;
-                events.push(WireEvent::new(self.bytes.slice_ref(body))?);
-            } else {
-                skip(tag, wire_type, &mut buf)?;
-            }
-        }
-        Ok(events)
+    /// The events, each kept as its bytes (a reference to the batch's,
+    /// not a copy) with the seq the walk read: what the stage sequences and
+    /// views ([`WireEvent`]).
+    pub fn wire_events(&self) -> Vec<WireEvent> {
+        self.at
+            .iter()
+            .map(|(seq, range)| WireEvent::at(*seq, self.bytes.slice(range.clone())))
+            .collect()
     }
 
     /// Decodes the whole batch (for tests and tools; the collector uses

@@ -313,13 +313,14 @@ fn damage() -> impl Strategy<Value = Damage> {
 /// The batch's events as the stage reads them, copied back into prost's
 /// messages.
 fn views(wire: &WireBatch) -> Vec<Event> {
-    let events = wire.wire_events().unwrap();
+    let events = wire.wire_events();
     let views: Vec<Event> = events
         .iter()
         .map(|e| e.view().unwrap().to_event())
         .collect();
     for (event, view) in events.iter().zip(&views) {
         assert_eq!(event.seq(), view.seq);
+        assert_eq!(WireEvent::new(event.bytes().clone()).unwrap(), *event);
     }
     views
 }

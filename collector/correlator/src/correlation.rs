@@ -138,12 +138,6 @@ impl<E: Source> Correlation<E> {
         self.correlator.take_closures()
     }
 
-    /// Counts `events` lost because their batch did not decode
-    /// ([`crate::Stats::undecodable_events`]).
-    pub fn undecodable(&mut self, events: u64) {
-        self.correlator.undecodable(events);
-    }
-
     /// The sequencer (its counters and held events).
     pub fn sequencer(&self) -> &Sequencer<E> {
         &self.sequencer

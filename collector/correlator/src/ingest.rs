@@ -18,11 +18,6 @@ impl Correlator {
         }
     }
 
-    /// Counts `events` lost undecoded before they reached the correlator.
-    pub(crate) fn undecodable(&mut self, events: u64) {
-        self.stats.undecodable_events += events;
-    }
-
     /// Correlates one event, its strings borrowed: what the state keeps of
     /// them is copied.
     pub fn ingest_view(

@@ -219,11 +219,7 @@ impl<C: Clock> Driver<C> {
                     };
                     // Each event stays the bytes it came in until it is
                     // correlated, read in place on this thread.
-                    let events = batch.wire_events().unwrap_or_else(|error| {
-                        correlation.undecodable(batch.events as u64);
-                        tracing::error!(%error, events = batch.events, "a batch the receiver accepted did not decode; its events are lost");
-                        Vec::new()
-                    });
+                    let events = batch.wire_events();
                     let (handoff, last_seq) = (batch.handoff, batch.last_seq);
                     let shim = batch.shim.unwrap_or_default();
                     if fleet {
