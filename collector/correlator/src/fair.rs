@@ -374,33 +374,24 @@ impl Correlator {
         true
     }
 
-    /// Charges `instance`'s turn `turn_id` for what it grew by since it was
-    /// last charged.
-    pub(crate) fn charge_turn(&mut self, instance: &str, turn_id: &str) {
-        charge(
-            &mut self.turns,
-            &mut self.ledger,
-            self.keys.of(instance, turn_id),
-        );
-    }
-
-    /// [`Self::charge_turn`] for the turn under `key`.
+    /// Charges the turn under `key` for what it grew by since it was last
+    /// charged.
     pub(crate) fn charge_key(&mut self, key: &str) {
-        charge(&mut self.turns, &mut self.ledger, key);
+        if let Some(turn) = self.turns.get_mut(key) {
+            charge(turn, &mut self.ledger);
+        }
     }
 }
 
-fn charge(turns: &mut Map<String, Turn>, ledger: &mut Ledger, key: &str) {
-    if let Some(turn) = turns.get_mut(key)
-        && turn.held != turn.charged
-    {
-        if turn.held > turn.charged {
-            ledger.add(&turn.instance, 0, 0, turn.held - turn.charged);
-        } else {
-            ledger.sub(&turn.instance, 0, 0, turn.charged - turn.held);
-        }
-        turn.charged = turn.held;
+/// Charges `turn`'s agent for what the turn grew (or shrank) by since it
+/// was last charged.
+pub(crate) fn charge(turn: &mut Turn, ledger: &mut Ledger) {
+    if turn.held > turn.charged {
+        ledger.add(&turn.instance, 0, 0, turn.held - turn.charged);
+    } else if turn.held < turn.charged {
+        ledger.sub(&turn.instance, 0, 0, turn.charged - turn.held);
     }
+    turn.charged = turn.held;
 }
 
 /// The time and key of `instance`'s oldest entry in `entries`, `held`

@@ -60,8 +60,7 @@ impl Correlator {
             }
             (hooks::PRE_LLM_CALL, body) => {
                 self.close_superseded(ids, instance, out);
-                let turn = self.turn(at, out);
-                if let Some(turn) = turn {
+                if let Some(mut turn) = self.turn(at, out) {
                     if !turn.started {
                         // pre_llm_call is the turn's real start, whatever
                         // events arrived before it.
@@ -85,7 +84,7 @@ impl Correlator {
             }
             (hooks::POST_LLM_CALL, _) => {
                 let clock = self.clock;
-                if let Some(turn) = self.turn(at, out) {
+                if let Some(mut turn) = self.turn(at, out) {
                     turn.end = Some(turn.end.map_or(t, |e| e.max(t)));
                     turn.end_seen = t.max(clock);
                     if let Some(text) = event.content.get(content::ASSISTANT_RESPONSE) {
@@ -101,14 +100,19 @@ impl Correlator {
                 if ids.turn_id.is_empty() {
                     // Shutdown variant: no turn id; closes the session.
                     self.close_session(ids.session_id, instance, t, out);
-                } else if let Some(turn) = self.turn(at, out) {
-                    if let Some(Body::Turn(b)) = body {
-                        turn.completed = b.completed;
-                        turn.interrupted = b.interrupted;
-                        turn.end_reason = b.reason.to_owned();
-                    }
-                    let end = turn.end.unwrap_or(t);
-                    if let Some(turn) = self.take_turn(&key(instance, ids.turn_id)) {
+                } else {
+                    // The turn's loan ends (and charges it) before it is taken.
+                    let end = self.turn(at, out).map(|mut turn| {
+                        if let Some(Body::Turn(b)) = body {
+                            turn.completed = b.completed;
+                            turn.interrupted = b.interrupted;
+                            turn.end_reason = b.reason.to_owned();
+                        }
+                        turn.end.unwrap_or(t)
+                    });
+                    if let Some(end) = end
+                        && let Some(turn) = self.take_turn(&key(instance, ids.turn_id))
+                    {
                         self.emit_turn(turn, end, false, out);
                     }
                 }
@@ -123,7 +127,7 @@ impl Correlator {
                 self.close_session(ids.session_id, instance, t, out);
             }
             (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => {
-                if let Some(turn) = self.turn(at, out) {
+                if let Some(mut turn) = self.turn(at, out) {
                     let start = if api.attempt <= 1 && api.started_at_unix_nano > 0 {
                         api.started_at_unix_nano
                     } else {
@@ -159,9 +163,9 @@ impl Correlator {
             }
             (hooks::POST_API_REQUEST | hooks::API_REQUEST_ERROR, Some(Body::Api(api))) => {
                 let failed = event.hook == hooks::API_REQUEST_ERROR;
-                if let Some((turn, values)) = self.turn_and_values(at, out) {
+                if let Some((mut turn, values)) = self.turn_and_values(at, out) {
                     let span = close_attempt(
-                        turn,
+                        &mut turn,
                         values,
                         ids.api_request_id,
                         api,
@@ -173,7 +177,7 @@ impl Correlator {
                 }
             }
             (hooks::PRE_TOOL_CALL, body) => {
-                if let Some(turn) = self.turn(at, out) {
+                if let Some(mut turn) = self.turn(at, out) {
                     let name = match body {
                         Some(Body::Tool(b)) => b.tool_name.to_owned(),
                         _ => String::new(),
@@ -196,15 +200,15 @@ impl Correlator {
                     Some(Body::Tool(b)) => b,
                     _ => &view::ToolCall::default(),
                 };
-                if let Some((turn, values)) = self.turn_and_values(at, out) {
+                if let Some((mut turn, values)) = self.turn_and_values(at, out) {
                     // Requests of this tool still waiting are unanswered:
                     // closed with it, under it.
-                    approval::close_for_tool(turn, ids.tool_call_id, t, out);
+                    approval::close_for_tool(&mut turn, ids.tool_call_id, t, out);
                     let open = turn.tools.remove(ids.tool_call_id);
                     if let Some(o) = &open {
                         turn.held = turn.held.saturating_sub(o.bytes() + ids.tool_call_id.len());
                     }
-                    let mut span = close_tool(turn, values, ids.tool_call_id, open, tool, t);
+                    let mut span = close_tool(&mut turn, values, ids.tool_call_id, open, tool, t);
                     if let Some(result) = event.content.get(content::RESULT) {
                         span.span.attributes.push(attrs::kv(
                             "gen_ai.tool.call.result",
@@ -230,11 +234,11 @@ impl Correlator {
                     Some(Body::Approval(a)) => a,
                     _ => &view::Approval::default(),
                 };
-                if let Some(turn) = self.turn(at, out) {
+                if let Some(mut turn) = self.turn(at, out) {
                     if event.hook == hooks::PRE_APPROVAL_REQUEST {
-                        approval::request(turn, ids, appr, t);
+                        approval::request(&mut turn, ids, appr, t);
                     } else {
-                        out.push(approval::respond(turn, ids, appr, t));
+                        out.push(approval::respond(&mut turn, ids, appr, t));
                     }
                 }
             }
@@ -268,16 +272,12 @@ impl Correlator {
                         attributes: attrs.0,
                         dropped_attributes_count: 0,
                     });
+                    self.charge_key(&turn_key);
                 }
             }
         }
-        // Charge what the event added, then hold every budget.
-        if !ids.turn_id.is_empty() {
-            self.charge_turn(instance, ids.turn_id);
-        }
-        if !ids.parent_turn_id.is_empty() {
-            self.charge_turn(instance, ids.parent_turn_id);
-        }
+        // Each turn the event changed was charged as its handler let it go
+        // (`TurnMut`): hold every budget.
         self.enforce_budgets(instance, out);
         self.stats.spans += (out.len() - before) as u64;
     }

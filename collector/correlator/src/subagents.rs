@@ -60,6 +60,7 @@ impl Correlator {
         let root_session = parent_turn.root_session_id.clone();
         let task_id = parent_turn.task_id.clone();
         let platform = parent_turn.platform.clone();
+        drop(parent_turn);
         let role = if sub.child_role.is_empty() {
             Str::from_static("subagent")
         } else {

@@ -15,6 +15,34 @@ pub(crate) struct At<'a> {
     pub(crate) platform: &'a str,
 }
 
+/// An open turn lent to an event's handler: what the handler changes in
+/// its held bytes is charged to its agent's ledger when the loan ends, so
+/// the event needs no second lookup of the turn to charge it.
+pub(crate) struct TurnMut<'a> {
+    turn: &'a mut Turn,
+    ledger: &'a mut Ledger,
+}
+
+impl std::ops::Deref for TurnMut<'_> {
+    type Target = Turn;
+
+    fn deref(&self) -> &Turn {
+        self.turn
+    }
+}
+
+impl std::ops::DerefMut for TurnMut<'_> {
+    fn deref_mut(&mut self) -> &mut Turn {
+        self.turn
+    }
+}
+
+impl Drop for TurnMut<'_> {
+    fn drop(&mut self) {
+        fair::charge(self.turn, self.ledger);
+    }
+}
+
 impl Correlator {
     pub(crate) fn resource(&mut self, shim: &v1::ShimInfo, schema_version: &str) -> Arc<Resource> {
         if let Some((instance, resource)) = &self.last_resource
@@ -73,7 +101,7 @@ impl Correlator {
     /// (synthesized) if unknown, recording the platform the event names.
     /// `None` when the event carries no turn id, or when that turn was
     /// closed already (the event is counted as late).
-    pub(crate) fn turn(&mut self, at: At<'_>, out: &mut Vec<FinishedSpan>) -> Option<&mut Turn> {
+    pub(crate) fn turn(&mut self, at: At<'_>, out: &mut Vec<FinishedSpan>) -> Option<TurnMut<'_>> {
         self.turn_and_values(at, out).map(|(turn, _)| turn)
     }
 
@@ -83,7 +111,7 @@ impl Correlator {
         &mut self,
         at: At<'_>,
         out: &mut Vec<FinishedSpan>,
-    ) -> Option<(&mut Turn, &mut Interner)> {
+    ) -> Option<(TurnMut<'_>, &mut Interner)> {
         let At {
             instance,
             ids,
@@ -124,6 +152,10 @@ impl Correlator {
         if t < turn.start && !turn.started {
             turn.start = t;
         }
+        let turn = TurnMut {
+            turn,
+            ledger: &mut self.ledger,
+        };
         Some((turn, &mut self.values))
     }
 
@@ -226,5 +258,28 @@ impl Correlator {
         self.closed
             .push(k.to_owned(), plain, self.config.remembered_closed_turns);
         Some(turn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_turn_an_event_changes_is_charged_for_it_before_the_next() {
+        let shim = hermes_e2e::events::shim("inst-1");
+        for name in hermes_e2e::ingest::FIXTURES {
+            for events in hermes_e2e::ingest::fixture_events_both_levels(name) {
+                let mut c = Correlator::new(Config::default());
+                let mut out = Vec::new();
+                for e in &events {
+                    c.ingest(&shim, e, &mut out);
+                    for (k, turn) in &c.turns {
+                        assert_eq!(turn.charged, turn.held, "{name}, {}: {k}", e.hook);
+                    }
+                }
+                assert!(!out.is_empty(), "{name}");
+            }
+        }
     }
 }
