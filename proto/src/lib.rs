@@ -3,6 +3,7 @@
 //! receives [`v1::Ack`]s. See `docs/PROTOCOL.md`.
 
 pub mod codec;
+mod utf8;
 pub mod view;
 pub mod wire;
 

@@ -18,8 +18,9 @@ use std::collections::{BTreeMap, HashMap};
 use prost::bytes::Bytes;
 use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint};
 
+use crate::utf8::Strings;
 use crate::v1;
-use crate::wire::{WireError, delimited, skip};
+use crate::wire::{WireError, delimited, skip, text};
 
 /// An event as the correlator reads it: one of a batch's
 /// ([`WireEvent`]) or an event decoded or built elsewhere
@@ -178,12 +179,13 @@ fn for_each_entry<'a>(
             continue;
         }
         let mut entry = delimited(tag, wire_type, &mut bytes)?;
+        let strings = Strings::new(entry);
         let (mut key, mut value) = ("", "");
         while !entry.is_empty() {
             let (tag, wire_type) = decode_key(&mut entry)?;
             match tag {
-                1 => key = text(tag, wire_type, &mut entry)?,
-                2 => value = text(tag, wire_type, &mut entry)?,
+                1 => key = text(&strings, tag, wire_type, &mut entry)?,
+                2 => value = text(&strings, tag, wire_type, &mut entry)?,
                 _ => skip(tag, wire_type, &mut entry)?,
             }
         }
@@ -200,17 +202,18 @@ impl<'a> Event<'a> {
             ..Self::default()
         };
         let mut entries = false;
+        let strings = Strings::each(bytes);
         let mut buf = bytes;
         while !buf.is_empty() {
             let (tag, wire_type) = decode_key(&mut buf)?;
             let b = &mut buf;
             match tag {
                 1 => event.seq = varint(tag, wire_type, b)?,
-                2 => event.hook = text(tag, wire_type, b)?,
-                3 => event.schema_version = text(tag, wire_type, b)?,
+                2 => event.hook = text(&strings, tag, wire_type, b)?,
+                3 => event.schema_version = text(&strings, tag, wire_type, b)?,
                 4 => event.time_unix_nano = fixed64(tag, wire_type, b)?,
                 5 => event.mono_nano = fixed64(tag, wire_type, b)?,
-                6 => event.thread = text(tag, wire_type, b)?,
+                6 => event.thread = text(&strings, tag, wire_type, b)?,
                 7 => {
                     let body = delimited(tag, wire_type, b)?;
                     event.ids.get_or_insert_default().merge(body)?;
@@ -324,10 +327,11 @@ macro_rules! view {
 
         impl<'a> $name<'a> {
             fn merge(&mut self, mut buf: &'a [u8]) -> Result<(), WireError> {
+                let strings = Strings::new(buf);
                 while !buf.is_empty() {
                     let (tag, wire_type) = decode_key(&mut buf)?;
                     match tag {
-                        $($tag => view!(@merge $kind, self.$field, tag, wire_type, &mut buf),)*
+                        $($tag => view!(@merge $kind, self.$field, strings, tag, wire_type, &mut buf),)*
                         _ => skip(tag, wire_type, &mut buf)?,
                     }
                 }
@@ -359,13 +363,13 @@ macro_rules! view {
     (@ty uint64) => { u64 };
     (@ty fixed64) => { u64 };
     (@ty uint32) => { u32 };
-    (@merge str, $slot:expr, $tag:ident, $wt:ident, $buf:expr) => {
-        $slot = text($tag, $wt, $buf)?
+    (@merge str, $slot:expr, $s:ident, $tag:ident, $wt:ident, $buf:expr) => {
+        $slot = text(&$s, $tag, $wt, $buf)?
     };
-    (@merge strs, $slot:expr, $tag:ident, $wt:ident, $buf:expr) => {
-        $slot.push(text($tag, $wt, $buf)?)
+    (@merge strs, $slot:expr, $s:ident, $tag:ident, $wt:ident, $buf:expr) => {
+        $slot.push(text(&$s, $tag, $wt, $buf)?)
     };
-    (@merge usage, $slot:expr, $tag:ident, $wt:ident, $buf:expr) => {
+    (@merge usage, $slot:expr, $s:ident, $tag:ident, $wt:ident, $buf:expr) => {
         prost::encoding::message::merge(
             $wt,
             $slot.get_or_insert_default(),
@@ -373,7 +377,7 @@ macro_rules! view {
             DecodeContext::default(),
         )?
     };
-    (@merge opt_bool, $slot:expr, $tag:ident, $wt:ident, $buf:expr) => {
+    (@merge opt_bool, $slot:expr, $s:ident, $tag:ident, $wt:ident, $buf:expr) => {
         prost::encoding::bool::merge(
             $wt,
             $slot.get_or_insert_default(),
@@ -381,7 +385,7 @@ macro_rules! view {
             DecodeContext::default(),
         )?
     };
-    (@merge opt_uint64, $slot:expr, $tag:ident, $wt:ident, $buf:expr) => {
+    (@merge opt_uint64, $slot:expr, $s:ident, $tag:ident, $wt:ident, $buf:expr) => {
         prost::encoding::uint64::merge(
             $wt,
             $slot.get_or_insert_default(),
@@ -389,7 +393,7 @@ macro_rules! view {
             DecodeContext::default(),
         )?
     };
-    (@merge opt_int32, $slot:expr, $tag:ident, $wt:ident, $buf:expr) => {
+    (@merge opt_int32, $slot:expr, $s:ident, $tag:ident, $wt:ident, $buf:expr) => {
         prost::encoding::int32::merge(
             $wt,
             $slot.get_or_insert_default(),
@@ -397,13 +401,13 @@ macro_rules! view {
             DecodeContext::default(),
         )?
     };
-    (@merge uint64, $slot:expr, $tag:ident, $wt:ident, $buf:expr) => {
+    (@merge uint64, $slot:expr, $s:ident, $tag:ident, $wt:ident, $buf:expr) => {
         $slot = varint($tag, $wt, $buf)?
     };
-    (@merge fixed64, $slot:expr, $tag:ident, $wt:ident, $buf:expr) => {
+    (@merge fixed64, $slot:expr, $s:ident, $tag:ident, $wt:ident, $buf:expr) => {
         $slot = fixed64($tag, $wt, $buf)?
     };
-    (@merge uint32, $slot:expr, $tag:ident, $wt:ident, $buf:expr) => {
+    (@merge uint32, $slot:expr, $s:ident, $tag:ident, $wt:ident, $buf:expr) => {
         prost::encoding::uint32::merge($wt, &mut $slot, $buf, DecodeContext::default())?
     };
     (@own str, $v:expr) => { $v.to_owned() };
@@ -539,11 +543,12 @@ impl<'a> Other<'a> {
                 continue;
             }
             let mut entry = delimited(tag, wire_type, &mut buf)?;
+            let strings = Strings::new(entry);
             let (mut key, mut value) = ("", v1::Scalar::default());
             while !entry.is_empty() {
                 let (tag, wire_type) = decode_key(&mut entry)?;
                 match tag {
-                    1 => key = text(tag, wire_type, &mut entry)?,
+                    1 => key = text(&strings, tag, wire_type, &mut entry)?,
                     2 => prost::encoding::message::merge(
                         wire_type,
                         &mut value,
@@ -592,12 +597,6 @@ fn fixed64(tag: u32, wire_type: WireType, buf: &mut &[u8]) -> Result<u64, WireEr
     let (value, rest) = buf.split_first_chunk::<8>().ok_or(WireError::Truncated)?;
     *buf = rest;
     Ok(u64::from_le_bytes(*value))
-}
-
-/// A string field, borrowed.
-fn text<'a>(tag: u32, wire_type: WireType, buf: &mut &'a [u8]) -> Result<&'a str, WireError> {
-    let body = delimited(tag, wire_type, buf)?;
-    std::str::from_utf8(body).map_err(|_| WireError::NotUtf8 { tag })
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use prost::bytes::Bytes;
 use prost::encoding::{WireType, decode_key, decode_varint};
 use prost::{DecodeError, Message};
 
+use crate::utf8::Strings;
 use crate::v1::{Event, EventBatch, ShimInfo};
 use crate::view::WireEvent;
 
@@ -318,6 +319,11 @@ const STRING_ENTRY: &[Kind] = &[U, S, S];
 
 /// Walks the fields of one message that fills `buf`.
 fn walk(buf: &mut &[u8], schema: &[Kind], seen: &mut Seen) -> Result<(), WireError> {
+    let strings = if std::ptr::eq(schema, EVENT) {
+        Strings::each(buf)
+    } else {
+        Strings::new(buf)
+    };
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(buf)?;
         let kind = usize::try_from(tag)
@@ -336,10 +342,10 @@ fn walk(buf: &mut &[u8], schema: &[Kind], seen: &mut Seen) -> Result<(), WireErr
                 advance(buf, 8)?;
             }
             Kind::Text => {
-                text(tag, wire_type, buf)?;
+                text(&strings, tag, wire_type, buf)?;
             }
             Kind::Id(field) => {
-                let len = text(tag, wire_type, buf)?;
+                let len = text(&strings, tag, wire_type, buf)?.len();
                 if seen.longest_id.is_none_or(|(_, l)| len > l) {
                     seen.longest_id = Some((field, len));
                 }
@@ -386,11 +392,15 @@ pub(crate) fn delimited<'a>(
     Ok(body)
 }
 
-/// A string field: its length.
-fn text(tag: u32, wire_type: WireType, buf: &mut &[u8]) -> Result<usize, WireError> {
+/// A string field of the message of `strings`, borrowed.
+pub(crate) fn text<'a>(
+    strings: &Strings<'a>,
+    tag: u32,
+    wire_type: WireType,
+    buf: &mut &'a [u8],
+) -> Result<&'a str, WireError> {
     let body = delimited(tag, wire_type, buf)?;
-    std::str::from_utf8(body).map_err(|_| WireError::NotUtf8 { tag })?;
-    Ok(body.len())
+    strings.get(body).ok_or(WireError::NotUtf8 { tag })
 }
 
 /// Skips an unknown field as prost does, except groups (module docs).
