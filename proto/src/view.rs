@@ -16,11 +16,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use prost::bytes::Bytes;
-use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint};
+use prost::encoding::{DecodeContext, WireType, decode_key};
 
 use crate::utf8::Strings;
 use crate::v1;
-use crate::wire::{WireError, delimited, skip, text};
+use crate::wire::{WireError, delimited, skip, text, varint};
 
 /// An event as the correlator reads it: one of a batch's
 /// ([`WireEvent`]) or an event decoded or built elsewhere
@@ -585,11 +585,6 @@ impl<'a> From<&'a v1::Other> for Other<'a> {
                 .collect(),
         }
     }
-}
-
-fn varint(tag: u32, wire_type: WireType, buf: &mut &[u8]) -> Result<u64, WireError> {
-    crate::wire::expect(tag, wire_type, WireType::Varint)?;
-    Ok(decode_varint(buf)?)
 }
 
 fn fixed64(tag: u32, wire_type: WireType, buf: &mut &[u8]) -> Result<u64, WireError> {

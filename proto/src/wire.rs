@@ -367,7 +367,7 @@ pub(crate) fn expect(tag: u32, found: WireType, expected: WireType) -> Result<()
     }
 }
 
-fn varint(tag: u32, wire_type: WireType, buf: &mut &[u8]) -> Result<u64, WireError> {
+pub(crate) fn varint(tag: u32, wire_type: WireType, buf: &mut &[u8]) -> Result<u64, WireError> {
     expect(tag, wire_type, WireType::Varint)?;
     Ok(decode_varint(buf)?)
 }
