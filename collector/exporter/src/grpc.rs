@@ -32,7 +32,7 @@ use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::transport::Endpoint;
 
 use crate::error::{ExportError, error_chain, truncate};
-use crate::gzip::GzipRequests;
+use crate::gzip::{GzipRequests, Gzipped, gzip_parts};
 use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter, shown_endpoint};
 use crate::tls::{ClientTls, TlsSettings};
 
@@ -218,10 +218,10 @@ impl GrpcExporter {
         if let Some(client) = &self.client {
             return client.clone();
         }
-        // Requests are compressed by the channel's wrapper (at the
-        // configured level), not by tonic (always level 6).
-        let level = (self.compression == Compression::Gzip).then_some(self.gzip_level);
-        let channel = GzipRequests::new(self.endpoint.connect_lazy(), level);
+        // Requests are compressed by `send` (at the configured level) and
+        // marked so by the channel's wrapper, not by tonic (always level 6,
+        // from a copy of the whole request).
+        let channel = GzipRequests::new(self.endpoint.connect_lazy());
         let client = Grpc::new(channel).accept_compressed(CompressionEncoding::Gzip);
         self.client = Some(client.clone());
         client
@@ -254,7 +254,16 @@ impl GrpcExporter {
     /// trace response reads every signal's.
     pub(crate) async fn send(&mut self, body: Vec<Bytes>) -> Result<ExportOutcome, ExportError> {
         let mut client = self.client();
+        let gzip = self.compression == Compression::Gzip;
+        let body = if gzip {
+            vec![gzip_parts(&body, self.gzip_level)]
+        } else {
+            body
+        };
         let mut grpc_request = tonic::Request::new(body);
+        if gzip {
+            grpc_request.extensions_mut().insert(Gzipped);
+        }
         *grpc_request.metadata_mut() = self.metadata.clone();
         grpc_request.set_timeout(self.timeout);
         let path = PathAndQuery::from_static(self.path);

@@ -1,20 +1,15 @@
 //! gzip of OTLP/gRPC export requests at a chosen level.
 //!
-//! Owns [`GzipRequests`], the gRPC exporter's channel wrapped so that the
-//! message of each request leaves gzip-compressed (`grpc-encoding: gzip`,
-//! the frame's compressed flag set) at the exporter's configured level.
-//! tonic's own request compression always deflates at level 6; with the
-//! exporter compressing, that deflate is the collector's largest stage in
-//! instructions per span (`docs/BENCHMARKS.md`), and the level trades it
-//! against the bytes on the wire.
-//!
-//! tonic encodes the unary request into one uncompressed gRPC frame (flag
-//! byte 0, the message length as 4 bytes big-endian, the message); this
-//! wrapper reads that body, compresses the message into a new frame and
-//! sends it on. A body that is not exactly one uncompressed frame (not
-//! produced by the exporter) is sent as it came. Responses pass untouched
-//! (tonic decompresses them itself). Without a level the wrapper only
-//! forwards.
+//! tonic's own request compression always deflates at level 6, and it
+//! compresses the frame the codec wrote: the whole uncompressed request
+//! copied into tonic's buffer first. Here the exporter compresses the
+//! request's encoded parts itself, at its configured level, before the
+//! codec ([`gzip_parts`]): the codec copies only the compressed bytes.
+//! Such a request carries the [`Gzipped`] extension, and the channel's
+//! wrapper, [`GzipRequests`], marks its frame compressed (the frame's flag
+//! byte, `grpc-encoding: gzip`). A request without the extension, or a
+//! body that is not exactly one uncompressed frame, is sent as it came.
+//! Responses pass untouched (tonic decompresses them itself).
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -22,7 +17,7 @@ use std::io::Write as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::HeaderValue;
 use http_body_util::BodyExt as _;
 use tonic::body::Body;
@@ -36,17 +31,20 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 /// Length of a gRPC frame's header: the compressed flag and the length.
 const FRAME_HEADER: usize = 5;
 
-/// The exporter's channel, compressing request messages with gzip at
-/// `level` (0–9) when one is set.
+/// The extension of a request whose message is already gzip-compressed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gzipped;
+
+/// The exporter's channel, marking the frames of [`Gzipped`] requests
+/// compressed.
 #[derive(Debug, Clone)]
 pub(crate) struct GzipRequests {
     inner: Channel,
-    level: Option<u32>,
 }
 
 impl GzipRequests {
-    pub(crate) fn new(inner: Channel, level: Option<u32>) -> Self {
-        Self { inner, level }
+    pub(crate) fn new(inner: Channel) -> Self {
+        Self { inner }
     }
 }
 
@@ -64,51 +62,66 @@ impl Service<http::Request<Body>> for GzipRequests {
         // takes the call (tower's convention), the clone stays for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let Some(level) = self.level else {
+        if request.extensions().get::<Gzipped>().is_none() {
             let call = inner.call(request);
             return Box::pin(async move { call.await.map_err(Into::into) });
-        };
+        }
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
             // The body's error is tonic's `Status` (an encoding failure):
             // boxed, tonic finds it again and reports it as it was.
             let frame = body.collect().await?.to_bytes();
-            let body = match gzip_frame(&frame, level) {
-                Some(compressed) => {
+            let body = match marked_compressed(frame) {
+                Ok(frame) => {
                     parts
                         .headers
                         .insert("grpc-encoding", HeaderValue::from_static("gzip"));
-                    Body::new(http_body_util::Full::new(compressed))
+                    frame
                 }
-                None => Body::new(http_body_util::Full::new(frame)),
+                Err(frame) => frame,
             };
             inner
-                .call(http::Request::from_parts(parts, body))
+                .call(http::Request::from_parts(
+                    parts,
+                    Body::new(http_body_util::Full::new(body)),
+                ))
                 .await
                 .map_err(Into::into)
         })
     }
 }
 
-/// The gRPC frame holding `frame`'s message gzip-compressed at `level`;
-/// `None` when `frame` is not exactly one uncompressed frame.
-fn gzip_frame(frame: &[u8], level: u32) -> Option<Bytes> {
-    let (header, message) = frame.split_at_checked(FRAME_HEADER)?;
-    let declared = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
-    if header[0] != 0 || usize::try_from(declared).ok()? != message.len() {
-        return None;
+/// `frame` with its compressed flag set; `Err` with the frame as it was
+/// when it is not exactly one uncompressed frame.
+fn marked_compressed(frame: Bytes) -> Result<Bytes, Bytes> {
+    let declared = match frame.get(..FRAME_HEADER) {
+        Some(&[0, a, b, c, d]) => u32::from_be_bytes([a, b, c, d]),
+        _ => return Err(frame),
+    };
+    if usize::try_from(declared).ok() != Some(frame.len() - FRAME_HEADER) {
+        return Err(frame);
     }
+    // The frame is the compressed message: small, and usually tonic's
+    // alone, so this takes it without a copy.
+    let mut frame = frame
+        .try_into_mut()
+        .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+    frame[0] = 1;
+    Ok(frame.freeze())
+}
+
+/// The gzip stream of `parts` one after another, at `level` (0–9).
+pub(crate) fn gzip_parts(parts: &[Bytes], level: u32) -> Bytes {
+    let len: usize = parts.iter().map(Bytes::len).sum();
     // Room for the message at a third of its size: OTLP spans compress
     // about that well or better, so the vector rarely grows.
-    let mut out = Vec::with_capacity(FRAME_HEADER + message.len() / 3 + 64);
-    out.extend_from_slice(&[1, 0, 0, 0, 0]);
+    let out = Vec::with_capacity(len / 3 + 64);
     let mut encoder = flate2::write::GzEncoder::new(out, flate2::Compression::new(level));
     // Writing into a vector cannot fail.
-    encoder.write_all(message).ok()?;
-    let mut out = encoder.finish().ok()?;
-    let len = u32::try_from(out.len() - FRAME_HEADER).ok()?;
-    out[1..FRAME_HEADER].copy_from_slice(&len.to_be_bytes());
-    Some(Bytes::from(out))
+    for part in parts {
+        let _ = encoder.write_all(part);
+    }
+    Bytes::from(encoder.finish().unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -138,34 +151,40 @@ mod tests {
     }
 
     #[test]
-    fn a_frame_is_compressed_at_every_level() {
+    fn parts_are_compressed_as_one_message_at_every_level() {
         let message: Vec<u8> = b"span attributes repeat: gen_ai.request.model "
             .iter()
             .copied()
             .cycle()
             .take(10_000)
             .collect();
+        let parts: Vec<Bytes> = message.chunks(3_000).map(Bytes::copy_from_slice).collect();
         let mut sizes = Vec::new();
         for level in [0, 1, 6, 9] {
-            let compressed = gzip_frame(&frame(0, &message), level).unwrap();
-            assert_eq!(gunzip(&compressed), message, "level {level}");
+            let compressed = gzip_parts(&parts, level);
+            let frame = marked_compressed(Bytes::from(frame(0, &compressed))).unwrap();
+            assert_eq!(gunzip(&frame), message, "level {level}");
             sizes.push(compressed.len());
         }
         assert!(sizes[0] > message.len(), "level 0 stores: {sizes:?}");
         assert!(sizes[1] < message.len() / 10, "{sizes:?}");
-        let empty = gzip_frame(&frame(0, b""), 1).unwrap();
+        let empty = marked_compressed(Bytes::from(frame(0, &gzip_parts(&[], 1)))).unwrap();
         assert!(gunzip(&empty).is_empty());
     }
 
     #[test]
     fn anything_but_one_uncompressed_frame_is_left_alone() {
-        assert_eq!(gzip_frame(&frame(1, b"already"), 1), None);
-        assert_eq!(gzip_frame(b"\0\0\0", 1), None);
+        let unchanged = |f: &[u8]| {
+            let f = Bytes::copy_from_slice(f);
+            assert_eq!(marked_compressed(f.clone()), Err(f));
+        };
+        unchanged(&frame(1, b"already"));
+        unchanged(b"\0\0\0");
         let mut two = frame(0, b"one");
         two.extend_from_slice(&frame(0, b"two"));
-        assert_eq!(gzip_frame(&two, 1), None);
+        unchanged(&two);
         let mut short = frame(0, b"message");
         short.pop();
-        assert_eq!(gzip_frame(&short, 1), None);
+        unchanged(&short);
     }
 }
