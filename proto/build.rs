@@ -7,7 +7,7 @@
 //! except the request, [`WireBatch`](crate::wire::WireBatch): an
 //! `EventBatch` checked on the wire and kept as its bytes, received with
 //! [`WireCodec`](crate::codec::WireCodec). The first pass also writes the
-//! file's descriptors, which the wire walk's schema is tested against.
+//! file's descriptors, which the event views' fields are tested against.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;

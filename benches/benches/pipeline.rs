@@ -21,11 +21,11 @@
 //!   `ExportTraceServiceRequest` of that batch; `otlp_encode_prost/*` is
 //!   prost's `encode_to_vec` of the same request, for comparison.
 //! * `ingest_decode/metadata`: one wire `EventBatch` of 512 events as the
-//!   collector reads it: the receiver's walk over the bytes
-//!   (`WireBatch::from_wire`), then the correlation stage's reading of
-//!   the events in place (`WireBatch::wire_events`, each `view`ed);
-//!   `ingest_decode/metadata_walk` is the
-//!   walk alone, `ingest_decode/metadata_through_buf` prost decoding the
+//!   collector reads it: the receiver's decoding of each event as a view
+//!   of the bytes (`WireBatch::from_wire`), then the correlation stage's
+//!   reading of those views (`WireBatch::wire_events`);
+//!   `ingest_decode/metadata_receiver` is the
+//!   receiver's part alone, `ingest_decode/metadata_through_buf` prost decoding the
 //!   same bytes through the length-limited `Buf` as tonic's prost codec does.
 //! * `stages_per_event/metadata`: decode + sequencer + correlator +
 //!   grouping + processor + OTLP encode of all four fixtures, per event: the
@@ -299,7 +299,7 @@ fn ingest_decode(c: &mut Criterion) {
                 .sum::<usize>()
         })
     });
-    group.bench_function("metadata_walk", |b| {
+    group.bench_function("metadata_receiver", |b| {
         b.iter(|| WireBatch::from_wire(bytes.clone()).unwrap())
     });
     // prost reading through the length-limited `Buf` (tonic's prost codec).

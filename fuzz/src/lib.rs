@@ -5,7 +5,7 @@
 //!
 //! | target | input | checks |
 //! |---|---|---|
-//! | [`wire`] | bytes of one `EventBatch` message | the receiver's wire walk (`WireBatch::from_wire`) and [`check_batch`] never panic; every batch the walk accepts decodes (the stage decodes it later) to what the walk read; what it accepts respects the limits |
+//! | [`wire`] | bytes of one `EventBatch` message | the receiver's decoding (`WireBatch::from_wire`) and [`check_batch`] never panic; every batch it accepts decodes with prost to what its event views read; what it accepts respects the limits |
 //! | [`pipeline`] | bytes read as operations (`arbitrary`): batches of generated events, batches decoded from raw protobuf, timer ticks | the receiver's checks, the sequencer and the correlator never panic; their state stays within the configured limits after every step; time and `flush_all` empty them; then the same operations through the collector's correlation stage itself (`hermes_pipeline`'s driver on tokio's paused clock, `stage.rs`): no panic, the same bounds, nothing left open or held at its end, every parent emitted |
 //! | [`config`] | text of a configuration file | `${VAR}` interpolation, YAML parsing and validation never panic |
 //! | [`redaction`] | bytes read as a batch of spans (`arbitrary`) whose strings mix arbitrary text with fragments of secrets | the span processor with the default rules never panics; every exported string is within its limit; processing the output again changes nothing |
@@ -16,7 +16,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
 use hermes_correlator::{Config as CorrelatorConfig, Correlation, Correlator, FinishedSpan};
 use hermes_proto::hooks;
-use hermes_proto::view::WireEvent;
+use hermes_proto::view::{Source, WireEvent};
 use hermes_proto::wire::WireBatch;
 use hermes_proto::v1::{self, EventBatch, event::Body};
 use hermes_receiver::{Limits, check_batch};
@@ -48,14 +48,20 @@ const GAP_TIMEOUT_MS: u64 = 1_000;
 
 // ------------------------------------------------------------------- wire
 
-/// Reads `data` as the receiver does (the wire walk) and checks it; what
-/// the walk accepts, the correlation stage decodes.
+/// Reads `data` as the receiver does (each event decoded as a view) and
+/// checks it; what it accepts, prost decodes to what the views say.
 pub fn wire(data: &[u8]) {
     let Ok(received) = WireBatch::from_wire(prost::bytes::Bytes::copy_from_slice(data)) else {
         return;
     };
-    let batch = received.to_batch().expect("what the walk accepts decodes");
+    let batch = received.to_batch().expect("what the receiver accepts decodes");
     assert_eq!(received.decode_events().unwrap(), batch.events);
+    let views: Vec<_> = received
+        .wire_events()
+        .iter()
+        .map(|e| e.view().expect("an accepted event has a view").to_event())
+        .collect();
+    assert_eq!(views, batch.events);
     assert_eq!(received.events, batch.events.len());
     assert_eq!(received.last_seq, batch.events.last().map(|e| e.seq));
     assert_eq!(received.shim, batch.shim);
@@ -76,7 +82,7 @@ pub fn wire(data: &[u8]) {
                     .as_ref()
                     .is_some_and(|s| !s.instance_id.is_empty())
             );
-            // What is accepted re-encodes to a batch the walk accepts.
+            // What is accepted re-encodes to a batch the receiver accepts.
             let again = WireBatch::encode(&batch).unwrap();
             assert_eq!(again.decode_events().unwrap(), batch.events);
         }

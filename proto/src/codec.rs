@@ -93,7 +93,8 @@ pub fn decode<U: Message + Default>(buf: &mut impl Buf) -> Result<U, Status> {
 
 /// A message made from the bytes it came in.
 pub trait FromWire: Sized {
-    type Error: std::fmt::Display;
+    /// Why bytes are not such a message: the status the call ends with.
+    type Error: Into<Status>;
 
     fn from_wire(bytes: Bytes) -> Result<Self, Self::Error>;
 }
@@ -146,9 +147,7 @@ impl<U: FromWire> Decoder for WireDecoder<U> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         let bytes = buf.copy_to_bytes(buf.remaining());
-        U::from_wire(bytes)
-            .map(Some)
-            .map_err(|e| Status::internal(e.to_string()))
+        U::from_wire(bytes).map(Some).map_err(Into::into)
     }
 }
 

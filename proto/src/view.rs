@@ -2,9 +2,11 @@
 //! was decoded from (or from a [`v1::Event`]), so correlating an event
 //! copies only the strings the correlator keeps.
 //!
-//! The collector's stage decodes each event of a [`WireBatch`] as it
-//! correlates it ([`WireEvent::view`]); decoding them with prost first made
-//! a `String` of every string field, most of them read once and freed.
+//! The receiver decodes each event of a [`WireBatch`] this way as it
+//! checks the batch, and the stage correlates the views it made
+//! ([`WireEvent`]): each event is parsed once. Decoding them with prost
+//! made a `String` of every string field, most of them read once and freed
+//! on another thread.
 //! The decoding follows prost's rules field by field, so a view of the
 //! bytes is the view of prost's decoding of them ([`Event::to_event`],
 //! held to it by the tests): the last value of a repeated scalar wins, a
@@ -13,7 +15,9 @@
 //!
 //! [`WireBatch`]: crate::wire::WireBatch
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use prost::bytes::Bytes;
 use prost::encoding::{DecodeContext, WireType, decode_key};
@@ -26,12 +30,12 @@ use crate::wire::{WireError, delimited, skip, text, varint};
 /// ([`WireEvent`]) or an event decoded or built elsewhere
 /// ([`v1::Event`]: tests, tools, the fuzz target).
 pub trait Source {
-    /// The event's seq, read without decoding the rest.
+    /// The event's seq.
     fn seq(&self) -> u64;
     /// The event, its strings borrowed. Cannot fail for an event of a batch
     /// [`WireBatch::from_wire`](crate::wire::WireBatch::from_wire)
-    /// accepted; an error is a bug of its walk.
-    fn view(&self) -> Result<Event<'_>, WireError>;
+    /// accepted (it made the view).
+    fn view(&self) -> Result<Cow<'_, Event<'_>>, WireError>;
 }
 
 impl Source for v1::Event {
@@ -39,43 +43,68 @@ impl Source for v1::Event {
         self.seq
     }
 
-    fn view(&self) -> Result<Event<'_>, WireError> {
-        Ok(Event::from(self))
+    fn view(&self) -> Result<Cow<'_, Event<'_>>, WireError> {
+        Ok(Cow::Owned(Event::from(self)))
     }
 }
 
-/// One event of a [`WireBatch`](crate::wire::WireBatch), kept as its bytes
-/// (a reference to the batch's buffer, not a copy) until it is read.
-#[derive(Debug, Clone, PartialEq)]
+/// The views of a batch's events, which borrow its bytes ([`Views`]).
+type EventList<'a> = Vec<Event<'a>>;
+
+self_cell::self_cell!(
+    /// A batch's bytes with the views of its events, made once when the
+    /// batch was checked ([`WireBatch::from_wire`](crate::wire::WireBatch::from_wire)).
+    pub(crate) struct Views {
+        owner: Bytes,
+        #[covariant]
+        dependent: EventList,
+    }
+
+    impl {Debug}
+);
+
+impl Views {
+    /// The batch's bytes.
+    pub(crate) fn bytes(&self) -> &Bytes {
+        self.borrow_owner()
+    }
+
+    /// The views of the batch's events, in order.
+    pub(crate) fn events(&self) -> &[Event<'_>] {
+        self.borrow_dependent()
+    }
+}
+
+/// One event of a [`WireBatch`](crate::wire::WireBatch): its view, made
+/// when the batch was checked, and a reference to the batch that holds it
+/// (not a copy).
+#[derive(Debug, Clone)]
 pub struct WireEvent {
     seq: u64,
-    bytes: Bytes,
+    views: Arc<Views>,
+    index: usize,
 }
 
 impl WireEvent {
-    /// The event encoded in `bytes` (its seq read, the rest when viewed).
+    /// The event encoded in `bytes`, decoded.
     pub fn new(bytes: Bytes) -> Result<Self, WireError> {
-        let mut seq = 0;
-        let mut buf: &[u8] = &bytes;
-        while !buf.is_empty() {
-            let (tag, wire_type) = decode_key(&mut buf)?;
-            if tag == 1 {
-                seq = varint(tag, wire_type, &mut buf)?;
-            } else {
-                skip(tag, wire_type, &mut buf)?;
-            }
+        let views = Views::try_new(bytes, |bytes| Event::decode(bytes).map(|e| vec![e]))?;
+        let views = Arc::new(views);
+        let seq = views.events().first().map_or(0, |e| e.seq);
+        Ok(Self::at(&views, 0, seq))
+    }
+
+    /// Event `index` of `views`, whose seq is `seq`.
+    pub(crate) fn at(views: &Arc<Views>, index: usize, seq: u64) -> Self {
+        Self {
+            seq,
+            views: Arc::clone(views),
+            index,
         }
-        Ok(Self { seq, bytes })
     }
 
-    /// Event `seq` of a batch the walk accepted, in `bytes`.
-    pub(crate) fn at(seq: u64, bytes: Bytes) -> Self {
-        Self { seq, bytes }
-    }
-
-    /// Its bytes on the wire.
-    pub fn bytes(&self) -> &Bytes {
-        &self.bytes
+    fn event(&self) -> Option<&Event<'_>> {
+        self.views.events().get(self.index)
     }
 }
 
@@ -84,8 +113,9 @@ impl Source for WireEvent {
         self.seq
     }
 
-    fn view(&self) -> Result<Event<'_>, WireError> {
-        Event::decode(&self.bytes)
+    fn view(&self) -> Result<Cow<'_, Event<'_>>, WireError> {
+        // Made with the batch at `index`: never missing.
+        self.event().map(Cow::Borrowed).ok_or(WireError::Truncated)
     }
 }
 
@@ -103,18 +133,19 @@ pub struct Event<'a> {
     pub content: Content<'a>,
 }
 
-/// `Event.body`. Unboxed, unlike prost's: a view lives on the stack for
-/// one event and is read by reference, so boxing the largest case would
-/// only add an allocation per API event.
+/// `Event.body`. The two large cases are boxed, as prost's are: a batch
+/// keeps a view of every event until the stage has correlated them, and
+/// inline they would make every view as large as an API call's (592
+/// bytes instead of 336), more memory to fill on the receiver's thread
+/// and to read on the stage's (`docs/BENCHMARKS.md`).
 #[derive(Debug, Clone, PartialEq)]
-#[allow(clippy::large_enum_variant)]
 pub enum Body<'a> {
     Session(Session<'a>),
     Turn(Turn<'a>),
-    Api(ApiCall<'a>),
+    Api(Box<ApiCall<'a>>),
     Tool(ToolCall<'a>),
     Subagent(Subagent<'a>),
-    Approval(Approval<'a>),
+    Approval(Box<Approval<'a>>),
     Other(Other<'a>),
 }
 
@@ -247,7 +278,7 @@ impl<'a> Event<'a> {
                     _ => {
                         let mut body = $message::default();
                         body.merge(bytes)?;
-                        self.body = Some(Body::$case(body));
+                        self.body = Some(Body::$case(body.into()));
                         Ok(())
                     }
                 }
@@ -277,10 +308,10 @@ impl<'a> Event<'a> {
             body: self.body.as_ref().map(|body| match body {
                 Body::Session(b) => v1::event::Body::Session(b.to_owned()),
                 Body::Turn(b) => v1::event::Body::Turn(b.to_owned()),
-                Body::Api(b) => v1::event::Body::Api(Box::new(b.to_owned())),
+                Body::Api(b) => v1::event::Body::Api(Box::new(ApiCall::to_owned(b))),
                 Body::Tool(b) => v1::event::Body::Tool(b.to_owned()),
                 Body::Subagent(b) => v1::event::Body::Subagent(b.to_owned()),
-                Body::Approval(b) => v1::event::Body::Approval(Box::new(b.to_owned())),
+                Body::Approval(b) => v1::event::Body::Approval(Box::new(Approval::to_owned(b))),
                 Body::Other(b) => v1::event::Body::Other(b.to_owned()),
             }),
             content: self.content.to_map(),
@@ -301,16 +332,20 @@ impl<'a> From<&'a v1::Event> for Event<'a> {
             body: e.body.as_ref().map(|body| match body {
                 v1::event::Body::Session(b) => Body::Session(b.into()),
                 v1::event::Body::Turn(b) => Body::Turn(b.into()),
-                v1::event::Body::Api(b) => Body::Api(b.as_ref().into()),
+                v1::event::Body::Api(b) => Body::Api(Box::new(b.as_ref().into())),
                 v1::event::Body::Tool(b) => Body::Tool(b.into()),
                 v1::event::Body::Subagent(b) => Body::Subagent(b.into()),
-                v1::event::Body::Approval(b) => Body::Approval(b.as_ref().into()),
+                v1::event::Body::Approval(b) => Body::Approval(Box::new(b.as_ref().into())),
                 v1::event::Body::Other(b) => Body::Other(b.into()),
             }),
             content: Content::Map(&e.content),
         }
     }
 }
+
+/// A view's fields: each one's tag, name and kind.
+#[cfg(test)]
+pub(crate) type Fields = &'static [(u32, &'static str, &'static str)];
 
 /// A message of the event as a struct of its fields, each of a kind: `str`
 /// (borrowed), `strs` (a repeated string), a scalar kind of prost's
@@ -326,6 +361,11 @@ macro_rules! view {
         }
 
         impl<'a> $name<'a> {
+            /// Each field's tag, name and kind (held to the `.proto` file
+            /// by the tests).
+            #[cfg(test)]
+            pub(crate) const FIELDS: Fields = &[$(($tag, stringify!($field), stringify!($kind)),)*];
+
             fn merge(&mut self, mut buf: &'a [u8]) -> Result<(), WireError> {
                 let strings = Strings::new(buf);
                 while !buf.is_empty() {
@@ -370,12 +410,7 @@ macro_rules! view {
         $slot.push(text(&$s, $tag, $wt, $buf)?)
     };
     (@merge usage, $slot:expr, $s:ident, $tag:ident, $wt:ident, $buf:expr) => {
-        prost::encoding::message::merge(
-            $wt,
-            $slot.get_or_insert_default(),
-            $buf,
-            DecodeContext::default(),
-        )?
+        prost_merge($slot.get_or_insert_default(), delimited($tag, $wt, $buf)?)?
     };
     (@merge opt_bool, $slot:expr, $s:ident, $tag:ident, $wt:ident, $buf:expr) => {
         prost::encoding::bool::merge(
@@ -549,12 +584,7 @@ impl<'a> Other<'a> {
                 let (tag, wire_type) = decode_key(&mut entry)?;
                 match tag {
                     1 => key = text(&strings, tag, wire_type, &mut entry)?,
-                    2 => prost::encoding::message::merge(
-                        wire_type,
-                        &mut value,
-                        &mut entry,
-                        DecodeContext::default(),
-                    )?,
+                    2 => prost_merge(&mut value, delimited(tag, wire_type, &mut entry)?)?,
                     _ => skip(tag, wire_type, &mut entry)?,
                 }
             }
@@ -585,6 +615,19 @@ impl<'a> From<&'a v1::Other> for Other<'a> {
                 .collect(),
         }
     }
+}
+
+/// Merges the encoded message `bytes` (of a type without strings) into
+/// `message` with prost, refusing groups as the rest of the decoding does
+/// (prost skips them).
+fn prost_merge(message: &mut impl prost::Message, mut bytes: &[u8]) -> Result<(), WireError> {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let (tag, wire_type) = decode_key(&mut rest)?;
+        skip(tag, wire_type, &mut rest)?;
+    }
+    message.merge(&mut bytes)?;
+    Ok(())
 }
 
 fn fixed64(tag: u32, wire_type: WireType, buf: &mut &[u8]) -> Result<u64, WireError> {

@@ -1,24 +1,25 @@
 //! The collector's request message: an `EventBatch` checked on the wire and
-//! kept as the bytes it came in, its events decoded where they are used.
+//! kept as the bytes it came in, with a view of each event that borrows
+//! them.
 //!
-//! The receiver must refuse a malformed batch before it acknowledges it,
-//! but decoding the events there (a `String` per string field) made every
-//! one of those allocations be freed on another thread, the correlation
-//! stage's, where they are consumed: the allocator's slowest path
-//! (`docs/BENCHMARKS.md`). [`WireBatch::from_wire`] walks the message once
-//! without allocating: every field of every event has the wire type its
-//! schema says, every length fits, every string is UTF-8; and it reads
-//! what the receiver needs (the shim, the seqs, the largest event, the
-//! longest correlation id). The stage then reads each event in place
-//! ([`WireBatch::wire_events`], [`crate::view`]); [`WireBatch::decode_events`]
+//! The receiver must refuse a malformed batch before it acknowledges it.
+//! [`WireBatch::from_wire`] decodes each event as a [`view::Event`] (its
+//! strings borrowed, nothing allocated but the list of views): every field
+//! has the wire type its schema says, every length fits, every string is
+//! UTF-8. It reads what the receiver needs (the shim, the seqs, the largest
+//! event, the longest correlation id) off the views, and the stage
+//! correlates the same views ([`WireBatch::wire_events`]): each event is
+//! parsed once, on the receiver's thread. Decoding the events with prost
+//! there (a `String` per string field) made every one of those allocations
+//! be freed on another thread, the correlation stage's: the allocator's
+//! slowest path (`docs/BENCHMARKS.md`). [`WireBatch::decode_events`]
 //! decodes them with prost, for tests and tools.
 //!
-//! The walk accepts no more than prost does, so a batch it accepts always
-//! decodes, with prost and as views ([`tests`]): it is stricter in two places prost's
-//! generated code is lenient and no shim writes: a map field must be
-//! length-delimited, and fields of the deprecated group wire type are
-//! refused (which also keeps the walk's depth at the schema's five
-//! levels).
+//! The check accepts no more than prost does, so a batch it accepts always
+//! decodes with prost to what the views say ([`tests`]): it is stricter in
+//! two places prost's generated code is lenient and no shim writes: a map
+//! field must be length-delimited, and fields of the deprecated group wire
+//! type are refused.
 
 use std::fmt;
 
@@ -26,14 +27,22 @@ use prost::bytes::Bytes;
 use prost::encoding::{WireType, decode_key, decode_varint};
 use prost::{DecodeError, Message};
 
+use std::sync::{Arc, LazyLock};
+
 use crate::utf8::Strings;
 use crate::v1::{Event, EventBatch, ShimInfo};
-use crate::view::WireEvent;
+use crate::view::{self, Views, WireEvent};
+
+/// Most events a batch may hold: the view of one takes a few hundred bytes
+/// however short it is on the wire, so a batch of more is refused before
+/// any is decoded (a collector's own limit, `max_events_per_batch`, is at
+/// most this).
+pub const MAX_EVENTS: usize = 65_536;
 
 /// See the module docs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct WireBatch {
-    bytes: Bytes,
+    views: Arc<Views>,
     pub shim: Option<ShimInfo>,
     pub dropped_events: u64,
     pub floor_seq: u64,
@@ -48,8 +57,13 @@ pub struct WireBatch {
     pub largest: Option<LargestEvent>,
     /// The longest correlation id of any event (the first of equals).
     pub longest_id: Option<LongestId>,
-    /// Each event's seq and where its bytes are in `bytes`.
-    at: Vec<(u64, std::ops::Range<usize>)>,
+}
+
+impl PartialEq for WireBatch {
+    /// The same bytes (the rest is read off them).
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes() == other.bytes()
+    }
 }
 
 /// An event of a batch and its length on the wire (without the field's key
@@ -83,6 +97,8 @@ pub enum WireError {
     NotUtf8 { tag: u32 },
     /// A field of the group wire type.
     Group { tag: u32 },
+    /// More than [`MAX_EVENTS`] events.
+    TooManyEvents { events: usize },
 }
 
 impl fmt::Display for WireError {
@@ -96,11 +112,26 @@ impl fmt::Display for WireError {
             Self::Truncated => f.write_str("truncated message (a length past its end)"),
             Self::NotUtf8 { tag } => write!(f, "field {tag}: string is not valid UTF-8"),
             Self::Group { tag } => write!(f, "field {tag}: groups are not accepted"),
+            Self::TooManyEvents { events } => {
+                write!(f, "{events} events in one batch, more than {MAX_EVENTS}")
+            }
         }
     }
 }
 
 impl std::error::Error for WireError {}
+
+impl From<WireError> for tonic::Status {
+    /// Too many events is a limit (`RESOURCE_EXHAUSTED`, as the receiver's
+    /// own limits are); anything else is a malformed message (`INTERNAL`,
+    /// as prost's codec says).
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::TooManyEvents { .. } => Self::resource_exhausted(e.to_string()),
+            _ => Self::internal(e.to_string()),
+        }
+    }
+}
 
 impl From<DecodeError> for WireError {
     fn from(e: DecodeError) -> Self {
@@ -115,12 +146,19 @@ struct BatchEvents {
     events: Vec<Event>,
 }
 
+/// What a batch holds until the views of its own events are made.
+fn no_views() -> Arc<Views> {
+    static NONE: LazyLock<Arc<Views>> =
+        LazyLock::new(|| Arc::new(Views::new(Bytes::new(), |_| Vec::new())));
+    Arc::clone(&NONE)
+}
+
 impl WireBatch {
     /// Checks `bytes` as an `EventBatch` and reads what the receiver needs
     /// (see the module docs).
     pub fn from_wire(bytes: Bytes) -> Result<Self, WireError> {
         let mut batch = Self {
-            bytes: Bytes::new(),
+            views: no_views(),
             shim: None,
             dropped_events: 0,
             floor_seq: 0,
@@ -131,32 +169,9 @@ impl WireBatch {
             increasing: true,
             largest: None,
             longest_id: None,
-            at: Vec::new(),
         };
-        let mut buf: &[u8] = &bytes;
-        while !buf.is_empty() {
-            let (tag, wire_type) = decode_key(&mut buf)?;
-            match tag {
-                1 => {
-                    let body = delimited(tag, wire_type, &mut buf)?;
-                    batch.shim.get_or_insert_default().merge(body)?;
-                }
-                2 => {
-                    let mut body = delimited(tag, wire_type, &mut buf)?;
-                    let len = body.len();
-                    let end = bytes.len() - buf.len();
-                    let mut event = Seen::default();
-                    walk(&mut body, EVENT, &mut event)?;
-                    batch.at.push((event.seq, end - len..end));
-                    batch.push(event, len);
-                }
-                3 => batch.dropped_events = varint(tag, wire_type, &mut buf)?,
-                4 => batch.floor_seq = varint(tag, wire_type, &mut buf)?,
-                5 => batch.handoff = varint(tag, wire_type, &mut buf)? != 0,
-                _ => skip(tag, wire_type, &mut buf)?,
-            }
-        }
-        batch.bytes = bytes;
+        let views = Views::try_new(bytes, |bytes| batch.read(bytes))?;
+        batch.views = Arc::new(views);
         Ok(batch)
     }
 
@@ -167,196 +182,116 @@ impl WireBatch {
 
     /// The bytes it came in.
     pub fn bytes(&self) -> &Bytes {
-        &self.bytes
+        self.views.bytes()
     }
 
     /// Decodes the events. Cannot fail for a batch [`Self::from_wire`]
-    /// accepted; an error here is a bug of the walk.
+    /// accepted; an error here is a bug of its check.
     pub fn decode_events(&self) -> Result<Vec<Event>, DecodeError> {
-        BatchEvents::decode(&self.bytes[..]).map(|b| b.events)
+        BatchEvents::decode(&self.bytes()[..]).map(|b| b.events)
     }
 
-    /// The events, each kept as its bytes (a reference to the batch's,
-    /// not a copy) with the seq the walk read: what the stage sequences and
-    /// views ([`WireEvent`]).
+    /// The events, each its view and a reference to the batch that holds
+    /// it: what the stage sequences and correlates ([`WireEvent`]).
     pub fn wire_events(&self) -> Vec<WireEvent> {
-        self.at
+        self.views
+            .events()
             .iter()
-            .map(|(seq, range)| WireEvent::at(*seq, self.bytes.slice(range.clone())))
+            .enumerate()
+            .map(|(index, event)| WireEvent::at(&self.views, index, event.seq))
             .collect()
     }
 
     /// Decodes the whole batch (for tests and tools; the collector uses
     /// the fields it read and [`Self::decode_events`]).
     pub fn to_batch(&self) -> Result<EventBatch, DecodeError> {
-        EventBatch::decode(&self.bytes[..])
+        EventBatch::decode(&self.bytes()[..])
     }
 
-    fn push(&mut self, event: Seen, len: usize) {
+    /// The views of the events of the `EventBatch` `bytes`, the rest of
+    /// its fields read into `self`.
+    fn read<'a>(&mut self, bytes: &'a Bytes) -> Result<Vec<view::Event<'a>>, WireError> {
+        let events = count_events(bytes)?;
+        if events > MAX_EVENTS {
+            return Err(WireError::TooManyEvents { events });
+        }
+        let mut views = Vec::with_capacity(events);
+        let mut buf: &'a [u8] = bytes;
+        while !buf.is_empty() {
+            let (tag, wire_type) = decode_key(&mut buf)?;
+            match tag {
+                1 => {
+                    let body = delimited(tag, wire_type, &mut buf)?;
+                    self.shim.get_or_insert_default().merge(body)?;
+                }
+                2 => {
+                    let body = delimited(tag, wire_type, &mut buf)?;
+                    let event = view::Event::decode(body)?;
+                    self.push(&event, body.len());
+                    views.push(event);
+                }
+                3 => self.dropped_events = varint(tag, wire_type, &mut buf)?,
+                4 => self.floor_seq = varint(tag, wire_type, &mut buf)?,
+                5 => self.handoff = varint(tag, wire_type, &mut buf)? != 0,
+                _ => skip(tag, wire_type, &mut buf)?,
+            }
+        }
+        Ok(views)
+    }
+
+    fn push(&mut self, event: &view::Event<'_>, len: usize) {
+        let seq = event.seq;
         self.events += 1;
-        if self.last_seq.is_some_and(|last| last >= event.seq) {
+        if self.last_seq.is_some_and(|last| last >= seq) {
             self.increasing = false;
         }
-        self.first_seq.get_or_insert(event.seq);
-        self.last_seq = Some(event.seq);
+        self.first_seq.get_or_insert(seq);
+        self.last_seq = Some(seq);
         if self.largest.is_none_or(|l| len > l.len) {
-            self.largest = Some(LargestEvent {
-                seq: event.seq,
-                len,
-            });
+            self.largest = Some(LargestEvent { seq, len });
         }
-        if let Some((field, len)) = event.longest_id
+        if let Some((field, len)) = event.ids.as_ref().and_then(longest_id)
             && self.longest_id.is_none_or(|l| len > l.len)
         {
-            self.longest_id = Some(LongestId {
-                seq: event.seq,
-                field,
-                len,
-            });
+            self.longest_id = Some(LongestId { seq, field, len });
         }
     }
 }
 
-/// What a walk over one event found.
-#[derive(Debug, Default)]
-struct Seen {
-    seq: u64,
-    longest_id: Option<(&'static str, usize)>,
-}
-
-/// What the schema says of one field. A message's schema is a table
-/// indexed by tag; a tag past its end or [`Kind::Unknown`] is unknown.
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Unknown,
-    Varint,
-    Fixed64,
-    Text,
-    /// A string that is a correlation id: its length is kept.
-    Id(&'static str),
-    /// The event's seq (a varint): its value is kept.
-    Seq,
-    Message(&'static [Kind]),
-}
-
-use Kind::{Fixed64 as F64, Message as M, Text as S, Unknown as U, Varint as V};
-
-const EVENT: &[Kind] = &[
-    U,
-    Kind::Seq,
-    S,
-    S,
-    F64,
-    F64,
-    S,
-    M(IDS),
-    U,
-    U,
-    M(SESSION),
-    M(TURN),
-    M(API_CALL),
-    M(TOOL_CALL),
-    M(SUBAGENT),
-    M(APPROVAL),
-    M(OTHER),
-    U,
-    U,
-    U,
-    M(STRING_ENTRY),
-];
-const IDS: &[Kind] = &[
-    U,
-    Kind::Id("session_id"),
-    Kind::Id("task_id"),
-    Kind::Id("turn_id"),
-    Kind::Id("api_request_id"),
-    Kind::Id("tool_call_id"),
-    Kind::Id("parent_session_id"),
-    Kind::Id("parent_turn_id"),
-    Kind::Id("parent_subagent_id"),
-    Kind::Id("child_session_id"),
-    Kind::Id("child_subagent_id"),
-];
-const SESSION: &[Kind] = &[U, S, S, S, S, S];
-const TURN: &[Kind] = &[U, S, S, V, V, V, S, S];
-const USAGE: &[Kind] = &[U, V, V, V, V, V, V, V, V];
-const API_CALL: &[Kind] = &[
-    U,
-    S,
-    S,
-    S,
-    S,
-    S,
-    V,
-    V,
-    F64,
-    F64,
-    V,
-    V,
-    S,
-    S,
-    M(USAGE),
-    V,
-    V,
-    V,
-    V,
-    V,
-    S,
-    S,
-    S,
-    V,
-    V,
-    V,
-    V,
-];
-const TOOL_CALL: &[Kind] = &[U, S, S, V, S, S];
-const SUBAGENT: &[Kind] = &[U, S, S, V, S, S];
-const APPROVAL: &[Kind] = &[U, S, S, S, S, S, S, S, S];
-const OTHER: &[Kind] = &[U, M(SCALAR_ENTRY)];
-const SCALAR_ENTRY: &[Kind] = &[U, S, M(SCALAR)];
-const SCALAR: &[Kind] = &[U, S, V, V, F64];
-const STRING_ENTRY: &[Kind] = &[U, S, S];
-
-/// Walks the fields of one message that fills `buf`.
-fn walk(buf: &mut &[u8], schema: &[Kind], seen: &mut Seen) -> Result<(), WireError> {
-    let strings = if std::ptr::eq(schema, EVENT) {
-        Strings::each(buf)
-    } else {
-        Strings::new(buf)
-    };
+/// How many events the `EventBatch` `bytes` holds, its other fields only
+/// skipped (checked when read).
+fn count_events(mut buf: &[u8]) -> Result<usize, WireError> {
+    let mut events = 0;
     while !buf.is_empty() {
-        let (tag, wire_type) = decode_key(buf)?;
-        let kind = usize::try_from(tag)
-            .ok()
-            .and_then(|i| schema.get(i))
-            .copied()
-            .unwrap_or(Kind::Unknown);
-        match kind {
-            Kind::Unknown => skip(tag, wire_type, buf)?,
-            Kind::Varint => {
-                varint(tag, wire_type, buf)?;
-            }
-            Kind::Seq => seen.seq = varint(tag, wire_type, buf)?,
-            Kind::Fixed64 => {
-                expect(tag, wire_type, WireType::SixtyFourBit)?;
-                advance(buf, 8)?;
-            }
-            Kind::Text => {
-                text(&strings, tag, wire_type, buf)?;
-            }
-            Kind::Id(field) => {
-                let len = text(&strings, tag, wire_type, buf)?.len();
-                if seen.longest_id.is_none_or(|(_, l)| len > l) {
-                    seen.longest_id = Some((field, len));
-                }
-            }
-            Kind::Message(fields) => {
-                let mut body = delimited(tag, wire_type, buf)?;
-                walk(&mut body, fields, seen)?;
-            }
-        }
+        let (tag, wire_type) = decode_key(&mut buf)?;
+        skip(tag, wire_type, &mut buf)?;
+        events += usize::from(tag == 2);
     }
-    Ok(())
+    Ok(events)
+}
+
+/// The longest of the correlation ids (the first of equals), if one is
+/// not empty.
+fn longest_id(ids: &view::Ids<'_>) -> Option<(&'static str, usize)> {
+    let all = [
+        ("session_id", ids.session_id),
+        ("task_id", ids.task_id),
+        ("turn_id", ids.turn_id),
+        ("api_request_id", ids.api_request_id),
+        ("tool_call_id", ids.tool_call_id),
+        ("parent_session_id", ids.parent_session_id),
+        ("parent_turn_id", ids.parent_turn_id),
+        ("parent_subagent_id", ids.parent_subagent_id),
+        ("child_session_id", ids.child_session_id),
+        ("child_subagent_id", ids.child_subagent_id),
+    ];
+    all.into_iter().filter(|(_, id)| !id.is_empty()).fold(
+        None,
+        |longest: Option<(&'static str, usize)>, (field, id)| match longest {
+            Some((_, len)) if len >= id.len() => longest,
+            _ => Some((field, id.len())),
+        },
+    )
 }
 
 pub(crate) fn expect(tag: u32, found: WireType, expected: WireType) -> Result<(), WireError> {

@@ -292,14 +292,24 @@ fn malformed_batches_are_refused_naming_the_field() {
     // An unknown field of the group wire type (field 9: start, end).
     let mut group = valid.clone();
     group.extend_from_slice(&[0x4b, 0x4c]);
+    // 65 537 empty events (two bytes each) after it: refused before any is
+    // decoded, whatever max_events_per_batch says.
+    let mut many = valid.clone();
+    many.extend_from_slice(&[0x12, 0x00].repeat(65_537));
 
-    for (bytes, says) in [
-        (not_utf8, "field 2: string is not valid UTF-8"),
-        (wrong_type, "field 1: invalid wire type"),
-        (group, "field 9: groups are not accepted"),
+    use tonic::Code::{Internal, ResourceExhausted};
+    for (bytes, code, says) in [
+        (not_utf8, Internal, "field 2: string is not valid UTF-8"),
+        (wrong_type, Internal, "field 1: invalid wire type"),
+        (group, Internal, "field 9: groups are not accepted"),
+        (
+            many,
+            ResourceExhausted,
+            "65538 events in one batch, more than 65536",
+        ),
     ] {
         let status = exchange_raw(&endpoint, vec![bytes]).unwrap_err();
-        assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+        assert_eq!(status.code(), code, "{status:?}");
         assert!(status.message().contains(says), "{status:?}");
     }
     // The same client's bytes, unchanged, are acknowledged.

@@ -367,6 +367,15 @@ impl Config {
         ] {
             positive(key, value)?;
         }
+        if r.max_events_per_batch > hermes_receiver::MAX_EVENTS_PER_BATCH {
+            return Err(ConfigError::new(
+                "receiver.max_events_per_batch",
+                format!(
+                    "must be at most {} (a batch of more events is refused before they are decoded)",
+                    hermes_receiver::MAX_EVENTS_PER_BATCH
+                ),
+            ));
+        }
         let otlp_export = self
             .exporters
             .otlp

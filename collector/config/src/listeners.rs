@@ -18,8 +18,8 @@ pub struct ReceiverConfig {
     /// Largest accepted message, bytes.
     #[schemars(range(min = 1))]
     pub max_message_bytes: usize,
-    /// Most events in one batch.
-    #[schemars(range(min = 1))]
+    /// Most events in one batch (at most 65536).
+    #[schemars(range(min = 1, max = 65536))]
     pub max_events_per_batch: usize,
     /// Capacity of the channel from the receiver to the correlator, batches.
     /// When full, the receiver stops reading (backpressure to the shims).

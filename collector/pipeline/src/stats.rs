@@ -24,8 +24,8 @@ pub struct PipelineStats {
     pub turns_evicted_for_bytes: AtomicU64,
     pub sessions_evicted: AtomicU64,
     pub late_events_dropped: AtomicU64,
-    /// Events of accepted batches that did not decode at the stage (a bug
-    /// of the receiver's wire walk; each is logged as an error).
+    /// Events of accepted batches without a view at the stage (a bug of
+    /// the receiver's decoding; each is logged as an error).
     pub undecodable_events: AtomicU64,
     pub cross_instance_turns: AtomicU64,
     pub turns_cut_off_at_exit: AtomicU64,

@@ -61,6 +61,9 @@ use tonic::{Code, Request, Response, Status, Streaming};
 pub use auth::{AuthFailure, BearerToken, TokenError};
 pub use conn::{Conn, ConnectionLimits, GuardedIncoming};
 pub use fleet::Settlements;
+/// The largest `max_events_per_batch` a receiver can have: a batch of more
+/// events is refused before its events are decoded.
+pub use hermes_proto::wire::MAX_EVENTS as MAX_EVENTS_PER_BATCH;
 pub use identity::{InstanceBindings, Principal};
 pub use listener::{ListenAddr, Listener};
 pub use memory::MemoryLimit;

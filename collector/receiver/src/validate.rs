@@ -5,7 +5,7 @@
 //!
 //! Owns [`check_batch`] and its verdict, [`Refusal`]. Pure and total: no I/O,
 //! no allocation, no panic on any input (the wire fuzz target
-//! `fuzz/fuzz_targets/wire.rs` feeds it every batch the wire walk accepts
+//! `fuzz/fuzz_targets/wire.rs` feeds it every batch the receiver's decoding accepts
 //! from arbitrary bytes).
 //!
 //! Checks, in order (the first failure is reported):

@@ -50,6 +50,10 @@ fn bad_values_name_their_path() {
         ),
         ("shutdown:\n  grace_ms: 60000\n", "shutdown.grace_ms"),
         (
+            "receiver:\n  max_events_per_batch: 65537\n",
+            "receiver.max_events_per_batch",
+        ),
+        (
             "exporters:\n  atif:\n    dir: /nonexistent/trajectories\n",
             "exporters.atif.dir",
         ),
