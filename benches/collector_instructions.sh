@@ -90,7 +90,8 @@ import re, sys
 STAGES = [
     ("receiver task, all",
      ["hermes_receiver::Ingest as hermes_proto::server::event_ingest_server::EventIngest>::stream::{{closure}}::{{closure}}"]),
-    ("  decode", ["SliceDecoder<U> as tonic::codec::Decoder>::decode"]),
+    ("  decode", ["hermes_proto::wire::WireBatch::from_wire",
+                 "SliceDecoder<U> as tonic::codec::Decoder>::decode"]),
     ("  batch checks", ["hermes_receiver::validate::check_batch"]),
     ("correlation stage, all", ["hermes_pipeline::driver::Driver<C>::run::{{closure}}"]),
     ("  sequencer", ["hermes_correlator::sequencer::Sequencer::push_batch",
@@ -103,15 +104,19 @@ STAGES = [
                            "hermes_collector::derived::DerivedMetrics::record"]),
     ("  span processor", ["hermes_processor::SpanProcessor::span",
                           "hermes_processor::SpanProcessor::process"]),
+    # Encoded on the stage's thread when every sink takes encoded requests
+    # (`ExporterStage::encoder`); the exporter task then only sends.
+    ("  OTLP encoding", ["hermes_exporter::batch::Encoder::encode"]),
+    ("    freeing the encoded spans", ["drop_in_place<hermes_span::trace::v1::ResourceSpans>"]),
     ("exporter task, all", ["hermes_exporter::stage::SinkWorker::run::{{closure}}"]),
     ("  batcher", ["hermes_exporter::batch::Batcher::push"]),
     ("  OTLP export (encode, send)",
      ["GrpcExporter as hermes_exporter::sink::SpanExporter>::export",
       "SharedCodec as tonic::codec::Encoder>::encode"]),
-    ("  gzip", ["hermes_exporter::gzip::gzip_frame",
+    ("  gzip", ["hermes_exporter::gzip::gzip_parts",
+                "hermes_exporter::gzip::gzip_frame",
                 "flate2::mem::Compress as flate2::zio::Ops>::run_vec",
                 "tonic::codec::compression::compress"]),
-    ("  freeing exported spans", ["drop_in_place<hermes_span::trace::v1::ResourceSpans>"]),
 ]
 CALL = re.compile(r"^ *([0-9,]+) \([^)]*\)  >")
 
