@@ -131,18 +131,35 @@ fn environment_references_are_interpolated() {
     out.assert_refused_naming("unset variable", "HERMES_TEST_TOKEN");
 }
 
+/// The names of a process's threads, from `/proc`.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|task| {
+            let comm = task.unwrap().path().join("comm");
+            std::fs::read_to_string(comm).unwrap().trim().to_owned()
+        })
+        .collect()
+}
+
 #[test]
-fn runtime_worker_threads_sizes_the_runtime() {
-    for threads in [1, 3] {
+fn runtime_sizes_the_workers_and_places_the_pipeline() {
+    for (threads, pipeline, own_thread) in [(1, "", true), (3, "  pipeline: workers\n", false)] {
         let dir = tempfile::tempdir().unwrap();
         let collector = hermes_e2e::collector::Collector::start_with_sections(
             dir.path(),
-            &format!("runtime:\n  worker_threads: {threads}\n"),
+            &format!("runtime:\n  worker_threads: {threads}\n{pipeline}"),
         );
         let log = collector.guard.stderr_text();
         assert!(
             log.contains(&format!("worker_threads={threads}")),
             "{threads}: {log}"
         );
+        let names = thread_names(collector.guard.pid());
+        let workers = names.iter().filter(|n| *n == "hermes-collecto").count();
+        let pipelines = names.iter().filter(|n| *n == "hermes-pipeline").count();
+        // The main thread bears the process's name too.
+        assert_eq!(workers, threads + 1, "{names:?}");
+        assert_eq!(pipelines, usize::from(own_thread), "{names:?}");
     }
 }

@@ -181,18 +181,38 @@ pub struct FleetConfig {
 /// Most worker threads `runtime.worker_threads` accepts.
 pub const MAX_WORKER_THREADS: usize = 256;
 
-/// The async runtime that runs every stage (receiver, correlation,
-/// exporters, admin server).
+/// The threads the collector runs on: the pipeline's (receiver, queue
+/// writer, correlation, exporters) and the async runtime's workers (admin
+/// server, signals, the supervisor, and the pipeline with `pipeline:
+/// workers`).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
     /// Worker threads; 0: one per CPU the process may use (a cgroup CPU
-    /// quota counts), or `TOKIO_WORKER_THREADS` when set. A sidecar beside
-    /// one agent needs 1: one thread spends the least CPU per event (the
-    /// stages hand data over without waking another thread, and memory is
-    /// freed by the thread that allocated it; docs/BENCHMARKS.md).
+    /// quota counts), or `TOKIO_WORKER_THREADS` when set. With the
+    /// pipeline on its own thread the workers only serve the admin server
+    /// and the supervisor, and 1 is enough.
     #[schemars(range(max = MAX_WORKER_THREADS))]
     pub worker_threads: usize,
+    /// Where the pipeline runs: `own_thread` (one thread of its own, the
+    /// least CPU per event: a batch is decoded, correlated, encoded and
+    /// sent by the thread that received it, its memory freed by the thread
+    /// that allocated it; docs/BENCHMARKS.md), or `workers` (spread over
+    /// the worker threads: receiving, decoding and compressing run beside
+    /// the correlation on other cores, for more events per second than one
+    /// core correlates at more CPU per event).
+    pub pipeline: PipelineThreads,
+}
+
+/// `runtime.pipeline`: where the pipeline's stages run.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PipelineThreads {
+    /// One thread of its own.
+    #[default]
+    OwnThread,
+    /// The async runtime's worker threads.
+    Workers,
 }
 
 /// The collector's own logs (to standard error).

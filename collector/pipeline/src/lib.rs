@@ -7,7 +7,8 @@
 //!
 //! - [`Topology::build`] (`topology.rs`): the composition root, from a
 //!   validated configuration to bound, not yet running stages.
-//! - [`Topology::run`] (`supervise.rs`): the supervisor and the drain.
+//! - [`Topology::run`] (`supervise.rs`): the supervisor and the drain;
+//!   `lane.rs`: the thread the pipeline's stages run on.
 //! - [`driver`]: the correlation stage on an injected [`clock`] (its last
 //!   step before the export channel: `hermes_sampling`'s tail sampler), with the
 //!   [`ledger`] that owns the persistent queue's sequence numbers,
@@ -24,6 +25,7 @@ pub mod clock;
 pub mod derived;
 pub mod driver;
 mod fault;
+mod lane;
 pub mod ledger;
 mod series;
 pub mod settle;

@@ -117,13 +117,14 @@ impl Topology {
             correlation,
             writer,
             metrics_export,
+            lane,
             // Not taken: the policies stay as configured.
             policies: _,
         } = self;
         let exporter_stats = exporter_stage.stats();
         let drain_deadline = exporter_stage.drain_deadline();
         let exporter_shutdown = CancellationToken::new();
-        let exporter = tokio::spawn(fault::stage(
+        let exporter = lane.spawn(fault::stage(
             "exporter",
             exporter_stage.run(export_rx, exporter_shutdown.clone()),
             {
@@ -132,10 +133,10 @@ impl Topology {
             },
         ));
         readiness.set_exporter_running(true);
-        let writer = writer.map(|w| tokio::spawn(w.writer.run(w.ingest, w.settle, w.out)));
+        let writer = writer.map(|w| lane.spawn(w.writer.run(w.ingest, w.settle, w.out)));
         let correlation_stop = CancellationToken::new();
         let pipeline_stats = correlation.stats.clone();
-        let correlation_task = tokio::spawn(fault::stage(
+        let correlation_task = lane.spawn(fault::stage(
             "correlator",
             correlation.driver.run(
                 correlation.ingest,
@@ -163,6 +164,7 @@ impl Topology {
         tracing::info!(
             listen = %receiver.shown_listen,
             worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
+            pipeline = lane.shown(),
             authenticated = receiver.authenticated,
             tls = receiver.tls.is_some(),
             mutual_tls = receiver.mutual_tls,
@@ -173,7 +175,7 @@ impl Topology {
             receiver
                 .ingest
                 .serve(receiver.listener, receiver.tls, receiver.shutdown.clone());
-        let receiver_task = tokio::spawn({
+        let receiver_task = lane.spawn({
             let readiness = readiness.clone();
             async move {
                 let served = serving.await;

@@ -28,6 +28,7 @@ use crate::admin::{AdminState, QueueProbe, Queues, Readiness};
 use crate::clock::WallClock;
 use crate::derived::{DerivedMetrics, OtlpMetricsExport};
 use crate::driver::{Driver, Steps};
+use crate::lane::Lane;
 use crate::ledger::{Durable, Ledger};
 use crate::settle::Settlement;
 use crate::sinks::build_sinks;
@@ -44,6 +45,8 @@ pub struct Topology {
     pub(crate) correlation: CorrelationPart,
     pub(crate) writer: Option<WriterPart>,
     pub(crate) metrics_export: Option<OtlpMetricsExport>,
+    /// Where the pipeline's stages run (`runtime.pipeline`).
+    pub(crate) lane: Lane,
     /// Live changes of the sampling policies, until taken.
     pub(crate) policies: Option<watch::Sender<Vec<Policy>>>,
 }
@@ -209,6 +212,8 @@ impl Topology {
             correlation,
             writer,
             metrics_export,
+            lane: Lane::start(config.runtime.pipeline)
+                .context("cannot start the pipeline's thread")?,
             policies: Some(policies),
         })
     }

@@ -87,6 +87,7 @@ fn bad_values_name_their_path() {
         ),
         ("runtime:\n  worker_threads: -1\n", "runtime.worker_threads"),
         ("runtime:\n  threads: 2\n", "runtime.threads"),
+        ("runtime:\n  pipeline: one_thread\n", "runtime.pipeline"),
         (
             "processing:\n  redaction:\n    value_patterns: ['ok', '(unclosed']\n",
             "processing.redaction.value_patterns[1]",
