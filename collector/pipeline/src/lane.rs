@@ -84,17 +84,20 @@ impl Lane {
 mod tests {
     use super::*;
 
+    /// The name of the thread a task spawned on `lane` runs on.
+    async fn thread_of(lane: &Lane) -> Option<String> {
+        lane.spawn(async { std::thread::current().name().map(str::to_owned) })
+            .await
+            .unwrap()
+    }
+
     /// The pipeline's stages run on the lane's thread, not on the thread
     /// that spawned them, and the thread ends with the lane.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn own_thread_runs_stages_on_its_thread_until_dropped() {
         let lane = Lane::start(PipelineThreads::OwnThread).unwrap();
         assert_eq!(lane.shown(), "own_thread");
-        let name = lane
-            .spawn(async { std::thread::current().name().map(str::to_owned) })
-            .await
-            .unwrap();
-        assert_eq!(name.as_deref(), Some("hermes-pipeline"));
+        assert_eq!(thread_of(&lane).await.as_deref(), Some("hermes-pipeline"));
         let parked = lane.spawn(std::future::pending::<()>());
         drop(lane);
         let ended = tokio::time::timeout(std::time::Duration::from_secs(10), parked)
@@ -107,10 +110,6 @@ mod tests {
     async fn workers_run_stages_on_the_current_runtime() {
         let lane = Lane::start(PipelineThreads::Workers).unwrap();
         assert_eq!(lane.shown(), "workers");
-        let name = lane
-            .spawn(async { std::thread::current().name().map(str::to_owned) })
-            .await
-            .unwrap();
-        assert_ne!(name.as_deref(), Some("hermes-pipeline"));
+        assert_ne!(thread_of(&lane).await.as_deref(), Some("hermes-pipeline"));
     }
 }
