@@ -14,6 +14,11 @@
 //! workers either way, so `/livez` and `/metrics` answer while the
 //! pipeline's thread is busy.
 //!
+//! The listeners are bound by `Topology::build`, on the workers' runtime,
+//! so a start fails before anything runs; only their accepts wake from
+//! there, as every accepted connection registers with the runtime that
+//! accepted it, the pipeline's.
+//!
 //! The thread only drives the runtime until the lane is dropped: a task's
 //! panic ends that task (its handle reports it to the supervisor), never
 //! the thread. Dropping the lane ends the thread, which drops its runtime
