@@ -23,9 +23,10 @@ Scenarios (each repeated --repeats times; medians reported):
               the third round (a collector that has already taken two), and
               every round's CPU (user, system), minor faults and RSS in
               `rounds`
-  throughput_one_worker
-              the same with the collector's runtime.worker_threads at 1 (the
-              sidecar overlay's setting): events per CPU-second on one core
+  throughput_workers
+              the same with the collector's pipeline spread over its worker
+              threads (`runtime.pipeline: workers`) instead of on one thread
+              of its own
   floor_full  `hermes-bench-floor --decode full`: the collector's ingest alone
               (gRPC receive, decode, acknowledge, drop) under the throughput
               load: its events per CPU-second, the collector's ceiling
@@ -402,6 +403,11 @@ GZIP_CONFIG = """exporters:
     compression: gzip
 """
 
+# The pipeline on the runtime's worker threads (throughput_workers).
+WORKERS_CONFIG = """runtime:
+  pipeline: workers
+"""
+
 # The redaction rules that were the defaults before they were widened to
 # what secret scanners catch (docs/BENCHMARKS.md, "Wider redaction"):
 # the same load with these, against the defaults, is what the wider rules
@@ -734,10 +740,10 @@ def main() -> None:
             if not rotel or not os.path.exists(rotel):
                 raise SystemExit("relay: no rotel binary (pip install rotel==0.0.1a15 into target/bench-venv, or --rotel PATH)")
             record("relay", scenario_relay(args.bins, logdir, rotel, args.instances, args.turns))
-        if "throughput_one_worker" in scenarios:
-            record("throughput_one_worker", scenario_throughput(
+        if "throughput_workers" in scenarios:
+            record("throughput_workers", scenario_throughput(
                 args.bins, logdir, args.instances, args.turns, args.batch,
-                tag="throughput-one-worker", env={"TOKIO_WORKER_THREADS": "1"}))
+                tag="throughput-workers", config=WORKERS_CONFIG))
         for decode in ("full", "views", "seqs"):
             if f"floor_{decode}" in scenarios:
                 record(f"floor_{decode}", scenario_floor(args.bins, logdir, decode, args.instances, args.turns, args.batch))

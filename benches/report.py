@@ -350,10 +350,11 @@ def collector_tables(load: Dict[str, Any]) -> List[str]:
             rate_row("events per CPU-second", " (content off)", t),
             f"| RSS right after the run (high-water mark) | {t.get('rss_after_mib'):.1f} MiB ({t.get('hwm_mib'):.1f} MiB) | | | |",
         ]
-        one = m.get("throughput_one_worker")
-        if one:
-            lines.append(rate_row("events per CPU-second, one worker thread", " (`runtime.worker_threads: 1`)", one,
-                                  f" ({fmt_rate(one.get('events_per_second'))} wall)"))
+        workers = m.get("throughput_workers")
+        if workers:
+            lines.append(rate_row("events per CPU-second, the pipeline on the worker threads",
+                                  " (`runtime.pipeline: workers`)", workers,
+                                  f" ({fmt_rate(workers.get('events_per_second'))} wall)"))
         warm = m.get("throughput_warm")
         if warm:
             lines.append(rate_row(

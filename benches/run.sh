@@ -151,7 +151,7 @@ if want collector; then
   log "collector load runs ($REPEATS repeats)"
   echo "collector start: $(uptime)" >> "$OUT/loads.txt"
   python3 benches/collector_load.py --bins "$BIN" --repeats "$REPEATS" \
-    --scenarios idle,throughput,throughput_warm,throughput_one_worker,throughput_gzip,relay,floor_full,floor_views,floor_seqs,open_turns,delay,idle_sender \
+    --scenarios idle,throughput,throughput_warm,throughput_workers,throughput_gzip,relay,floor_full,floor_views,floor_seqs,open_turns,delay,idle_sender \
     --turns "${BENCH_LOADGEN_TURNS:-20000}" --delay-turns "${BENCH_DELAY_TURNS:-8}" --logdir "$OUT/collector-logs" \
     > "$OUT/collector_load.json"
   echo "collector end: $(uptime)" >> "$OUT/loads.txt"
