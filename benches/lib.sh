@@ -1,8 +1,16 @@
 # Shell helpers of the bench scripts; sourced (`. benches/lib.sh`) after they
 # cd to the repository root.
 
-# A TCP port on 127.0.0.1 that is free now.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# free_ports N: N distinct free loopback ports, one per line. All are held
+# open until the last is picked: ports picked one at a time can repeat
+# once the first is released (a sink and an admin server on one port).
+free_ports() {
+  python3 -c 'import socket, sys
+held = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in held:
+    s.bind(("127.0.0.1", 0))
+print("\n".join(str(s.getsockname()[1]) for s in held))' "$1"
+}
 
 # start_collector BIN_DIR LOG_PREFIX [WORD...]: starts BIN_DIR's
 # hermes-bench-sink and a hermes-collector exporting to it over OTLP/gRPC,
@@ -17,7 +25,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 start_collector() {
   local bin=$1 prefix=$2 admin
   shift 2
-  SINK_PORT=$(free_port); LISTEN=$(free_port); admin=$(free_port)
+  { read -r SINK_PORT; read -r LISTEN; read -r admin; } < <(free_ports 3)
   "$bin/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "${prefix}sink.json" 2> "${prefix}sink.log" &
   SINK_PID=$!
   "$@" "$bin/hermes-collector" ${COLLECTOR_CONFIG:+--config "$COLLECTOR_CONFIG"} \
