@@ -235,6 +235,17 @@ impl<C: Clock> Driver<C> {
                             "fleet batch"
                         );
                     }
+                    let floor = ledger.floor(&shim.instance_id, lsn, batch.floor_seq);
+                    // What an earlier stream of the instance still brings after a
+                    // newer one started here (it left and came straight back) is
+                    // stale: the newer stream resends everything unsettled. Taken,
+                    // its late batches would be events ahead of a hole the newer
+                    // stream fills only later, its handoff would drop what that
+                    // stream rebuilt.
+                    if fleet && settlement.as_ref().is_some_and(|s| !s.is_current(&shim.instance_id, stream)) {
+                        tracing::debug!(instance = %shim.instance_id, stream, handoff, "a batch of an earlier stream, after a newer one started: ignored");
+                        continue;
+                    }
                     if fresh {
                         let instances = [shim.instance_id.clone()];
                         depart(&instances, Departure::Resent, &mut correlation, &mut sampler, settlement.as_mut());
@@ -242,7 +253,6 @@ impl<C: Clock> Driver<C> {
                             settlement.stream_started(&shim.instance_id, stream);
                         }
                     }
-                    let floor = ledger.floor(&shim.instance_id, lsn, batch.floor_seq);
                     // A fresh fleet stream starts the instance over here: what it
                     // resends is rebuilt, even seqs this queue once held (their
                     // records went when a handoff let the watermark pass them).
@@ -267,14 +277,9 @@ impl<C: Clock> Driver<C> {
                     if let (Some(settlement), Some(last_seq), true) = (settlement.as_mut(), last_seq, fleet) {
                         settlement.ingested(&shim.instance_id, lsn, last_seq);
                     }
-                    // A handoff that reaches the stage after a newer stream of the
-                    // same instance started here (it left and came back at once)
-                    // would drop what that stream rebuilt: it is stale.
-                    if handoff && settlement.as_ref().is_none_or(|s| s.is_current(&shim.instance_id, stream)) {
+                    if handoff {
                         let instances = [shim.instance_id];
                         depart(&instances, Departure::HandedOff, &mut correlation, &mut sampler, settlement.as_mut());
-                    } else if handoff {
-                        tracing::debug!(instance = %shim.instance_id, "a handoff of an earlier stream, after a newer one started: ignored");
                     }
                 }
                 () = due => {

@@ -411,6 +411,35 @@ async fn a_handoff_of_an_earlier_stream_leaves_the_newer_one_alone() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn batches_of_an_earlier_stream_after_a_newer_one_started_are_ignored() {
+    // The agent left on stream 1 and came straight back on stream 2, which
+    // resends from seq 1; stream 1's last batches, read late by a busy
+    // replica, reach the stage after stream 2's first one. Taken, they
+    // would be early events ahead of a hole that stream 2 fills only after
+    // the gap timeout: the turn would come out without the events between.
+    let events = basic_events();
+    let open = open_turn();
+    let rest = events[open.len()..].to_vec();
+    let done = Arc::new(AtomicU64::new(u64::MAX));
+    let (mut one_stream, _, _) = start_fleet(&events, &done);
+    feed_stream(&one_stream, 1, events.clone(), true).await;
+    let spans = exported_within(&mut one_stream.export, GRACE + 2 * TICK).await;
+    let whole = one_root(&spans, "the turn from one stream").clone();
+
+    let (mut stage, _, _) = start_fleet(&events, &done);
+    feed_stream(&stage, 1, open.clone(), true).await;
+    feed_stream(&stage, 2, open[..1].to_vec(), true).await;
+    feed_stream(&stage, 1, rest, false).await;
+    let gap = Duration::from_nanos(SequencerConfig::default().gap_timeout_nanos);
+    tokio::time::sleep(gap + TICK).await;
+    feed_stream(&stage, 2, events[1..].to_vec(), false).await;
+    let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
+    assert_eq!(*one_root(&spans, "the turn, once"), whole);
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_fresh_stream_after_a_restart_is_rebuilt_even_below_the_persisted_seqs() {
     // Before the restart this replica held the agent's turn until a
     // handoff dropped it, and the queue deleted its records; the agent
