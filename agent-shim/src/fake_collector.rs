@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
 use hermes_proto::v1::{Ack, EventBatch};
 use hermes_proto::wire::WireBatch;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
@@ -50,6 +50,8 @@ struct Recorded {
     /// The answer channels of the fleet streams, for settlement acks (weak:
     /// a stream's answers end with its requests).
     fleet_replies: Arc<Mutex<Vec<Reply>>>,
+    /// Set while the streams are not read (a replica backed up).
+    paused: Arc<watch::Sender<bool>>,
 }
 
 #[derive(Clone)]
@@ -83,10 +85,17 @@ impl EventIngest for Service {
         }
         let batches = Arc::clone(&self.recorded.batches);
         let script = Arc::clone(&self.script);
+        let mut paused = self.recorded.paused.subscribe();
         tokio::spawn(async move {
             let mut batch_in_stream = 0;
-            while let Ok(Some(Ok(batch))) = inbound.message().await.map(|m| m.map(|w| w.to_batch()))
-            {
+            loop {
+                if paused.wait_for(|p| !p).await.is_err() {
+                    return;
+                }
+                let Ok(Some(Ok(batch))) = inbound.message().await.map(|m| m.map(|w| w.to_batch()))
+                else {
+                    return;
+                };
                 batch_in_stream += 1;
                 let verdict = script(&Delivery {
                     stream,
@@ -261,6 +270,18 @@ impl FakeCollector {
             leave: true,
             ..Ack::default()
         }));
+    }
+
+    /// Stops reading every stream, as a replica whose ingest is backed up:
+    /// what the shims write waits in the connections' flow-control windows
+    /// and then in the shims.
+    pub fn pause_reads(&self) {
+        self.recorded.paused.send_replace(true);
+    }
+
+    /// Reads the streams again (after [`FakeCollector::pause_reads`]).
+    pub fn resume_reads(&self) {
+        self.recorded.paused.send_replace(false);
     }
 
     /// Ends every open fleet stream with `UNAVAILABLE` and stops, as a

@@ -92,7 +92,8 @@ pub struct Conn {
     pub out: mpsc::Sender<EventBatch>,
     /// Events of the connection.
     pub events: mpsc::UnboundedReceiver<ConnEvent>,
-    task: JoinHandle<()>,
+    /// The task; taken by [`Conn::finish`].
+    task: Option<JoinHandle<()>>,
     /// Starts the task's [`FINISH_GRACE`].
     finish: Option<oneshot::Sender<()>>,
     /// Set by [`Conn::finish`]: the task ends on its own.
@@ -102,7 +103,9 @@ pub struct Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         if !self.detach {
-            self.task.abort();
+            if let Some(task) = &self.task {
+                task.abort();
+            }
         } else if let Some(finish) = self.finish.take() {
             let _ = finish.send(());
         }
@@ -262,7 +265,7 @@ impl Conn {
         Conn {
             out,
             events,
-            task,
+            task: Some(task),
             finish: Some(finish),
             detach: false,
         }
@@ -271,8 +274,9 @@ impl Conn {
     /// Ends the stream after the batches written so far and `last`: the
     /// request stream closes once they are out, and the task ends when
     /// the collector closes its side, or after [`FINISH_GRACE`]. Its
-    /// events are no longer read.
-    pub fn finish(mut self, last: Option<EventBatch>) {
+    /// events are no longer read; the task is returned, for a sender that
+    /// stops to wait for its last batches.
+    pub fn finish(mut self, last: Option<EventBatch>) -> Option<JoinHandle<()>> {
         let out = self.out.clone();
         if let Some(last) = last {
             // Behind the batches already queued; the task's own channel
@@ -283,6 +287,7 @@ impl Conn {
         }
         // Dropped now: starts the grace instead of aborting.
         self.detach = true;
+        self.task.take()
     }
 }
 

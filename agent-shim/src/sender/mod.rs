@@ -51,7 +51,8 @@
 //!   resolution, or the collector said `leave`: the old stream gets the
 //!   `handoff` batch and ends) or not (the stream failed: the next
 //!   replica at once), sends everything held again from the lowest
-//!   unsettled seq.
+//!   unsettled seq. A sender that stops gives the streams its planned
+//!   moves ended what is left of `close_grace` to deliver their handoff.
 
 pub mod backoff;
 mod batcher;
@@ -557,6 +558,8 @@ pub(crate) async fn run<C: Convert>(
     let mut asleep = false;
     // Set once the queue is closed and drained: deliver what is held until then.
     let mut close_deadline: Option<Instant> = None;
+    // Streams ended by a planned move, still delivering their handoff.
+    let mut leaving = Vec::new();
     let far = Duration::from_secs(86_400);
 
     loop {
@@ -634,7 +637,7 @@ pub(crate) async fn run<C: Convert>(
                     backoff.reset();
                     if ack.leave && route.is_fleet() {
                         route.leaving(Instant::now());
-                        route::move_off(&mut conn, settles, pending, config, &shared, &queue);
+                        route::move_off(&mut leaving, &mut conn, settles, pending, config, &shared, &queue);
                         reconnect_at = Instant::now();
                     }
                 }
@@ -731,7 +734,7 @@ pub(crate) async fn run<C: Convert>(
                 match route.resolve(Instant::now()) {
                     Ok(true) => {
                         route.left();
-                        route::move_off(&mut conn, settles, pending, config, &shared, &queue);
+                        route::move_off(&mut leaving, &mut conn, settles, pending, config, &shared, &queue);
                         reconnect_at = Instant::now();
                     }
                     Ok(false) => {}
@@ -752,6 +755,17 @@ pub(crate) async fn run<C: Convert>(
         config.spool.as_ref(),
         max_batch,
     );
+    // A move's handoff waits behind what the replica left behind has not
+    // read yet, and the agent may be done before that replica reads it:
+    // it gets what is left of the close grace. Cut off, that replica takes
+    // the agent for dead and closes its open turns, whole on the next
+    // replica, as incomplete.
+    let until = close_deadline.unwrap_or_else(Instant::now);
+    for task in leaving {
+        if tokio::time::timeout_at(until, task).await.is_err() {
+            break;
+        }
+    }
     shared.connected.store(false, Ordering::Release);
     shared.replay_busy.store(false, Ordering::Release);
 }

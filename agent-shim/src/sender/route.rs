@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 
 use hermes_proto::v1::EventBatch;
 
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::conn::{self, Conn, ConnOptions, Target, TargetError};
@@ -215,8 +216,10 @@ impl Route {
 /// A planned move: ends the open stream after its `handoff` batch (sent
 /// only to a collector that settles: an older one would take an empty
 /// batch for an invalid one), so everything held goes again to the next
-/// replica, from the lowest unsettled seq.
+/// replica, from the lowest unsettled seq. The ended stream's task goes to
+/// `leaving` (the sender waits for it before it stops).
 pub(super) fn move_off(
+    leaving: &mut Vec<JoinHandle<()>>,
     conn: &mut Option<Conn>,
     settles: bool,
     pending: &mut UnackedBuffer,
@@ -236,7 +239,8 @@ pub(super) fn move_off(
         floor_seq: pending.floor_seq(),
         handoff: true,
     });
-    old.finish(handoff);
+    leaving.retain(|task| !task.is_finished());
+    leaving.extend(old.finish(handoff));
     shared.connected.store(false, Ordering::Release);
     pending.mark_all_unsent();
 }

@@ -224,6 +224,41 @@ fn a_new_best_replica_after_a_resolution_takes_the_unsettled_events() {
 }
 
 #[test]
+fn a_moves_handoff_reaches_a_backed_up_replica_after_the_agent_is_done() {
+    // The replica left behind reads its stream late; the agent's events
+    // are settled on the next replica and the agent stops before that
+    // replica read the handoff behind them. Cut off, it would take the
+    // agent for dead and close its open turns as incomplete.
+    let fleet = Replicas::start(4, 3);
+    let (instance, before) = fleet.instance_moving_to_the_last();
+    let mut config = fleet.config(&instance);
+    config.close_grace = WAIT;
+    let h = Harness::start(config, Passthrough);
+    h.push_settled(2, "pre_tool_call");
+    fleet.get(before).pause_reads();
+    // More than the stream's flow-control window (hyper's: 1 MiB): the
+    // handoff stays in the shim until the replica reads again.
+    let large = "x".repeat(1024);
+    for _ in 0..2_000 {
+        h.push("pre_api_request", &large);
+    }
+    fleet.list(&[0, 1, 2, 3]);
+    wait_until("everything resent to the added replica", || {
+        seqs(fleet.get(3)).last() == Some(&2_002)
+    });
+    fleet.get(3).settle(2_002);
+    wait_until("nothing held", || h.shared.stats().unacked_batches == 0);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            fleet.get(before).resume_reads();
+        });
+        h.close();
+    });
+    assert_eq!(fleet.get(before).handoffs(), 1);
+}
+
+#[test]
 fn a_replica_that_does_not_settle_is_said_once_and_acks_let_go() {
     let plain = FakeCollector::scripted(("127.0.0.2", 0), |_| None);
     let dir = tempfile::tempdir().unwrap();
