@@ -7,7 +7,7 @@ use tokio::sync::watch;
 use super::*;
 use crate::ledger::Durable;
 use crate::settle::Settlement;
-use crate::writer::{QueueStats, Recovered};
+use crate::writer::{QueueStats, Recovered, Settle};
 
 const AGENT: &str = "agent-1";
 
@@ -262,30 +262,64 @@ async fn an_ended_turn_handed_off_after_the_grace_is_not_exported() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn replayed_state_of_an_agent_that_does_not_come_back_is_dropped_at_the_ttl() {
-    let events = basic_events();
-    let open = open_turn();
-    let rest = events[open.len()..].to_vec();
-    let n = open.len() as u64;
-    let (settle, _settles) = mpsc::channel(16);
+/// A replicated stage on the persistent queue, restarted: the records up
+/// to lsn `replay_end` are the queue's replay; everything exported at once.
+fn start_restarted(
+    events: &[Event],
+    replay_end: u64,
+) -> (Stage, Arc<PipelineStats>, mpsc::Receiver<Settle>) {
+    let (settle, settles) = mpsc::channel(16);
     let queue = Arc::new(QueueStats::default());
     queue.capacity_bytes.store(1 << 30, Ordering::Relaxed);
     let ledger = Ledger::disk(Durable {
         settle,
         done: Box::new(|| u64::MAX),
         recovered: Recovered {
-            replay_end: 2 * n,
+            replay_end,
             ..Recovered::default()
         },
         queue,
     });
     let registry = Arc::new(Settlements::default());
-    let mut driver = driver(ledger, &events);
+    let mut driver = driver(ledger, events);
     driver.settlement =
         Some(Settlement::new(registry, Box::new(|| u64::MAX)).replicated(TTL.as_secs() * SEC));
     let stats = driver.stats.clone();
-    let mut stage = spawn(driver);
+    (spawn(driver), stats, settles)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ended_turn_replayed_after_a_restart_waits_for_its_agent() {
+    // The queue replays an agent's turn up to its post_llm_call: the
+    // replica died before it read the on_session_end, and the agent moved
+    // to a replica that ends the turn whole. Closed here at the end grace,
+    // it would be a second copy of that root without its end.
+    let mut events = basic_events();
+    let end = events
+        .iter()
+        .position(|e| e.hook == "on_session_end")
+        .unwrap();
+    events.truncate(end);
+    let (mut stage, stats, _settles) = start_restarted(&events, end as u64);
+    for (lsn, event) in (1..).zip(events) {
+        let mut ingested = ingested(AGENT, vec![event]);
+        ingested.lsn = lsn;
+        stage.ingest.send(ingested).await.unwrap();
+    }
+    let spans = exported_within(&mut stage.export, TTL + 4 * TICK).await;
+    assert!(roots(&spans).is_empty(), "{spans:?}");
+    assert_eq!(stats.turns_orphaned.load(Ordering::Relaxed), 1);
+    drop(stage.ingest);
+    stage.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn replayed_state_of_an_agent_that_does_not_come_back_is_dropped_at_the_ttl() {
+    let events = basic_events();
+    let open = open_turn();
+    let rest = events[open.len()..].to_vec();
+    let n = open.len() as u64;
+    let (mut stage, stats, _settles) = start_restarted(&events, 2 * n);
     // The queue replays both agents' open turns (lsn 1..=2n).
     let mut lsn = 0;
     for instance in [AGENT, "agent-2"] {

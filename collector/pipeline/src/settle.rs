@@ -92,8 +92,8 @@ pub struct Settlement {
     /// `fleet.replicated`: after how long (nanoseconds) replayed state
     /// whose instance did not come back is an orphan.
     replicated: Option<u64>,
-    /// Instances that sent fleet batches and may hold open state (with
-    /// `fleet.replicated` only). Shared with the correlator
+    /// Instances that sent fleet batches, or whose batches the queue
+    /// replayed, and may hold open state (with `fleet.replicated` only). Shared with the correlator
     /// ([`Settlement::movable`]), copied only when it changes after that.
     seen: Arc<HashSet<String>>,
     /// Instances replayed from the persistent queue, not back yet.
@@ -144,6 +144,12 @@ impl Settlement {
         if replayed {
             if !self.replayed.contains(instance) {
                 self.replayed.insert(instance.to_owned());
+                // Its agent moved on when this replica died: what the replay
+                // rebuilds may be ended elsewhere, and waits like any state
+                // of an agent that may move.
+                if !self.seen.contains(instance) {
+                    Arc::make_mut(&mut self.seen).insert(instance.to_owned());
+                }
             }
             self.orphan_deadline
                 .get_or_insert_with(|| now.saturating_add(ttl));
