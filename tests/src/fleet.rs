@@ -53,8 +53,8 @@ pub struct Fleet {
     otlp_endpoint: String,
     /// Extra configuration lines of every replica (YAML sections).
     extra: String,
-    /// Replica logs written to `HERMES_FLEET_LOG_DIR` so far.
-    logs_kept: usize,
+    /// The logs of the replicas killed or stopped so far.
+    stopped_logs: Vec<(u8, String)>,
 }
 
 /// The address of replica `octet` (127.0.0.`octet`).
@@ -87,7 +87,7 @@ impl Fleet {
             replicas: BTreeMap::new(),
             otlp_endpoint: otlp.endpoint(),
             extra: extra.to_owned(),
-            logs_kept: 0,
+            stopped_logs: Vec::new(),
         };
         fleet.list(&[]);
         fleet
@@ -205,16 +205,36 @@ impl Fleet {
             .unwrap_or_else(|| panic!("no replica {octet}"))
     }
 
-    /// Writes `collector`'s log (replica `octet`) to `HERMES_FLEET_LOG_DIR`,
-    /// if set.
+    /// Keeps `collector`'s log (replica `octet`, stopping) for
+    /// [`Fleet::trail`], and writes it to `HERMES_FLEET_LOG_DIR` if set.
     fn keep_log(&mut self, octet: u8, collector: &Collector) {
+        let log = collector.guard.stderr_text();
         if let Some(dir) = std::env::var_os("HERMES_FLEET_LOG_DIR") {
-            self.logs_kept += 1;
-            let path = Path::new(&dir).join(format!("replica-{octet}-{}.log", self.logs_kept));
-            if let Err(e) = std::fs::write(&path, collector.guard.stderr_text()) {
+            let n = self.stopped_logs.len() + 1;
+            let path = Path::new(&dir).join(format!("replica-{octet}-{n}.log"));
+            if let Err(e) = std::fs::write(&path, &log) {
                 eprintln!("fleet: cannot keep {}: {e}", path.display());
             }
         }
+        self.stopped_logs.push((octet, log));
+    }
+
+    /// The lines of every replica's log, stopped ones first, that name
+    /// `instance` (an agent's batches, streams and handoffs across the
+    /// fleet), for a failure message.
+    pub fn trail(&self, instance: &str) -> String {
+        let running = self
+            .replicas
+            .iter()
+            .filter_map(|(o, r)| r.collector.as_ref().map(|c| (*o, c.guard.stderr_text())));
+        let logs: Vec<(u8, String)> = self.stopped_logs.iter().cloned().chain(running).collect();
+        logs.iter()
+            .flat_map(|(octet, log)| {
+                log.lines()
+                    .filter(|line| line.contains(instance))
+                    .map(move |line| format!("replica {octet}: {line}\n"))
+            })
+            .collect()
     }
 
     /// The fleet's directory (the hosts file's).
@@ -238,8 +258,12 @@ impl Drop for Fleet {
 /// What a fleet exported, checked: every span key (`trace/span` hex) that
 /// arrived more than once arrived as the same bytes; every trace has
 /// exactly one root span. Returns the keys received and how many repeats
-/// there were.
-pub fn assert_whole_traces(spans: &[(Resource, Span)]) -> (BTreeSet<String>, usize) {
+/// there were. A failure says what `trail` gives for the agent (its
+/// instance id): [`Fleet::trail`].
+pub fn assert_whole_traces(
+    spans: &[(Resource, Span)],
+    trail: impl Fn(&str) -> String,
+) -> (BTreeSet<String>, usize) {
     let mut first: HashMap<String, (Vec<u8>, &Span)> = HashMap::new();
     let mut repeats = 0;
     let mut roots: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>> = BTreeMap::new();
@@ -249,12 +273,14 @@ pub fn assert_whole_traces(spans: &[(Resource, Span)]) -> (BTreeSet<String>, usi
         match first.get(&key) {
             Some((earlier, earlier_span)) => {
                 repeats += 1;
+                let agent = res.str_attr("service.instance.id").unwrap_or("?");
                 assert!(
                     *earlier == bytes,
-                    "span {key} ({}) of agent {} arrived twice with different content:\n{}",
+                    "span {key} ({}) of agent {agent} arrived twice with different content:\n{}\n\
+                     the agent in the replicas' logs:\n{}",
                     span.name,
-                    res.str_attr("service.instance.id").unwrap_or("?"),
-                    difference(earlier_span, span)
+                    difference(earlier_span, span),
+                    trail(agent)
                 );
             }
             None => {

@@ -162,7 +162,7 @@ fn a_fleet_keeps_every_turn_one_trace_through_a_kill_a_scale_up_and_a_drain() {
         std::thread::sleep(Duration::from_millis(250));
     }
     let spans = receiver.spans();
-    let (got, repeats) = assert_whole_traces(&spans);
+    let (got, repeats) = assert_whole_traces(&spans, |agent| fleet.trail(agent));
     assert_all_arrived(&expected, &got, &fleet.logs());
 
     // The real agents' turns: each one whole tree, as with one collector.
