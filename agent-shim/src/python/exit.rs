@@ -68,6 +68,10 @@ pub(super) fn shutdown(py: Python<'_>, timeout_ms: u64) -> bool {
     let spool = core.config.spool_dir.is_some() && core.started.load(Ordering::Acquire);
     let timeout = exit_wait(&core, Duration::from_millis(timeout_ms), spool);
     let mut flushed = core.flush(py, timeout);
+    // A move's handoff still on its way gets what is left of the wait.
+    let shared = Arc::clone(&core.shared);
+    let left = timeout.saturating_sub(started.elapsed());
+    py.detach(move || shared.wait_handoffs(left));
     if !flushed && spool {
         let shared = Arc::clone(&core.shared);
         let target = core.tx.counters().enqueued();

@@ -274,8 +274,8 @@ impl Conn {
     /// Ends the stream after the batches written so far and `last`: the
     /// request stream closes once they are out, and the task ends when
     /// the collector closes its side, or after [`FINISH_GRACE`]. Its
-    /// events are no longer read; the task is returned, for a sender that
-    /// stops to wait for its last batches.
+    /// events are no longer read. Returns the task, for the sender to know
+    /// when the stream's last batches are out.
     pub fn finish(mut self, last: Option<EventBatch>) -> Option<JoinHandle<()>> {
         let out = self.out.clone();
         if let Some(last) = last {

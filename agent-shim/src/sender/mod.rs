@@ -52,7 +52,9 @@
 //!   `handoff` batch and ends) or not (the stream failed: the next
 //!   replica at once), sends everything held again from the lowest
 //!   unsettled seq. A sender that stops gives the streams its planned
-//!   moves ended what is left of `close_grace` to deliver their handoff.
+//!   moves ended what is left of `close_grace` to deliver their handoff;
+//!   the interpreter's exit, what is left of its flush
+//!   ([`SenderShared::wait_handoffs`]).
 
 pub mod backoff;
 mod batcher;
@@ -249,6 +251,9 @@ pub struct SenderShared {
     exit_target: AtomicU64,
     /// Bumped by the sender after each exit report it made.
     exit_rounds: AtomicU64,
+    /// Streams a planned move ended that are still delivering their
+    /// `handoff` ([`route::move_off`]).
+    leaving_streams: AtomicU64,
 }
 
 /// A snapshot of the sender's counters.
@@ -373,6 +378,19 @@ impl SenderShared {
     /// Counts events discarded outside the sender.
     pub fn add_discarded(&self, n: u64) {
         self.discarded_events.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Blocks the calling thread until the streams planned moves ended have
+    /// delivered their handoff, or `timeout` passed; whether they have. A
+    /// handoff waits behind what the replica left behind has not read yet;
+    /// cut off by the process's exit, it never reaches that replica, which
+    /// takes the agent for dead and closes its open turns, whole on the
+    /// next replica, as incomplete. Must not be called on the sender thread.
+    pub fn wait_handoffs(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        self.poll_until(deadline, || {
+            self.leaving_streams.load(Ordering::Acquire) == 0
+        })
     }
 
     /// Blocks the calling thread until `target` events are settled (and no
@@ -558,8 +576,6 @@ pub(crate) async fn run<C: Convert>(
     let mut asleep = false;
     // Set once the queue is closed and drained: deliver what is held until then.
     let mut close_deadline: Option<Instant> = None;
-    // Streams ended by a planned move, still delivering their handoff.
-    let mut leaving = Vec::new();
     let far = Duration::from_secs(86_400);
 
     loop {
@@ -637,7 +653,7 @@ pub(crate) async fn run<C: Convert>(
                     backoff.reset();
                     if ack.leave && route.is_fleet() {
                         route.leaving(Instant::now());
-                        route::move_off(&mut leaving, &mut conn, settles, pending, config, &shared, &queue);
+                        route::move_off(&mut conn, settles, pending, config, &shared, &queue);
                         reconnect_at = Instant::now();
                     }
                 }
@@ -734,7 +750,7 @@ pub(crate) async fn run<C: Convert>(
                 match route.resolve(Instant::now()) {
                     Ok(true) => {
                         route.left();
-                        route::move_off(&mut leaving, &mut conn, settles, pending, config, &shared, &queue);
+                        route::move_off(&mut conn, settles, pending, config, &shared, &queue);
                         reconnect_at = Instant::now();
                     }
                     Ok(false) => {}
@@ -755,16 +771,11 @@ pub(crate) async fn run<C: Convert>(
         config.spool.as_ref(),
         max_batch,
     );
-    // A move's handoff waits behind what the replica left behind has not
-    // read yet, and the agent may be done before that replica reads it:
-    // it gets what is left of the close grace. Cut off, that replica takes
-    // the agent for dead and closes its open turns, whole on the next
-    // replica, as incomplete.
+    // The streams planned moves ended get what is left of the close grace
+    // to deliver their handoff ([`SenderShared::wait_handoffs`]).
     let until = close_deadline.unwrap_or_else(Instant::now);
-    for task in leaving {
-        if tokio::time::timeout_at(until, task).await.is_err() {
-            break;
-        }
+    while shared.leaving_streams.load(Ordering::Acquire) > 0 && Instant::now() < until {
+        tokio::time::sleep(SETTLE_POLL).await;
     }
     shared.connected.store(false, Ordering::Release);
     shared.replay_busy.store(false, Ordering::Release);

@@ -13,11 +13,11 @@
 //! stream; all of it on the sender's thread.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use hermes_proto::v1::EventBatch;
 
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::conn::{self, Conn, ConnOptions, Target, TargetError};
@@ -216,15 +216,15 @@ impl Route {
 /// A planned move: ends the open stream after its `handoff` batch (sent
 /// only to a collector that settles: an older one would take an empty
 /// batch for an invalid one), so everything held goes again to the next
-/// replica, from the lowest unsettled seq. The ended stream's task goes to
-/// `leaving` (the sender waits for it before it stops).
+/// replica, from the lowest unsettled seq. The ended stream counts in
+/// `leaving_streams` until its task ends (the sender's stop and the
+/// process's exit wait for it, bounded).
 pub(super) fn move_off(
-    leaving: &mut Vec<JoinHandle<()>>,
     conn: &mut Option<Conn>,
     settles: bool,
     pending: &mut UnackedBuffer,
     config: &SenderConfig,
-    shared: &SenderShared,
+    shared: &Arc<SenderShared>,
     queue: &QueueCounters,
 ) {
     let Some(old) = conn.take() else {
@@ -239,8 +239,30 @@ pub(super) fn move_off(
         floor_seq: pending.floor_seq(),
         handoff: true,
     });
-    leaving.retain(|task| !task.is_finished());
-    leaving.extend(old.finish(handoff));
+    if let Some(task) = old.finish(handoff) {
+        let leaving = Leaving::new(shared);
+        tokio::spawn(async move {
+            let _ = task.await;
+            drop(leaving);
+        });
+    }
     shared.connected.store(false, Ordering::Release);
     pending.mark_all_unsent();
+}
+
+/// One stream a planned move ended, counted in `leaving_streams` until it
+/// is dropped: when its task ended, or with the sender's runtime.
+struct Leaving(Arc<SenderShared>);
+
+impl Leaving {
+    fn new(shared: &Arc<SenderShared>) -> Leaving {
+        shared.leaving_streams.fetch_add(1, Ordering::AcqRel);
+        Leaving(Arc::clone(shared))
+    }
+}
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        self.0.leaving_streams.fetch_sub(1, Ordering::AcqRel);
+    }
 }

@@ -223,12 +223,11 @@ fn a_new_best_replica_after_a_resolution_takes_the_unsettled_events() {
     h.close();
 }
 
-#[test]
-fn a_moves_handoff_reaches_a_backed_up_replica_after_the_agent_is_done() {
-    // The replica left behind reads its stream late; the agent's events
-    // are settled on the next replica and the agent stops before that
-    // replica read the handoff behind them. Cut off, it would take the
-    // agent for dead and close its open turns as incomplete.
+/// An agent that moved off a replica that reads its stream late (paused),
+/// every event settled on the next replica: the handoff still waits in the
+/// shim, behind more than the stream's flow-control window (hyper's:
+/// 1 MiB). The fleet, the agent and the replica left behind.
+fn moved_off_a_backed_up_replica() -> (Replicas, Harness, usize) {
     let fleet = Replicas::start(4, 3);
     let (instance, before) = fleet.instance_moving_to_the_last();
     let mut config = fleet.config(&instance);
@@ -236,8 +235,6 @@ fn a_moves_handoff_reaches_a_backed_up_replica_after_the_agent_is_done() {
     let h = Harness::start(config, Passthrough);
     h.push_settled(2, "pre_tool_call");
     fleet.get(before).pause_reads();
-    // More than the stream's flow-control window (hyper's: 1 MiB): the
-    // handoff stays in the shim until the replica reads again.
     let large = "x".repeat(1024);
     for _ in 0..2_000 {
         h.push("pre_api_request", &large);
@@ -248,6 +245,28 @@ fn a_moves_handoff_reaches_a_backed_up_replica_after_the_agent_is_done() {
     });
     fleet.get(3).settle(2_002);
     wait_until("nothing held", || h.shared.stats().unacked_batches == 0);
+    (fleet, h, before)
+}
+
+#[test]
+fn the_exit_waits_for_a_moves_handoff_to_a_backed_up_replica() {
+    // Cut off by the process's exit, the handoff never reaches the replica
+    // left behind, which takes the agent for dead and closes its open
+    // turns as incomplete.
+    let (fleet, h, before) = moved_off_a_backed_up_replica();
+    assert!(
+        !h.shared.wait_handoffs(Duration::from_millis(200)),
+        "the replica reads nothing: the handoff is on its way"
+    );
+    fleet.get(before).resume_reads();
+    assert!(h.shared.wait_handoffs(WAIT));
+    assert_eq!(fleet.get(before).handoffs(), 1);
+    h.close();
+}
+
+#[test]
+fn a_stopping_sender_lets_a_moves_handoff_reach_a_backed_up_replica() {
+    let (fleet, h, before) = moved_off_a_backed_up_replica();
     std::thread::scope(|scope| {
         scope.spawn(|| {
             std::thread::sleep(Duration::from_millis(300));
