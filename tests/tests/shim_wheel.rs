@@ -2,7 +2,9 @@
 //! collector: runs `tests/check_shim.py` with the venv's interpreter (the
 //! wheel installed by `tests/setup_venv.sh`): fixture replay at level
 //! `content`, hook-time snapshots, worker thread names, attempt numbers, and
-//! a forked child with its own instance id.
+//! a forked child with its own instance id. And, in fleet mode against two
+//! in-process replicas, that the interpreter's exit waits for a move's
+//! handoff to reach a replica that reads late.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -184,4 +186,104 @@ fn installed_wheel_end_to_end() {
         child_events[&1].ids.as_ref().unwrap().session_id,
         "child-session"
     );
+}
+
+/// The Python side of [`the_exit_lets_a_moves_handoff_reach_a_backed_up_replica`]:
+/// registers the plugin, says its instance id, then on each line read
+/// from stdin pushes 2 000 events of 1 KiB of content (`push`) or exits
+/// (anything else).
+const MOVING_AGENT: &str = "\
+import sys, hermes_collector as h
+class C:
+    def __init__(s): s.h = {}
+    def register_hook(s, n, c): s.h[n] = c
+c = C(); h.register(c)
+print(h.stats()['instance_id'], flush=True)
+big = 'x' * 1024
+while sys.stdin.readline().strip() == 'push':
+    for i in range(2000):
+        c.h['post_tool_call'](tool_name='terminal', args={'command': big}, result=big,
+            task_id='t', session_id='s', tool_call_id='c%d' % i)
+    print('pushed', flush=True)
+";
+
+/// Waits (bounded) until `done` holds.
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn the_exit_lets_a_moves_handoff_reach_a_backed_up_replica() {
+    // A real agent in fleet mode moves off a replica that reads its stream
+    // late, and exits once the next replica settled everything: its exit
+    // flush must wait for the handoff behind the backlog, or the replica
+    // left behind takes the agent for dead and exports its open turns as
+    // incomplete.
+    use std::io::{BufRead, Write};
+    use std::net::SocketAddr;
+    hermes_e2e::ensure_venv();
+    let a = FakeCollector::settling(("127.0.0.2", 0));
+    let port = a.addr().port();
+    let b = FakeCollector::settling(("127.0.0.3", port));
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    let list = |octets: &[u8]| {
+        let text: String = octets
+            .iter()
+            .map(|o| format!("127.0.0.{o} fleet\n"))
+            .collect();
+        std::fs::write(dir.path().join("hosts.tmp"), text).unwrap();
+        std::fs::rename(dir.path().join("hosts.tmp"), &hosts).unwrap();
+    };
+    list(&[2]);
+    let mut agent = std::process::Command::new(hermes_e2e::venv_bin("python"))
+        .args(["-c", MOVING_AGENT])
+        .env("HERMES_COLLECTOR_ENDPOINT", format!("dns:///fleet:{port}"))
+        .env("HERMES_COLLECTOR_HOSTS_FILE", &hosts)
+        .env("HERMES_COLLECTOR_RESOLVE_SECS", "1")
+        .env("HERMES_COLLECTOR_CAPTURE", "content")
+        .env("HERMES_COLLECTOR_EXIT_FLUSH_MS", "20000")
+        .env_remove("HERMES_COLLECTOR_DISABLED")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = agent.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(agent.stdout.take().unwrap()).lines();
+    let instance = lines.next().unwrap().unwrap();
+    // The agent's stream goes to the replica it ranks lower; it moves to
+    // the other once both are listed.
+    let ranked = hermes_collector_shim::sender::fleet::ranked(
+        &instance,
+        vec![a.addr(), SocketAddr::from(([127, 0, 0, 3], port))],
+    );
+    let (left, next, left_octet) = if ranked[0] == a.addr() {
+        (&b, &a, 3)
+    } else {
+        (&a, &b, 2)
+    };
+    list(&[left_octet]);
+    wait_for("the agent's stream", || left.fleet_streams() == 1);
+    left.pause_reads();
+    writeln!(stdin, "push").unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), "pushed");
+    list(&[2, 3]);
+    wait_for("every event resent to the next replica", || {
+        next.seqs().last() == Some(&2_000)
+    });
+    next.settle(2_000);
+    writeln!(stdin, "exit").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        agent.try_wait().unwrap().is_none(),
+        "the agent exited with its handoff still on the way"
+    );
+    left.resume_reads();
+    let status = agent.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(left.handoffs(), 1);
 }
