@@ -93,15 +93,16 @@ pub struct Settlement {
     /// whose instance did not come back is an orphan.
     replicated: Option<u64>,
     /// Instances that sent fleet batches, or whose batches the queue
-    /// replayed, and may hold open state (with `fleet.replicated` only). Shared with the correlator
-    /// ([`Settlement::movable`]), copied only when it changes after that.
+    /// replayed, and may hold open state (with `fleet.replicated` only).
+    /// Shared with the correlator ([`Settlement::movable`]), copied only
+    /// when it changes after that.
     seen: Arc<HashSet<String>>,
     /// Instances replayed from the persistent queue, not back yet.
     replayed: HashSet<String>,
     /// When the replayed instances not back by then are orphans.
     orphan_deadline: Option<u64>,
     /// The newest fleet stream each instance started here (the receiver's
-    /// stream numbers): a handoff from an older one is stale.
+    /// stream numbers): what an older one brings is stale.
     streams: HashMap<String, u64>,
 }
 
@@ -239,7 +240,7 @@ impl Settlement {
     }
 
     /// Whether `stream` is `instance`'s newest stream here (or no newer
-    /// one started since): a handoff from it applies.
+    /// one started since): its batches, a handoff among them, apply.
     pub fn is_current(&self, instance: &str, stream: u64) -> bool {
         self.streams
             .get(instance)
