@@ -62,6 +62,19 @@ fn address(octet: u8) -> String {
     format!("127.0.0.{octet}")
 }
 
+/// Writes the hosts file `path` (the shim's `HERMES_COLLECTOR_HOSTS_FILE`)
+/// to list exactly 127.0.0.`octets` under `name`, replacing it at once: a
+/// shim resolving meanwhile reads the old list or the new one.
+pub fn write_hosts(path: &Path, name: &str, octets: &[u8]) {
+    let text: String = octets
+        .iter()
+        .map(|&o| format!("{} {name}\n", address(o)))
+        .collect();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("write hosts: {e}"));
+    std::fs::rename(&tmp, path).unwrap_or_else(|e| panic!("rename hosts: {e}"));
+}
+
 /// Whether nothing accepts connections on `port` of any of `octets`.
 fn port_free(port: u16, octets: &[u8]) -> bool {
     octets.iter().all(|&o| {
@@ -105,13 +118,7 @@ impl Fleet {
 
     /// Lists exactly `octets` under [`NAME`] (the file replaced at once).
     pub fn list(&self, octets: &[u8]) {
-        let text: String = octets
-            .iter()
-            .map(|&o| format!("{} {NAME}\n", address(o)))
-            .collect();
-        let tmp = self.dir.path().join("hosts.tmp");
-        std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("write hosts: {e}"));
-        std::fs::rename(&tmp, self.hosts_file()).unwrap_or_else(|e| panic!("rename hosts: {e}"));
+        write_hosts(&self.hosts_file(), NAME, octets);
     }
 
     /// Starts replica `octet` (ready when this returns); it is not listed

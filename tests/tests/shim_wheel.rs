@@ -9,8 +9,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use hermes_collector_shim::fake_collector::FakeCollector;
+use hermes_e2e::fleet::write_hosts;
 use hermes_e2e::ingest::fixture;
 use hermes_proto::v1::{Event, EventBatch, ShimInfo, event::Body};
 use serde_json::Value;
@@ -209,11 +211,11 @@ while sys.stdin.readline().strip() == 'push':
 
 /// Waits (bounded) until `done` holds.
 fn wait_for(what: &str, done: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !done() {
-        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let (timeout, poll) = (Duration::from_secs(30), Duration::from_millis(10));
+    assert!(
+        hermes_e2e::wait_until(timeout, poll, done),
+        "timed out: {what}"
+    );
 }
 
 #[test]
@@ -231,14 +233,7 @@ fn the_exit_lets_a_moves_handoff_reach_a_backed_up_replica() {
     let b = FakeCollector::settling(("127.0.0.3", port));
     let dir = tempfile::tempdir().unwrap();
     let hosts = dir.path().join("hosts");
-    let list = |octets: &[u8]| {
-        let text: String = octets
-            .iter()
-            .map(|o| format!("127.0.0.{o} fleet\n"))
-            .collect();
-        std::fs::write(dir.path().join("hosts.tmp"), text).unwrap();
-        std::fs::rename(dir.path().join("hosts.tmp"), &hosts).unwrap();
-    };
+    let list = |octets: &[u8]| write_hosts(&hosts, "fleet", octets);
     list(&[2]);
     let mut agent = std::process::Command::new(hermes_e2e::venv_bin("python"))
         .args(["-c", MOVING_AGENT])
@@ -277,7 +272,7 @@ fn the_exit_lets_a_moves_handoff_reach_a_backed_up_replica() {
     });
     next.settle(2_000);
     writeln!(stdin, "exit").unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(500));
     assert!(
         agent.try_wait().unwrap().is_none(),
         "the agent exited with its handoff still on the way"
