@@ -161,14 +161,17 @@ fn roots(spans: &[Span]) -> Vec<&Span> {
         .collect()
 }
 
-fn disk_ledger(done: Arc<AtomicU64>) -> (Ledger, mpsc::Receiver<Settle>) {
+/// A persistent queue's ledger with room for 1 GiB, the exporter stage's
+/// finished messages read from `done`, what the queue recovered at the
+/// start; and the settles it hands to the writer.
+fn disk_ledger(done: Arc<AtomicU64>, recovered: Recovered) -> (Ledger, mpsc::Receiver<Settle>) {
     let (settle, settles) = mpsc::channel(16);
     let queue = Arc::new(QueueStats::default());
     queue.capacity_bytes.store(1 << 30, Ordering::Relaxed);
     let ledger = Ledger::disk(Durable {
         settle,
         done: Box::new(move || done.load(Ordering::Relaxed)),
-        recovered: Recovered::default(),
+        recovered,
         queue,
     });
     (ledger, settles)
@@ -238,7 +241,7 @@ async fn a_stop_closes_open_turns_in_memory() {
 #[tokio::test(start_paused = true)]
 async fn with_the_persistent_queue_a_stop_leaves_open_turns_to_the_next_start() {
     let events = open_turn();
-    let (ledger, mut settles) = disk_ledger(Arc::new(AtomicU64::new(0)));
+    let (ledger, mut settles) = disk_ledger(Arc::new(AtomicU64::new(0)), Recovered::default());
     let mut stage = start(ledger, &events);
     feed(&stage, events).await;
     // Taken in, long before the TTL.
@@ -263,7 +266,7 @@ async fn the_watermark_passes_a_turn_once_the_exporters_are_done_with_it() {
     let events = basic_events();
     let n = events.len() as u64;
     let done = Arc::new(AtomicU64::new(0));
-    let (ledger, mut settles) = disk_ledger(done.clone());
+    let (ledger, mut settles) = disk_ledger(done.clone(), Recovered::default());
     let mut stage = start(ledger, &events);
     feed(&stage, events).await;
     let spans = exported_within(&mut stage.export, GRACE + 2 * TICK).await;
@@ -310,7 +313,7 @@ async fn the_watermark_passes_a_turn_once_the_exporters_are_done_with_it() {
 async fn a_dropped_turn_is_counted_exports_nothing_and_frees_its_records() {
     let events = basic_events();
     let n = events.len() as u64;
-    let (ledger, mut settles) = disk_ledger(Arc::new(AtomicU64::new(0)));
+    let (ledger, mut settles) = disk_ledger(Arc::new(AtomicU64::new(0)), Recovered::default());
     let derived = DerivedMetrics::default();
     let errors_only = Sampler::new(SamplingSettings {
         policies: vec![Policy {

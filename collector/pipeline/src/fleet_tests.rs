@@ -5,9 +5,8 @@ use hermes_receiver::Settlements;
 use tokio::sync::watch;
 
 use super::*;
-use crate::ledger::Durable;
 use crate::settle::Settlement;
-use crate::writer::{QueueStats, Recovered, Settle};
+use crate::writer::{Recovered, Settle};
 
 const AGENT: &str = "agent-1";
 
@@ -181,15 +180,22 @@ async fn a_replicated_drain_drops_what_moves_and_closes_what_a_dead_agent_left()
 /// [`AGENT`]'s basic turn up to its end, `post_llm_call`, without its
 /// `on_session_end`; the events from that one on.
 async fn ended_turn(registry: &Arc<Settlements>) -> (Stage, Vec<Event>) {
+    let (events, rest) = ended_and_rest();
+    let stage = start_replicated(Ledger::Memory, &events, registry);
+    feed_fleet(&stage, events).await;
+    (stage, rest)
+}
+
+/// [`AGENT`]'s basic turn up to its end, `post_llm_call`, and the events
+/// from its `on_session_end` on.
+fn ended_and_rest() -> (Vec<Event>, Vec<Event>) {
     let mut events = basic_events();
     let end = events
         .iter()
         .position(|e| e.hook == "on_session_end")
         .unwrap();
-    let stage = start_replicated(Ledger::Memory, &events, registry);
     let rest = events.split_off(end);
-    feed_fleet(&stage, events).await;
-    (stage, rest)
+    (events, rest)
 }
 
 #[tokio::test(start_paused = true)]
@@ -268,18 +274,11 @@ fn start_restarted(
     events: &[Event],
     replay_end: u64,
 ) -> (Stage, Arc<PipelineStats>, mpsc::Receiver<Settle>) {
-    let (settle, settles) = mpsc::channel(16);
-    let queue = Arc::new(QueueStats::default());
-    queue.capacity_bytes.store(1 << 30, Ordering::Relaxed);
-    let ledger = Ledger::disk(Durable {
-        settle,
-        done: Box::new(|| u64::MAX),
-        recovered: Recovered {
-            replay_end,
-            ..Recovered::default()
-        },
-        queue,
-    });
+    let recovered = Recovered {
+        replay_end,
+        ..Recovered::default()
+    };
+    let (ledger, settles) = disk_ledger(Arc::new(AtomicU64::new(u64::MAX)), recovered);
     let registry = Arc::new(Settlements::default());
     let mut driver = driver(ledger, events);
     driver.settlement =
@@ -294,13 +293,8 @@ async fn an_ended_turn_replayed_after_a_restart_waits_for_its_agent() {
     // replica died before it read the on_session_end, and the agent moved
     // to a replica that ends the turn whole. Closed here at the end grace,
     // it would be a second copy of that root without its end.
-    let mut events = basic_events();
-    let end = events
-        .iter()
-        .position(|e| e.hook == "on_session_end")
-        .unwrap();
-    events.truncate(end);
-    let (mut stage, stats, _settles) = start_restarted(&events, end as u64);
+    let (events, _) = ended_and_rest();
+    let (mut stage, stats, _settles) = start_restarted(&events, events.len() as u64);
     for (lsn, event) in (1..).zip(events) {
         let mut ingested = ingested(AGENT, vec![event]);
         ingested.lsn = lsn;
@@ -480,18 +474,11 @@ async fn a_fresh_stream_after_a_restart_is_rebuilt_even_below_the_persisted_seqs
     // comes back and resends the turn, whose seqs the queue once held.
     let events = basic_events();
     let last_seq = events.last().unwrap().seq;
-    let (settle, _settles) = mpsc::channel(16);
-    let queue = Arc::new(QueueStats::default());
-    queue.capacity_bytes.store(1 << 30, Ordering::Relaxed);
-    let ledger = Ledger::disk(Durable {
-        settle,
-        done: Box::new(|| u64::MAX),
-        recovered: Recovered {
-            seqs: [(AGENT.to_owned(), last_seq)].into_iter().collect(),
-            ..Recovered::default()
-        },
-        queue,
-    });
+    let recovered = Recovered {
+        seqs: [(AGENT.to_owned(), last_seq)].into_iter().collect(),
+        ..Recovered::default()
+    };
+    let (ledger, _settles) = disk_ledger(Arc::new(AtomicU64::new(u64::MAX)), recovered);
     let registry = Arc::new(Settlements::default());
     let mut driver = driver(ledger, &events);
     driver.settlement = Some(Settlement::new(registry, Box::new(|| u64::MAX)));
