@@ -12,6 +12,19 @@ for s in held:
 print("\n".join(str(s.getsockname()[1]) for s in held))' "$1"
 }
 
+# wait_listening PORT PID: waits up to 10 s until 127.0.0.1:PORT accepts
+# connections; fails at once when process PID has exited.
+wait_listening() {
+  for _ in $(seq 100); do
+    kill -0 "$2" 2> /dev/null || return 1
+    if python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()' "$1" 2> /dev/null; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  return 1
+}
+
 # start_collector BIN_DIR LOG_PREFIX [WORD...]: starts BIN_DIR's
 # hermes-bench-sink and a hermes-collector exporting to it over OTLP/gRPC,
 # the collector's command line after the WORDs (a wrapper such as valgrind
@@ -25,9 +38,17 @@ print("\n".join(str(s.getsockname()[1]) for s in held))' "$1"
 start_collector() {
   local bin=$1 prefix=$2 admin
   shift 2
-  { read -r SINK_PORT; read -r LISTEN; read -r admin; } < <(free_ports 3)
-  "$bin/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "${prefix}sink.json" 2> "${prefix}sink.log" &
-  SINK_PID=$!
+  # A port found free can be taken before the sink binds it (an outgoing
+  # connection's local port): then the sink exits, and it starts again on
+  # other ports. The collector starts once the sink listens.
+  for _ in 1 2 3 4 5; do
+    { read -r SINK_PORT; read -r LISTEN; read -r admin; } < <(free_ports 3)
+    "$bin/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "${prefix}sink.json" 2> "${prefix}sink.log" &
+    SINK_PID=$!
+    if wait_listening "$SINK_PORT" "$SINK_PID"; then
+      break
+    fi
+  done
   "$@" "$bin/hermes-collector" ${COLLECTOR_CONFIG:+--config "$COLLECTOR_CONFIG"} \
     --listen "127.0.0.1:$LISTEN" --admin-listen "127.0.0.1:$admin" \
     --otlp-endpoint "http://127.0.0.1:$SINK_PORT" 2> "${prefix}collector.log" &
