@@ -18,8 +18,8 @@
 //!   a trace id and span id.
 
 use std::collections::VecDeque;
-use std::collections::hash_map::Entry;
 
+use hashbrown::hash_map::Entry;
 use hermes_span::Str;
 
 use crate::{Correlator, FinishedSpan, Map, Turn};
@@ -51,6 +51,11 @@ impl KeyBuf {
     pub(crate) fn of(&mut self, instance: &str, id: &str) -> &str {
         self.0.clear();
         write_key(&mut self.0, instance, id);
+        &self.0
+    }
+
+    /// The key built last.
+    pub(crate) fn last(&self) -> &str {
         &self.0
     }
 }

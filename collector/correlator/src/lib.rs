@@ -78,8 +78,10 @@ use turns::At;
 /// The correlator's and the sequencer's maps, keyed by ids from the agents:
 /// foldhash's quality hasher, randomly seeded per map, is faster than std's
 /// SipHash on the ids' 40-80 bytes (criterion bench `correlator_turn`); the
-/// maps are bounded by the limits.
-pub(crate) type Map<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
+/// maps are bounded by the limits. hashbrown's map (the one std wraps) for
+/// its raw entries: the open turns are looked up with a hash computed once
+/// per event ([`Correlator::turn_and_values`]).
+pub(crate) type Map<K, V> = hashbrown::HashMap<K, V, foldhash::quality::RandomState>;
 
 /// The keys of `map`'s entries that `pick` picks, sorted: state closed in
 /// key order gives the same spans in the same order on every run, whatever

@@ -1,6 +1,10 @@
 //! Resources and turns: finding, opening (or synthesizing) and taking the
 //! turn an event belongs to.
 
+use std::hash::BuildHasher as _;
+
+use hashbrown::hash_map::RawEntryMut;
+
 use super::*;
 
 /// What the handlers of one event read: the agent (shim instance) that
@@ -122,7 +126,21 @@ impl Correlator {
         if ids.turn_id.is_empty() {
             return None;
         }
-        if !self.turns.contains_key(self.keys.of(instance, ids.turn_id)) {
+        // The key is built and hashed once: nearly every event finds its
+        // turn open, and its key (instance and turn id, 60-100 bytes) is the
+        // longest the correlator hashes.
+        let k = self.keys.of(instance, ids.turn_id);
+        let hash = self.turns.hasher().hash_one(k);
+        let open = self
+            .turns
+            .raw_entry()
+            .from_key_hashed_nocheck(hash, k)
+            .is_some();
+        let entry = if open {
+            self.turns
+                .raw_entry_mut()
+                .from_key_hashed_nocheck(hash, self.keys.last())
+        } else {
             let k = key(instance, ids.turn_id);
             if self.closed.contains(&k) {
                 self.stats.late_events_dropped += 1;
@@ -132,11 +150,19 @@ impl Correlator {
             self.make_room_for_turn(instance, out);
             let turn = self.new_turn(instance, ids, resource, t);
             self.ledger.add(instance, 1, 0, turn.charged);
-            self.turns.insert(k, turn);
-        }
+            RawEntryMut::Occupied(
+                self.turns
+                    .raw_entry_mut()
+                    .from_key_hashed_nocheck(hash, &k)
+                    .insert(k, turn),
+            )
+        };
+        let RawEntryMut::Occupied(turn) = entry else {
+            return None;
+        };
+        let turn = turn.into_mut();
         let (lsn, max_lsn) = (self.lsn, self.max_lsn);
         let clock = self.clock;
-        let turn = self.turns.get_mut(self.keys.of(instance, ids.turn_id))?;
         turn.last_seen = turn.last_seen.max(t);
         turn.active_seen = turn.active_seen.max(t).max(clock);
         turn.min_lsn = turn.min_lsn.min(lsn);
