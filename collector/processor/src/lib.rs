@@ -38,6 +38,7 @@
 mod config;
 mod json;
 mod prefilter;
+mod recent;
 mod redact;
 mod routing;
 mod sets;
@@ -157,8 +158,8 @@ impl ProcessorStats {
 pub struct SpanProcessor {
     compiled: Compiled,
     stats: Arc<ProcessorStats>,
-    /// The redactor's verdicts on static strings, kept between passes.
-    statics: redact::StaticMemo,
+    /// The redactor's memos, kept between passes (out while a pass runs).
+    scratch: Option<redact::Scratch>,
 }
 
 impl SpanProcessor {
@@ -167,7 +168,7 @@ impl SpanProcessor {
         Ok(Self {
             compiled: Compiled::new(config)?,
             stats: Arc::default(),
-            statics: redact::StaticMemo::default(),
+            scratch: None,
         })
     }
 
@@ -243,12 +244,13 @@ impl SpanProcessor {
         c.routing.langfuse(attributes)
     }
 
-    /// Runs one processing pass with a scratch that starts from the static
-    /// verdicts of earlier passes and hands them back afterwards.
+    /// Runs one processing pass with the scratch of earlier passes, which
+    /// it hands back afterwards.
     fn pass(&mut self, run: impl FnOnce(&Self, &mut redact::Scratch)) {
-        let mut scratch = redact::Scratch::with_statics(std::mem::take(&mut self.statics));
+        let mut scratch = self.scratch.take().unwrap_or_default();
         run(self, &mut scratch);
-        self.statics = scratch.into_statics();
+        scratch.end_pass();
+        self.scratch = Some(scratch);
     }
 
     fn span(&self, span: &mut Span, route: &routing::Rendered, scratch: &mut redact::Scratch) {

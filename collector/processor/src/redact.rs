@@ -36,6 +36,7 @@ use crate::MAX_NAME_BYTES;
 use crate::config::{ConfigError, RedactionConfig};
 use crate::json::{self, Json};
 use crate::prefilter::Prefilter;
+use crate::recent::{Id, Recent};
 
 /// How many levels of JSON text inside JSON strings are parsed (e.g. tool
 /// call arguments encoded as a string inside a message list).
@@ -134,17 +135,20 @@ pub(crate) struct KeyVerdict {
     pub(crate) rewrite: bool,
 }
 
-/// Working memory of one processing pass: the normalized-key buffer, the
+/// Working memory of the processing passes: the normalized-key buffer, the
 /// key rules' verdicts per key seen (spans of a batch share most of their
 /// attribute keys, so each is normalized and matched once per pass), and the
 /// values known to need no redaction.
 ///
 /// Static strings (the correlator's keys and fixed values) are remembered by
-/// address and length, without hashing their text, in a [`StaticMemo`] the
-/// processor keeps from pass to pass; shared values (the ids, model and
-/// platform every span of a turn holds) by the address of their shared
-/// allocation, which the entry keeps alive so that no other string can take
-/// that address during the pass.
+/// address and length, without hashing their text, in a [`StaticMemo`]
+/// kept from pass to pass; shared values (the ids, model and platform every
+/// span of a turn holds) by the address of their shared allocation, which
+/// the entry keeps alive so that no other string can take that address
+/// during the pass. The processor keeps the scratch between passes, and
+/// [`Scratch::end_pass`] empties what holds for one pass only: their tables
+/// keep their size, where growing them again from empty in every pass cost
+/// more than the lookups they save (`docs/BENCHMARKS.md`).
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
     normalized: String,
@@ -153,19 +157,24 @@ pub(crate) struct Scratch {
     verdicts: HashMap<String, KeyVerdict, foldhash::fast::RandomState>,
     statics: StaticMemo,
     clean_shared: HashMap<usize, Arc<str>, foldhash::fast::RandomState>,
+    /// In front of `clean_shared`: only addresses it holds (and keeps
+    /// alive).
+    recent_shared: Recent<()>,
 }
 
 /// The verdicts on static strings: the key rules' on a static key, and the
 /// value patterns' on a static value found clean. Both depend only on the
 /// redactor's rules and on text that never changes at that address, so
-/// they hold for the redactor's lifetime; the processor keeps them between
-/// passes rather than matching the same few dozen keys again in every pass
-/// (`docs/BENCHMARKS.md`). Bounded: a static
+/// they hold for the redactor's lifetime, rather than matching the same few
+/// dozen keys again in every pass (`docs/BENCHMARKS.md`). Bounded: a static
 /// string is one the program contains.
 #[derive(Debug, Default)]
-pub(crate) struct StaticMemo {
-    verdicts: HashMap<(usize, usize), KeyVerdict, foldhash::fast::RandomState>,
-    clean: HashSet<(usize, usize), foldhash::fast::RandomState>,
+struct StaticMemo {
+    verdicts: HashMap<Id, KeyVerdict, foldhash::fast::RandomState>,
+    clean: HashSet<Id, foldhash::fast::RandomState>,
+    /// In front of `verdicts` and `clean`.
+    recent_verdicts: Recent<KeyVerdict>,
+    recent_clean: Recent<()>,
 }
 
 impl Scratch {
@@ -173,24 +182,36 @@ impl Scratch {
     /// keys and values are arbitrary.
     const MAX_VERDICTS: usize = 1024;
 
-    /// A pass's scratch that starts from the static verdicts of earlier
-    /// passes (of the same redactor).
-    pub(crate) fn with_statics(statics: StaticMemo) -> Self {
-        Self {
-            statics,
-            ..Self::default()
-        }
+    /// Forgets what holds for one pass only (the verdicts on keys by their
+    /// text, the shared values found clean, releasing them), keeping the
+    /// static memo and every table's size.
+    pub(crate) fn end_pass(&mut self) {
+        self.verdicts.clear();
+        self.clean_shared.clear();
+        self.recent_shared.clear();
     }
 
-    /// The static verdicts, for the next pass.
-    pub(crate) fn into_statics(self) -> StaticMemo {
-        self.statics
-    }
-
-    fn known_clean(&self, s: &Str) -> bool {
+    fn known_clean(&mut self, s: &Str) -> bool {
         match s {
-            Str::Static(t) => self.statics.clean.contains(&static_id(t)),
-            Str::Shared(a) => self.clean_shared.contains_key(&shared_id(a)),
+            Str::Static(t) => {
+                let StaticMemo {
+                    clean,
+                    recent_clean,
+                    ..
+                } = &mut self.statics;
+                let id = static_id(t);
+                recent_clean
+                    .get_or(id, || clean.contains(&id).then_some(()))
+                    .is_some()
+            }
+            Str::Shared(a) => {
+                let id = shared_id(a);
+                self.recent_shared
+                    .get_or((id, 0), || {
+                        self.clean_shared.contains_key(&id).then_some(())
+                    })
+                    .is_some()
+            }
             Str::Owned(_) => false,
         }
     }
@@ -199,16 +220,18 @@ impl Scratch {
         match s {
             Str::Static(t) => {
                 self.statics.clean.insert(static_id(t));
+                self.statics.recent_clean.put(static_id(t), ());
             }
             Str::Shared(a) if self.clean_shared.len() < Self::MAX_VERDICTS => {
                 self.clean_shared.insert(shared_id(a), Arc::clone(a));
+                self.recent_shared.put((shared_id(a), 0), ());
             }
             _ => {}
         }
     }
 }
 
-fn static_id(s: &'static str) -> (usize, usize) {
+fn static_id(s: &'static str) -> Id {
     (s.as_ptr() as usize, s.len())
 }
 
@@ -367,11 +390,18 @@ impl Redactor {
         let Str::Static(text) = key else {
             return self.key_verdict(key, scratch);
         };
-        if let Some(&known) = scratch.statics.verdicts.get(&static_id(text)) {
+        let id = static_id(text);
+        let StaticMemo {
+            verdicts,
+            recent_verdicts,
+            ..
+        } = &mut scratch.statics;
+        if let Some(known) = recent_verdicts.get_or(id, || verdicts.get(&id).copied()) {
             return known;
         }
         let verdict = self.key_verdict_uncached(text, &mut scratch.normalized);
-        scratch.statics.verdicts.insert(static_id(text), verdict);
+        scratch.statics.verdicts.insert(id, verdict);
+        scratch.statics.recent_verdicts.put(id, verdict);
         verdict
     }
 
