@@ -147,8 +147,8 @@ pub(crate) struct KeyVerdict {
 /// the entry keeps alive so that no other string can take that address
 /// during the pass. The processor keeps the scratch between passes, and
 /// [`Scratch::end_pass`] empties what holds for one pass only: their tables
-/// keep their size, where growing them again from empty in every pass cost
-/// more than the lookups they save (`docs/BENCHMARKS.md`).
+/// keep their size rather than grow again from empty in every pass
+/// (`docs/BENCHMARKS.md`).
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
     normalized: String,
