@@ -1,20 +1,60 @@
-//! A direct-mapped cache in front of the redaction's memos by address.
+//! The redaction's memos by address, with a direct-mapped cache in front.
 //!
-//! Owns [`Recent`]: one slot per hash of an address, holding the last
-//! address (and length) seen there and what the memo said of it. Every
-//! attribute of every span asks the memos twice (its key's verdict, whether
-//! its value is known clean), and the correlator's spans bring the same few
-//! dozen static keys and shared values again and again: a hit here is a
-//! multiply, a load and a compare, where the hash maps behind it hash the
-//! address and probe a group. A miss, or another address in the slot, asks
-//! the map, which stays the memo of record.
+//! Owns [`AddressMemo`]: a hash map from a string's address and length to
+//! what the rules said of it, the memo of record, behind a [`Recent`]
+//! cache of one slot per hash of an address, holding the last address seen
+//! there. Every attribute of every span asks the memos twice (its key's
+//! verdict, whether its value is known clean), and the correlator's spans
+//! bring the same few dozen static keys and shared values again and again:
+//! a hit in the cache is a multiply, a load and a compare, where the map
+//! hashes the address and probes a group. A miss, or another address in
+//! the slot, asks the map.
+
+use std::collections::HashMap;
 
 /// A string's address and length: what the memos key on.
 pub(crate) type Id = (usize, usize);
 
+/// What was said of each [`Id`] remembered, looked up in a [`Recent`]
+/// cache first.
+#[derive(Debug, Default)]
+pub(crate) struct AddressMemo<V: Copy> {
+    map: HashMap<Id, V, foldhash::fast::RandomState>,
+    recent: Recent<V>,
+}
+
+impl<V: Copy> AddressMemo<V> {
+    /// What was remembered for `id`.
+    pub(crate) fn get(&mut self, id: Id) -> Option<V> {
+        if let Some(value) = self.recent.get(id) {
+            return Some(value);
+        }
+        let value = *self.map.get(&id)?;
+        self.recent.put(id, value);
+        Some(value)
+    }
+
+    /// Remembers `value` for `id`.
+    pub(crate) fn insert(&mut self, id: Id, value: V) {
+        self.map.insert(id, value);
+        self.recent.put(id, value);
+    }
+
+    /// Number of ids remembered.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Forgets every id, keeping the map's size.
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+        self.recent.slots.fill(None);
+    }
+}
+
 /// The last [`Id`] seen per slot, with its value.
 #[derive(Debug, Clone)]
-pub(crate) struct Recent<V: Copy> {
+struct Recent<V: Copy> {
     slots: Box<[Option<(Id, V)>; SLOTS]>,
 }
 
@@ -31,30 +71,15 @@ impl<V: Copy> Default for Recent<V> {
 
 impl<V: Copy> Recent<V> {
     /// The value last put for `id`, when its slot still holds it.
-    pub(crate) fn get(&self, id: Id) -> Option<V> {
+    fn get(&self, id: Id) -> Option<V> {
         match self.slots[slot(id)] {
             Some((held, value)) if held == id => Some(value),
             _ => None,
         }
     }
 
-    /// The value for `id`: this cache's, else `memo`'s (then kept here).
-    pub(crate) fn get_or(&mut self, id: Id, memo: impl FnOnce() -> Option<V>) -> Option<V> {
-        if let Some(value) = self.get(id) {
-            return Some(value);
-        }
-        let value = memo()?;
-        self.put(id, value);
-        Some(value)
-    }
-
-    /// Empties every slot.
-    pub(crate) fn clear(&mut self) {
-        self.slots.fill(None);
-    }
-
     /// Puts `value` for `id`, in place of whatever held its slot.
-    pub(crate) fn put(&mut self, id: Id, value: V) {
+    fn put(&mut self, id: Id, value: V) {
         self.slots[slot(id)] = Some((id, value));
     }
 }
@@ -69,6 +94,14 @@ fn slot(id: Id) -> usize {
 mod tests {
     use super::*;
 
+    /// An address other than `a`'s that shares its slot.
+    fn slot_mate(a: Id) -> Id {
+        (1..1_000_000usize)
+            .map(|i| (a.0 + 8 * i, a.1))
+            .find(|&b| slot(b) == slot(a))
+            .expect("some address shares the slot")
+    }
+
     #[test]
     fn a_slot_answers_only_for_the_id_it_holds() {
         let mut recent = Recent::default();
@@ -79,16 +112,28 @@ mod tests {
         // The same address with another length is another string.
         assert_eq!(recent.get((0x1000, 5)), None);
         // Another address in the same slot takes it over.
-        let b = (1..1_000_000usize)
-            .map(|i| (0x1000 + 8 * i, 4))
-            .find(|&b| slot(b) == slot(a))
-            .unwrap_or_default();
-        assert_ne!(b, (0, 0), "some address shares the slot");
+        let b = slot_mate(a);
         assert_eq!(recent.get(b), None);
         recent.put(b, 9);
         assert_eq!(recent.get(b), Some(9));
         assert_eq!(recent.get(a), None);
-        recent.clear();
-        assert_eq!(recent.get(b), None);
+    }
+
+    #[test]
+    fn the_memo_answers_past_the_cache_until_cleared() {
+        let mut memo = AddressMemo::default();
+        let a = (0x1000, 4);
+        let b = slot_mate(a);
+        memo.insert(a, 7u8);
+        memo.insert(b, 9);
+        // `b` took the slot; `a` is still remembered by the map.
+        assert_eq!(memo.get(a), Some(7));
+        assert_eq!(memo.get(b), Some(9));
+        assert_eq!(memo.get((0x1000, 5)), None);
+        assert_eq!(memo.len(), 2);
+        memo.clear();
+        assert_eq!(memo.get(a), None);
+        assert_eq!(memo.get(b), None);
+        assert_eq!(memo.len(), 0);
     }
 }

@@ -25,7 +25,7 @@
 //! the same result as once (unless the replacement itself matches a rule).
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use hermes_span::Str;
@@ -36,7 +36,7 @@ use crate::MAX_NAME_BYTES;
 use crate::config::{ConfigError, RedactionConfig};
 use crate::json::{self, Json};
 use crate::prefilter::Prefilter;
-use crate::recent::{Id, Recent};
+use crate::recent::{AddressMemo, Id};
 
 /// How many levels of JSON text inside JSON strings are parsed (e.g. tool
 /// call arguments encoded as a string inside a message list).
@@ -141,11 +141,11 @@ pub(crate) struct KeyVerdict {
 /// values known to need no redaction.
 ///
 /// Static strings (the correlator's keys and fixed values) are remembered by
-/// address and length, without hashing their text, in a [`StaticMemo`]
-/// kept from pass to pass; shared values (the ids, model and platform every
-/// span of a turn holds) by the address of their shared allocation, which
-/// the entry keeps alive so that no other string can take that address
-/// during the pass. The processor keeps the scratch between passes, and
+/// address and length, without hashing their text, for the redactor's
+/// lifetime; shared values (the ids, model and platform every span of a
+/// turn holds) by the address of their shared allocation, which the scratch
+/// keeps alive so that no other string can take that address during the
+/// pass. The processor keeps the scratch between passes, and
 /// [`Scratch::end_pass`] empties what holds for one pass only: their tables
 /// keep their size rather than grow again from empty in every pass
 /// (`docs/BENCHMARKS.md`).
@@ -155,26 +155,18 @@ pub(crate) struct Scratch {
     /// foldhash: a key is hashed on every attribute, and SipHash (the
     /// std default, built against flooding) cost more than the rules.
     verdicts: HashMap<String, KeyVerdict, foldhash::fast::RandomState>,
-    statics: StaticMemo,
-    clean_shared: HashMap<usize, Arc<str>, foldhash::fast::RandomState>,
-    /// In front of `clean_shared`: only addresses it holds (and keeps
-    /// alive).
-    recent_shared: Recent<()>,
-}
-
-/// The verdicts on static strings: the key rules' on a static key, and the
-/// value patterns' on a static value found clean. Both depend only on the
-/// redactor's rules and on text that never changes at that address, so
-/// they hold for the redactor's lifetime, rather than matching the same few
-/// dozen keys again in every pass (`docs/BENCHMARKS.md`). Bounded: a static
-/// string is one the program contains.
-#[derive(Debug, Default)]
-struct StaticMemo {
-    verdicts: HashMap<Id, KeyVerdict, foldhash::fast::RandomState>,
-    clean: HashSet<Id, foldhash::fast::RandomState>,
-    /// In front of `verdicts` and `clean`.
-    recent_verdicts: Recent<KeyVerdict>,
-    recent_clean: Recent<()>,
+    /// The key rules' verdicts on static keys, and the static values the
+    /// patterns found clean: both depend only on the redactor's rules and on
+    /// text that never changes at that address, so they hold for the
+    /// redactor's lifetime rather than being matched again in every pass
+    /// (`docs/BENCHMARKS.md`). Bounded: a static string is one the program
+    /// contains.
+    static_verdicts: AddressMemo<KeyVerdict>,
+    static_clean: AddressMemo<()>,
+    /// The shared values found clean in this pass, and their allocations,
+    /// kept alive until the pass ends.
+    clean_shared: AddressMemo<()>,
+    kept_shared: Vec<Arc<str>>,
 }
 
 impl Scratch {
@@ -184,59 +176,36 @@ impl Scratch {
 
     /// Forgets what holds for one pass only (the verdicts on keys by their
     /// text, the shared values found clean, releasing them), keeping the
-    /// static memo and every table's size.
+    /// static memos and every table's size.
     pub(crate) fn end_pass(&mut self) {
         self.verdicts.clear();
         self.clean_shared.clear();
-        self.recent_shared.clear();
+        self.kept_shared.clear();
     }
 
     fn known_clean(&mut self, s: &Str) -> bool {
         match s {
-            Str::Static(t) => {
-                let StaticMemo {
-                    clean,
-                    recent_clean,
-                    ..
-                } = &mut self.statics;
-                let id = static_id(t);
-                recent_clean
-                    .get_or(id, || clean.contains(&id).then_some(()))
-                    .is_some()
-            }
-            Str::Shared(a) => {
-                let id = shared_id(a);
-                self.recent_shared
-                    .get_or((id, 0), || {
-                        self.clean_shared.contains_key(&id).then_some(())
-                    })
-                    .is_some()
-            }
+            Str::Static(t) => self.static_clean.get(id(t)).is_some(),
+            Str::Shared(a) => self.clean_shared.get(id(a)).is_some(),
             Str::Owned(_) => false,
         }
     }
 
     fn remember_clean(&mut self, s: &Str) {
         match s {
-            Str::Static(t) => {
-                self.statics.clean.insert(static_id(t));
-                self.statics.recent_clean.put(static_id(t), ());
-            }
+            Str::Static(t) => self.static_clean.insert(id(t), ()),
             Str::Shared(a) if self.clean_shared.len() < Self::MAX_VERDICTS => {
-                self.clean_shared.insert(shared_id(a), Arc::clone(a));
-                self.recent_shared.put((shared_id(a), 0), ());
+                self.clean_shared.insert(id(a), ());
+                self.kept_shared.push(Arc::clone(a));
             }
             _ => {}
         }
     }
 }
 
-fn static_id(s: &'static str) -> Id {
+/// The address and length of `s`: what the memos by address key on.
+fn id(s: &str) -> Id {
     (s.as_ptr() as usize, s.len())
-}
-
-fn shared_id(s: &Arc<str>) -> usize {
-    s.as_ptr() as usize
 }
 
 /// Lowercases `key` and drops `-` and `_`, into `out` (cleared first).
@@ -390,18 +359,12 @@ impl Redactor {
         let Str::Static(text) = key else {
             return self.key_verdict(key, scratch);
         };
-        let id = static_id(text);
-        let StaticMemo {
-            verdicts,
-            recent_verdicts,
-            ..
-        } = &mut scratch.statics;
-        if let Some(known) = recent_verdicts.get_or(id, || verdicts.get(&id).copied()) {
+        let id = id(text);
+        if let Some(known) = scratch.static_verdicts.get(id) {
             return known;
         }
         let verdict = self.key_verdict_uncached(text, &mut scratch.normalized);
-        scratch.statics.verdicts.insert(id, verdict);
-        scratch.statics.recent_verdicts.put(id, verdict);
+        scratch.static_verdicts.insert(id, verdict);
         verdict
     }
 
