@@ -53,11 +53,6 @@ impl KeyBuf {
         write_key(&mut self.0, instance, id);
         &self.0
     }
-
-    /// The key built last.
-    pub(crate) fn last(&self) -> &str {
-        &self.0
-    }
 }
 
 fn write_key(k: &mut String, instance: &str, id: &str) {

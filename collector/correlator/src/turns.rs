@@ -136,10 +136,11 @@ impl Correlator {
             .raw_entry()
             .from_key_hashed_nocheck(hash, k)
             .is_some();
-        let entry = if open {
-            self.turns
-                .raw_entry_mut()
-                .from_key_hashed_nocheck(hash, self.keys.last())
+        let turn = if open {
+            match self.turns.raw_entry_mut().from_key_hashed_nocheck(hash, k) {
+                RawEntryMut::Occupied(turn) => turn.into_mut(),
+                RawEntryMut::Vacant(_) => return None,
+            }
         } else {
             let k = key(instance, ids.turn_id);
             if self.closed.contains(&k) {
@@ -150,17 +151,12 @@ impl Correlator {
             self.make_room_for_turn(instance, out);
             let turn = self.new_turn(instance, ids, resource, t);
             self.ledger.add(instance, 1, 0, turn.charged);
-            RawEntryMut::Occupied(
-                self.turns
-                    .raw_entry_mut()
-                    .from_key_hashed_nocheck(hash, &k)
-                    .insert(k, turn),
-            )
+            self.turns
+                .raw_entry_mut()
+                .from_key_hashed_nocheck(hash, &k)
+                .insert(k, turn)
+                .into_mut()
         };
-        let RawEntryMut::Occupied(turn) = entry else {
-            return None;
-        };
-        let turn = turn.into_mut();
         let (lsn, max_lsn) = (self.lsn, self.max_lsn);
         let clock = self.clock;
         turn.last_seen = turn.last_seen.max(t);
