@@ -41,12 +41,18 @@ start_collector() {
   # A port found free can be taken before the sink binds it (an outgoing
   # connection's local port): then the sink exits, and it starts again on
   # other ports. The collector starts once the sink listens.
-  for _ in 1 2 3 4 5; do
+  local try
+  for try in 1 2 3 4 5; do
     { read -r SINK_PORT; read -r LISTEN; read -r admin; } < <(free_ports 3)
     "$bin/hermes-bench-sink" --listen "127.0.0.1:$SINK_PORT" > "${prefix}sink.json" 2> "${prefix}sink.log" &
     SINK_PID=$!
     if wait_listening "$SINK_PORT" "$SINK_PID"; then
       break
+    fi
+    kill -TERM "$SINK_PID" 2> /dev/null || true
+    if [[ $try == 5 ]]; then
+      echo "the sink did not start: ${prefix}sink.log" >&2
+      return 1
     fi
   done
   "$@" "$bin/hermes-collector" ${COLLECTOR_CONFIG:+--config "$COLLECTOR_CONFIG"} \
