@@ -9,17 +9,10 @@
 //!   and subagent links) and approximate bytes held. An instance over its
 //!   own budget loses its own oldest state; over a global budget, the
 //!   instance holding the most loses its oldest, never a lighter one;
-//! * [`Closed`], the turns closed recently (bounded): a later event of one
-//!   is dropped and counted, so a turn is never exported twice with
-//!   different content;
-//! * the owner of each turn id's plain (unscoped) trace id: a second
-//!   instance opening a turn with the same id gets a trace id scoped by its
-//!   instance ([`crate::ids::scoped_trace_id`]), so no two spans ever share
-//!   a trace id and span id.
+//! * the turns closed recently, and the owner of each turn id's plain
+//!   (unscoped) trace id, so that no two spans ever share a trace id and
+//!   span id: `closed.rs`.
 
-use std::collections::VecDeque;
-
-use hashbrown::hash_map::Entry;
 use hermes_span::Str;
 
 use crate::{Correlator, FinishedSpan, Map, Turn};
@@ -137,84 +130,6 @@ impl Ledger {
             .filter(|(_, u)| measure(u) > 0)
             .max_by(|a, b| measure(a.1).cmp(&measure(b.1)).then_with(|| b.0.cmp(a.0)))
             .map(|(i, _)| i.clone())
-    }
-}
-
-/// Turns closed recently, by [`key`], oldest first; and which instance owns
-/// each turn id's plain trace id while its turn is open or remembered here.
-#[derive(Debug, Default)]
-pub(crate) struct Closed {
-    order: VecDeque<(String, Option<(String, Str)>)>,
-    keys: Map<String, ()>,
-    owners: Map<String, Str>,
-}
-
-impl Closed {
-    pub fn contains(&self, key: &str) -> bool {
-        self.keys.contains_key(key)
-    }
-
-    /// Whether `instance` may use `turn_id`'s plain ids, claiming them when
-    /// nobody holds them.
-    pub fn claim(&mut self, turn_id: &str, instance: &Str) -> bool {
-        match self.owners.get(turn_id) {
-            Some(owner) => owner == instance,
-            None => {
-                self.owners.insert(turn_id.to_owned(), instance.clone());
-                true
-            }
-        }
-    }
-
-    /// Remembers a closed turn; forgets the oldest past `cap`. `plain`:
-    /// the turn id whose plain ids the turn held, and its instance.
-    pub fn push(&mut self, key: String, plain: Option<(String, Str)>, cap: usize) {
-        if let Entry::Vacant(v) = self.keys.entry(key.clone()) {
-            v.insert(());
-            self.order.push_back((key, plain));
-        }
-        while self.order.len() > cap {
-            let Some((old, plain)) = self.order.pop_front() else {
-                break;
-            };
-            self.keys.remove(&old);
-            if let Some((turn_id, instance)) = plain
-                && self.owners.get(&turn_id) == Some(&instance)
-            {
-                self.owners.remove(&turn_id);
-            }
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.order.len()
-    }
-
-    /// Forgets the closed turns whose keys start with `prefix` (one
-    /// instance's), and their claims on plain ids: that instance sends
-    /// them again and they are rebuilt.
-    pub fn forget(&mut self, prefix: &str) {
-        let owners = &mut self.owners;
-        self.order.retain(|(key, plain)| {
-            if !key.starts_with(prefix) {
-                return true;
-            }
-            if let Some((turn_id, instance)) = plain
-                && owners.get(turn_id) == Some(instance)
-            {
-                owners.remove(turn_id);
-            }
-            false
-        });
-        self.keys.retain(|key, ()| !key.starts_with(prefix));
-    }
-
-    /// Gives up `instance`'s claim on `turn_id`'s plain ids (its open turn
-    /// was forgotten, not closed).
-    pub fn release(&mut self, turn_id: &str, instance: &Str) {
-        if self.owners.get(turn_id) == Some(instance) {
-            self.owners.remove(turn_id);
-        }
     }
 }
 

@@ -106,8 +106,8 @@ impl Correlator {
                 }
             }
         }
+        self.closed.forget(instance);
         let prefix = key(instance, "");
-        self.closed.forget(&prefix);
         self.subagents.retain(|k, _| !k.starts_with(&prefix));
         for k in sorted_keys(&self.links, |k, _| k.starts_with(&prefix)) {
             self.remove_link(&k);

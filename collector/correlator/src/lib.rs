@@ -38,6 +38,7 @@
 mod approval;
 mod attempts;
 mod attrs;
+mod closed;
 mod content;
 pub mod correlation;
 mod emit;
@@ -70,8 +71,9 @@ use hermes_span::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span, stat
 
 pub use attrs::Attrs;
 use attrs::Interner;
+use closed::Closed;
 pub use exit::PROCESS_EXIT_REASON;
-use fair::{Closed, Ledger, RECORD_BYTES, TURN_BYTES, key};
+use fair::{Ledger, RECORD_BYTES, TURN_BYTES, key};
 use ids::{SpanId, SpanKey, TraceId, scoped_trace_id, span_id, trace_id};
 use turns::At;
 

@@ -274,11 +274,13 @@ impl Correlator {
         let turn = self.turns.remove(k)?;
         self.ledger.sub(&turn.instance, 1, 0, turn.charged);
         self.closed_unit(&turn.instance, turn.min_lsn, turn.max_lsn);
-        let plain = turn
-            .plain
-            .then(|| (turn.turn_id.as_str().to_owned(), turn.instance.clone()));
-        self.closed
-            .push(k.to_owned(), plain, self.config.remembered_closed_turns);
+        let plain = turn.plain.then_some(turn.turn_id.as_str());
+        self.closed.push(
+            k,
+            &turn.instance,
+            plain,
+            self.config.remembered_closed_turns,
+        );
         Some(turn)
     }
 }
