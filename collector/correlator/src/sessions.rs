@@ -22,7 +22,7 @@ impl Correlator {
         self.pending_starts.insert(
             k,
             PendingSessionStart {
-                instance: instance.into(),
+                instance: self.values.get(instance),
                 bytes,
                 at: t,
                 model,
@@ -44,42 +44,36 @@ impl Correlator {
     /// Attaches a pending `on_session_start` as an event on the session's
     /// earliest open turn of the same instance.
     pub(crate) fn attach_session_start(&mut self, instance: &str, session_id: &str) {
-        if !self
-            .pending_starts
-            .contains_key(self.keys.of(instance, session_id))
-        {
+        let k = self.keys.of(instance, session_id);
+        if !self.pending_starts.contains_key(k) {
             return;
         }
-        let k = key(instance, session_id);
         let first = self
             .turns
-            .iter()
+            .iter_mut()
             .filter(|(_, t)| t.session_id == session_id && t.instance == instance)
-            .min_by(|a, b| (a.1.start, a.0).cmp(&(b.1.start, b.0)))
-            .map(|(k, _)| k.clone());
-        let Some(turn_key) = first else {
+            .min_by(|a, b| (a.1.start, a.0).cmp(&(b.1.start, b.0)));
+        let Some((_, turn)) = first else {
             return;
         };
-        let Some(p) = self.pending_starts.remove(&k) else {
+        let Some(p) = self.pending_starts.remove(k) else {
             return;
         };
         self.ledger.sub(instance, 0, 1, p.bytes);
-        if let Some(turn) = self.turns.get_mut(&turn_key) {
-            let mut a = Attrs::default();
-            a.str("gen_ai.request.model", &p.model)
-                .str("hermes.platform", &p.platform);
-            turn.held += RECORD_BYTES + p.model.len() + p.platform.len();
-            turn.events.push(span::Event {
-                time_unix_nano: p.at,
-                name: Str::from_static("hermes.session.start"),
-                attributes: a.0,
-                dropped_attributes_count: 0,
-            });
-            turn.start = turn.start.min(p.at);
-            // The turn now holds the start's event: it needs its record.
-            turn.min_lsn = turn.min_lsn.min(p.min_lsn);
-        }
-        self.charge_key(&turn_key);
+        turn.held += RECORD_BYTES + p.model.len() + p.platform.len();
+        let mut a = Attrs::with_capacity(2);
+        a.string("gen_ai.request.model", p.model)
+            .string("hermes.platform", p.platform);
+        turn.events.push(span::Event {
+            time_unix_nano: p.at,
+            name: Str::from_static("hermes.session.start"),
+            attributes: a.0,
+            dropped_attributes_count: 0,
+        });
+        turn.start = turn.start.min(p.at);
+        // The turn now holds the start's event: it needs its record.
+        turn.min_lsn = turn.min_lsn.min(p.min_lsn);
+        fair::charge(turn, &mut self.ledger);
     }
 
     /// A new turn of a session starts: an agent runs its turns one after the

@@ -195,7 +195,9 @@ impl Correlator {
                 l.last_seen = l.last_seen.max(t);
                 l.clone()
             });
-        let instance: Str = instance.into();
+        // Shared: an agent's turns all hold its instance id.
+        let instance = self.values.get(instance);
+        let session_id: Str = ids.session_id.into();
         let mut plain = false;
         let (trace, parent, root_session, agent_name) = match &link {
             Some(l) => (
@@ -214,12 +216,7 @@ impl Correlator {
                     self.stats.cross_instance_turns += 1;
                     scoped_trace_id(&instance, ids.turn_id)
                 };
-                (
-                    trace,
-                    None,
-                    ids.session_id.into(),
-                    Str::from_static("hermes"),
-                )
+                (trace, None, session_id.clone(), Str::from_static("hermes"))
             }
         };
         let held = TURN_BYTES + 2 * ids.turn_id.len() + ids.session_id.len() + ids.task_id.len();
@@ -236,7 +233,7 @@ impl Correlator {
             charged: held,
             turn_id: ids.turn_id.into(),
             task_id: ids.task_id.into(),
-            session_id: ids.session_id.into(),
+            session_id,
             root_session_id: root_session,
             platform: Str::default(),
             agent_name,
