@@ -69,9 +69,9 @@ mod tests {
     fn attempt(start: u64) -> OpenAttempt {
         OpenAttempt {
             start,
-            model: String::new(),
-            provider: String::new(),
-            base_url: String::new(),
+            model: hermes_span::Str::default(),
+            provider: hermes_span::Str::default(),
+            base_url: hermes_span::Str::default(),
             api_call_count: 0,
             max_tokens: None,
             input: (None, None),

@@ -51,14 +51,6 @@ impl Attrs {
         self
     }
 
-    /// As [`Self::str`], with a text the caller gives up (not copied).
-    pub fn string(&mut self, key: &'static str, value: String) -> &mut Self {
-        if !value.is_empty() {
-            self.0.push(kv(key, Value::StringValue(value.into())));
-        }
-        self
-    }
-
     /// A value of few distinct texts (a provider, a server address, a tool
     /// name), shared through `values` with every other span that has it.
     pub(crate) fn common_str(

@@ -219,7 +219,7 @@ pub(crate) fn close_attempt(
         open.as_ref().map_or(0, |o| o.api_call_count)
     };
     if turn.model.is_empty() {
-        turn.model = model.into();
+        turn.model = values.get(model);
     }
     let mut a = turn.common(21);
     let turn_model = turn.model.clone();

@@ -53,14 +53,16 @@ impl Correlator {
         match (event.hook, event.body.as_ref()) {
             (hooks::ON_SESSION_START, body) => {
                 let (model, platform) = match body {
-                    Some(Body::Session(s)) => (s.model.to_owned(), s.platform.to_owned()),
+                    Some(Body::Session(s)) => {
+                        (self.values.get(s.model), self.values.get(s.platform))
+                    }
                     _ => Default::default(),
                 };
                 self.session_start(instance, ids.session_id, t, model, platform);
             }
             (hooks::PRE_LLM_CALL, body) => {
                 self.close_superseded(ids, instance, out);
-                if let Some(mut turn) = self.turn(at, out) {
+                if let Some((mut turn, values)) = self.turn_and_values(at, out) {
                     if !turn.started {
                         // pre_llm_call is the turn's real start, whatever
                         // events arrived before it.
@@ -70,7 +72,7 @@ impl Correlator {
                     if let Some(Body::Turn(b)) = body
                         && !b.model.is_empty()
                     {
-                        turn.model = b.model.into();
+                        turn.model = values.get(b.model);
                     }
                     if let Some(text) = event.content.get(content::USER_MESSAGE) {
                         let text = content::text(text);
@@ -127,7 +129,7 @@ impl Correlator {
                 self.close_session(ids.session_id, instance, t, out);
             }
             (hooks::PRE_API_REQUEST, Some(Body::Api(api))) => {
-                if let Some(mut turn) = self.turn(at, out) {
+                if let Some((mut turn, values)) = self.turn_and_values(at, out) {
                     let start = if api.attempt <= 1 && api.started_at_unix_nano > 0 {
                         api.started_at_unix_nano
                     } else {
@@ -135,9 +137,9 @@ impl Correlator {
                     };
                     let attempt = OpenAttempt {
                         start,
-                        model: api.model.to_owned(),
-                        provider: api.provider.to_owned(),
-                        base_url: api.base_url.to_owned(),
+                        model: values.get(api.model),
+                        provider: values.get(api.provider),
+                        base_url: values.get(api.base_url),
                         api_call_count: api.api_call_count,
                         max_tokens: api.max_tokens,
                         input: event
@@ -177,10 +179,10 @@ impl Correlator {
                 }
             }
             (hooks::PRE_TOOL_CALL, body) => {
-                if let Some(mut turn) = self.turn(at, out) {
+                if let Some((mut turn, values)) = self.turn_and_values(at, out) {
                     let name = match body {
-                        Some(Body::Tool(b)) => b.tool_name.to_owned(),
-                        _ => String::new(),
+                        Some(Body::Tool(b)) => values.get(b.tool_name),
+                        _ => Str::default(),
                     };
                     let tool = OpenTool {
                         start: t,

@@ -230,9 +230,11 @@ struct ResourceEntry {
 
 struct OpenAttempt {
     start: u64,
-    model: String,
-    provider: String,
-    base_url: String,
+    // Shared through the correlator's table of short texts: the post event
+    // usually names them again, and they repeat across attempts.
+    model: Str,
+    provider: Str,
+    base_url: Str,
     api_call_count: u64,
     max_tokens: Option<u64>,
     /// `gen_ai.input.messages` and `gen_ai.system_instructions` (content).
@@ -241,7 +243,8 @@ struct OpenAttempt {
 
 struct OpenTool {
     start: u64,
-    name: String,
+    /// Shared through the correlator's table of short texts.
+    name: Str,
     /// `gen_ai.tool.call.arguments` (content).
     arguments: Option<String>,
 }
@@ -363,8 +366,8 @@ struct PendingSessionStart {
     instance: Str,
     bytes: usize,
     at: u64,
-    model: String,
-    platform: String,
+    model: Str,
+    platform: Str,
     min_lsn: u64,
 }
 

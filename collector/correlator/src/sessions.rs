@@ -9,8 +9,8 @@ impl Correlator {
         instance: &str,
         session_id: &str,
         t: u64,
-        model: String,
-        platform: String,
+        model: Str,
+        platform: Str,
     ) {
         if session_id.is_empty() {
             return;
@@ -62,8 +62,8 @@ impl Correlator {
         self.ledger.sub(instance, 0, 1, p.bytes);
         turn.held += RECORD_BYTES + p.model.len() + p.platform.len();
         let mut a = Attrs::with_capacity(2);
-        a.string("gen_ai.request.model", p.model)
-            .string("hermes.platform", p.platform);
+        a.shared("gen_ai.request.model", &p.model)
+            .shared("hermes.platform", &p.platform);
         turn.events.push(span::Event {
             time_unix_nano: p.at,
             name: Str::from_static("hermes.session.start"),
