@@ -153,7 +153,7 @@ fn close(
     // Under its tool while that tool is open (Hermes asks while the tool
     // runs); else under the turn, so that the parent is always a span that
     // gets emitted.
-    let parent = if turn.tools.contains_key(&tool_call_id) {
+    let parent = if turn.tools.contains_key(tool_call_id.as_str()) {
         span_id(SpanKey::Tool {
             turn_id: &turn_id,
             tool_call_id: &tool_call_id,

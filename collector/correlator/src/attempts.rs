@@ -11,6 +11,8 @@
 
 use std::collections::BTreeMap;
 
+use hermes_span::Str;
+
 use super::{Map, OpenAttempt};
 
 /// The open attempts of one API request, and its latest end.
@@ -53,8 +55,8 @@ impl ApiRequest {
 }
 
 /// Every open attempt of `requests` as (request id, attempt), sorted.
-pub(crate) fn open_attempts(requests: &Map<String, ApiRequest>) -> Vec<(String, u32)> {
-    let mut open: Vec<(String, u32)> = requests
+pub(crate) fn open_attempts(requests: &Map<Str, ApiRequest>) -> Vec<(Str, u32)> {
+    let mut open: Vec<(Str, u32)> = requests
         .iter()
         .flat_map(|(id, request)| request.open_attempts().map(move |n| (id.clone(), n)))
         .collect();
@@ -69,9 +71,9 @@ mod tests {
     fn attempt(start: u64) -> OpenAttempt {
         OpenAttempt {
             start,
-            model: hermes_span::Str::default(),
-            provider: hermes_span::Str::default(),
-            base_url: hermes_span::Str::default(),
+            model: Str::default(),
+            provider: Str::default(),
+            base_url: Str::default(),
             api_call_count: 0,
             max_tokens: None,
             input: (None, None),
@@ -93,16 +95,16 @@ mod tests {
         assert!(request.open(4, attempt(40)).is_none());
         assert_eq!(request.open_attempts().collect::<Vec<_>>(), [4, 3]);
         let mut requests = Map::default();
-        requests.insert("b".to_owned(), request);
+        requests.insert(Str::from("b"), request);
         let mut a = ApiRequest::default();
         a.open(7, attempt(70));
-        requests.insert("a".to_owned(), a);
+        requests.insert(Str::from("a"), a);
         assert_eq!(
             open_attempts(&requests),
             [
-                ("a".to_owned(), 7),
-                ("b".to_owned(), 3),
-                ("b".to_owned(), 4)
+                (Str::from("a"), 7),
+                (Str::from("b"), 3),
+                (Str::from("b"), 4)
             ]
         );
     }

@@ -175,9 +175,12 @@ pub(crate) fn close_attempt(
     } else {
         t
     };
-    let request = match turn.requests.get_mut(api_request_id) {
-        Some(request) => request,
-        None => turn.requests.entry(api_request_id.to_owned()).or_default(),
+    let (request_id, request) = match turn.requests.get_key_value_mut(api_request_id) {
+        Some((id, request)) => (id.clone(), request),
+        None => {
+            let id = Str::from(api_request_id);
+            (id.clone(), turn.requests.entry(id).or_default())
+        }
     };
     let mut open = request.close(attempt);
     let last_end = request.last_end.replace(end);
@@ -227,7 +230,7 @@ pub(crate) fn close_attempt(
         .common_str("gen_ai.provider.name", provider, values)
         .shared_or_str("gen_ai.request.model", &turn_model, model)
         .opt_uint("gen_ai.request.max_tokens", max_tokens)
-        .str("hermes.api_request_id", api_request_id)
+        .shared("hermes.api_request_id", &request_id)
         .uint("hermes.api_call_count", api_call_count)
         .uint("hermes.attempt", u64::from(attempt));
     if let Some((host, port)) = server_address(base_url) {
@@ -340,7 +343,7 @@ pub(crate) fn close_attempt(
 pub(crate) fn close_tool(
     turn: &mut Turn,
     values: &mut Interner,
-    tool_call_id: &str,
+    tool_call_id: &Str,
     open: Option<OpenTool>,
     tool: &view::ToolCall<'_>,
     t: u64,
@@ -361,7 +364,7 @@ pub(crate) fn close_tool(
     let mut a = turn.common(10);
     a.fixed("gen_ai.operation.name", "execute_tool")
         .common_str("gen_ai.tool.name", name, values)
-        .str("gen_ai.tool.call.id", tool_call_id)
+        .shared("gen_ai.tool.call.id", tool_call_id)
         .fixed("gen_ai.tool.type", "function")
         .common_str("hermes.tool.status", tool.status, values)
         .opt_uint("hermes.tool.duration_ms", tool.duration_ms);

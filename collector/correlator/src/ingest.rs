@@ -152,7 +152,7 @@ impl Correlator {
                         Some(request) => request,
                         None => turn
                             .requests
-                            .entry(ids.api_request_id.to_owned())
+                            .entry(Str::from(ids.api_request_id))
                             .or_default(),
                     };
                     let old = request.open(api.attempt.max(1), attempt);
@@ -190,7 +190,7 @@ impl Correlator {
                         arguments: event.content.get(content::ARGS).map(str::to_owned),
                     };
                     turn.held += tool.bytes() + ids.tool_call_id.len();
-                    if let Some(old) = turn.tools.insert(ids.tool_call_id.to_owned(), tool) {
+                    if let Some(old) = turn.tools.insert(ids.tool_call_id.into(), tool) {
                         turn.held = turn
                             .held
                             .saturating_sub(old.bytes() + ids.tool_call_id.len());
@@ -206,11 +206,14 @@ impl Correlator {
                     // Requests of this tool still waiting are unanswered:
                     // closed with it, under it.
                     approval::close_for_tool(&mut turn, ids.tool_call_id, t, out);
-                    let open = turn.tools.remove(ids.tool_call_id);
-                    if let Some(o) = &open {
-                        turn.held = turn.held.saturating_sub(o.bytes() + ids.tool_call_id.len());
-                    }
-                    let mut span = close_tool(&mut turn, values, ids.tool_call_id, open, tool, t);
+                    let (id, open) = match turn.tools.remove_entry(ids.tool_call_id) {
+                        Some((id, o)) => {
+                            turn.held = turn.held.saturating_sub(o.bytes() + id.len());
+                            (id, Some(o))
+                        }
+                        None => (ids.tool_call_id.into(), None),
+                    };
+                    let mut span = close_tool(&mut turn, values, &id, open, tool, t);
                     if let Some(result) = event.content.get(content::RESULT) {
                         span.span.attributes.push(attrs::kv(
                             "gen_ai.tool.call.result",

@@ -327,8 +327,10 @@ struct Turn {
     final_answer: Option<String>,
     /// Open attempts and the latest end per `api_request_id` (the end is
     /// the start of a next attempt whose `pre_api_request` is missing).
-    requests: Map<String, attempts::ApiRequest>,
-    tools: Map<String, OpenTool>,
+    // Keyed by shared ids: the span the record closes into holds its id
+    // (`hermes.api_request_id`, `gen_ai.tool.call.id`) without a copy.
+    requests: Map<Str, attempts::ApiRequest>,
+    tools: Map<Str, OpenTool>,
     approvals: Map<approval::ApprovalKey, approval::OpenApproval>,
     /// Lowest persistent-queue position of the events that touched it.
     min_lsn: u64,

@@ -43,7 +43,7 @@ impl Correlator {
         let Some(parent_turn) = self.turn(parent_at, out) else {
             return;
         };
-        let delegates: Vec<&String> = parent_turn
+        let delegates: Vec<&Str> = parent_turn
             .tools
             .iter()
             .filter(|(_, tool)| tool.name == "delegate_task")
