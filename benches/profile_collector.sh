@@ -5,7 +5,16 @@
 # pipeline's stages. Needs `perf` (linux-perf) and the binaries of
 # benches/run.sh (or target/dist, the profile releases are built with).
 #
+# The allocator's and memmove's time is also attributed to the nearest
+# product function (`hermes_*`) on each sample's stack: callgrind counts
+# allocations and copies at a small share of the instructions, while a
+# block handed out cold or a copy of memory written long before costs CPU
+# time far above that (docs/BENCHMARKS.md, "what each change bought", 13).
+# FREQ sets the sampling frequency (default 499 Hz; 1999 gives about four
+# times the samples for the same load).
+#
 #   benches/profile_collector.sh [BIN_DIR] [TURNS_PER_AGENT]
+#   FREQ=1999 COLLECTOR_CONFIG=gzip.yaml benches/profile_collector.sh DIR 20000
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BIN="${1:-target/dist}"
@@ -14,7 +23,7 @@ OUT="$(mktemp -d /tmp/hermes-profile-XXXXXX)"
 . benches/lib.sh
 start_collector "$BIN" "$OUT/"
 trap stop_collector EXIT
-perf record -o "$OUT/perf.data" -F 499 --call-graph dwarf,16384 -p "$COLLECTOR_PID" 2> "$OUT/perf.log" &
+perf record -o "$OUT/perf.data" -F "${FREQ:-499}" --call-graph dwarf,16384 -p "$COLLECTOR_PID" 2> "$OUT/perf.log" &
 PERF_PID=$!
 sleep 0.5
 echo "load: $(uptime)"
@@ -38,4 +47,30 @@ echo "self time in the allocator (glibc malloc/free, mimalloc) and page zeroing:
 { perf report -i "$OUT/perf.data" --no-children --sort symbol --stdio --percent-limit 0.3 -g none 2>/dev/null \
   | grep -E '^ +[0-9]' | grep -E '\] (_int_malloc|_int_free|malloc|cfree@GLIBC_2.2.5|malloc_consolidate|unlink_chunk.constprop.0|_int_realloc|realloc|_?mi_[a-z0-9_]+|clear_page_(rep|erms|orig))( |$)' || true; } \
   | awk '{s += $1; printf "  %7s  %s\n", $1, $3} END {printf "  total %.1f%%\n", s}'
+echo "allocation and copy time by the product function that asked for it:"
+perf script -i "$OUT/perf.data" -F ip,sym --no-inline 2>/dev/null | python3 -c '
+import re, sys
+from collections import Counter
+LEAF = re.compile(r"^(_?mi_[a-z0-9_]+|__(memmove|memcpy)[a-z0-9_]*)$")
+samples, stack = [], []
+for line in sys.stdin:
+    if not line.strip():
+        if stack:
+            samples.append(stack)
+        stack = []
+        continue
+    parts = line.split(None, 1)
+    stack.append(parts[1].strip() if len(parts) == 2 else "?")
+if stack:
+    samples.append(stack)
+by = Counter()
+for frames in samples:
+    if frames and LEAF.match(frames[0]):
+        kind = "copy" if "mem" in frames[0] else "alloc"
+        caller = next((f for f in frames[1:] if f.startswith(("hermes_", "<hermes_"))), "(no product frame)")
+        by[(kind, caller)] += 1
+total = len(samples) or 1
+for (kind, caller), n in by.most_common(12):
+    print(f"  {100 * n / total:6.2f}%  {kind:5}  {caller[:110]}")
+'
 echo "perf data: $OUT/perf.data"
