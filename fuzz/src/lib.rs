@@ -343,12 +343,12 @@ impl Pipeline {
             assert_eq!(s.span.span_id.len(), 8, "{}", s.span.name);
             if !s.span.parent_span_id.is_empty() {
                 self.parents.push((
-                    s.span.trace_id.clone(),
-                    s.span.parent_span_id.clone(),
+                    s.span.trace_id.to_vec(),
+                    s.span.parent_span_id.to_vec(),
                     s.span.name.to_string(),
                 ));
             }
-            self.emitted.insert((s.span.trace_id, s.span.span_id));
+            self.emitted.insert((s.span.trace_id.into(), s.span.span_id.into()));
         }
     }
 

@@ -188,12 +188,12 @@ impl Gen<'_, '_> {
 
     fn span(&mut self) -> Result<Span> {
         Ok(Span {
-            trace_id: vec![1; 16],
-            span_id: vec![self.u.arbitrary()?; 8],
+            trace_id: [1; 16].into(),
+            span_id: [self.u.arbitrary()?; 8].into(),
             parent_span_id: if self.u.arbitrary()? {
-                vec![3; 8]
+                [3; 8].into()
             } else {
-                Vec::new()
+                Default::default()
             },
             name: self.str()?,
             attributes: self.attributes(0)?,
@@ -209,8 +209,8 @@ impl Gen<'_, '_> {
             links: (0..self.u.int_in_range(0..=1)?)
                 .map(|_| {
                     Ok(Link {
-                        trace_id: vec![4; 16],
-                        span_id: vec![5; 8],
+                        trace_id: [4; 16].into(),
+                        span_id: [5; 8].into(),
                         attributes: self.attributes(0)?,
                         ..Default::default()
                     })

@@ -116,12 +116,12 @@ async fn collect(mut exported: mpsc::Receiver<Outgoing>) -> Emitted {
         {
             if !span.parent_span_id.is_empty() {
                 parents.push((
-                    span.trace_id.clone(),
-                    span.parent_span_id.clone(),
+                    span.trace_id.to_vec(),
+                    span.parent_span_id.to_vec(),
                     span.name.to_string(),
                 ));
             }
-            emitted.insert((span.trace_id, span.span_id));
+            emitted.insert((span.trace_id.into(), span.span_id.into()));
         }
     }
     (emitted, parents)

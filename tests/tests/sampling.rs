@@ -364,9 +364,9 @@ fn exported(events: &[v1::Event], sampler: Sampler) -> BTreeMap<Vec<u8>, Vec<Vec
                 .flat_map(|ss| &ss.spans)
             {
                 traces
-                    .entry(span.trace_id.clone())
+                    .entry(span.trace_id.to_vec())
                     .or_default()
-                    .push(span.span_id.clone());
+                    .push(span.span_id.to_vec());
             }
         }
         stage.await.unwrap();

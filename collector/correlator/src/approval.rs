@@ -175,8 +175,8 @@ fn close(
     child_span(
         turn,
         Span {
-            span_id: sid.to_vec(),
-            parent_span_id: parent.to_vec(),
+            span_id: sid.into(),
+            parent_span_id: parent.into(),
             name,
             kind: span::SpanKind::Internal as i32,
             start_time_unix_nano: start,

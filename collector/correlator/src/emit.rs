@@ -95,9 +95,9 @@ impl Correlator {
         out.push(FinishedSpan {
             resource: turn.resource,
             span: Span {
-                trace_id: turn.trace_id.to_vec(),
-                span_id: turn.span_id.to_vec(),
-                parent_span_id: turn.parent.map(|p| p.to_vec()).unwrap_or_default(),
+                trace_id: turn.trace_id.into(),
+                span_id: turn.span_id.into(),
+                parent_span_id: turn.parent.map(Id::from).unwrap_or_default(),
                 name: self.values.joined("invoke_agent ", &turn.agent_name),
                 kind: span::SpanKind::Internal as i32,
                 start_time_unix_nano: turn.start,
@@ -148,9 +148,9 @@ pub(crate) fn child_span(turn: &mut Turn, mut span: Span) -> FinishedSpan {
         ));
     }
     turn.max_child_end = turn.max_child_end.max(span.end_time_unix_nano);
-    span.trace_id = turn.trace_id.to_vec();
+    span.trace_id = turn.trace_id.into();
     span.parent_span_id = if span.parent_span_id.is_empty() {
-        turn.span_id.to_vec()
+        turn.span_id.into()
     } else {
         span.parent_span_id
     };
@@ -327,7 +327,7 @@ pub(crate) fn close_attempt(
     child_span(
         turn,
         Span {
-            span_id: span_id.to_vec(),
+            span_id: span_id.into(),
             name: values.joined("chat ", model),
             kind: span::SpanKind::Client as i32,
             start_time_unix_nano: start,
@@ -391,7 +391,7 @@ pub(crate) fn close_tool(
     child_span(
         turn,
         Span {
-            span_id: span_id.to_vec(),
+            span_id: span_id.into(),
             name: values.joined("execute_tool ", name),
             kind: span::SpanKind::Internal as i32,
             start_time_unix_nano: start,

@@ -64,10 +64,10 @@ use std::sync::Arc;
 use hermes_proto::hooks;
 use hermes_proto::v1;
 use hermes_proto::view::{self, Body, Source};
-use hermes_span::Str;
 use hermes_span::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use hermes_span::resource::v1::Resource;
 use hermes_span::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span, status};
+use hermes_span::{Id, Str};
 
 pub use attrs::Attrs;
 use attrs::Interner;

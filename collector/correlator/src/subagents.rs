@@ -175,9 +175,9 @@ impl Correlator {
         out.push(FinishedSpan {
             resource: open.resource,
             span: Span {
-                trace_id: link.trace_id.to_vec(),
-                span_id: link.span_id.to_vec(),
-                parent_span_id: open.parent.to_vec(),
+                trace_id: link.trace_id.into(),
+                span_id: link.span_id.into(),
+                parent_span_id: open.parent.into(),
                 name: format!("invoke_agent {}", link.role).into(),
                 kind: span::SpanKind::Internal as i32,
                 start_time_unix_nano: open.start,

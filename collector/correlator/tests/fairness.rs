@@ -108,7 +108,7 @@ fn flood_turn(agent: u64, n: u64) -> v1::Event {
 fn assert_ids_unique(spans: &[FinishedSpan]) {
     let mut seen: HashMap<(Vec<u8>, Vec<u8>), &Span> = HashMap::new();
     for s in spans {
-        let k = (s.span.trace_id.clone(), s.span.span_id.clone());
+        let k = (s.span.trace_id.to_vec(), s.span.span_id.to_vec());
         if let Some(before) = seen.insert(k, &s.span) {
             assert_eq!(before, &s.span, "two different spans with one id");
         }

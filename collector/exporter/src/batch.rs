@@ -360,7 +360,7 @@ mod tests {
                 spans: ids
                     .iter()
                     .map(|&i| Span {
-                        span_id: vec![i; 8],
+                        span_id: [i; 8].into(),
                         ..Default::default()
                     })
                     .collect(),
@@ -489,7 +489,7 @@ mod byte_limit_tests {
 
     fn big_span(i: u8, bytes: usize) -> Span {
         Span {
-            span_id: vec![i; 8],
+            span_id: [i; 8].into(),
             name: "x".repeat(bytes).into(),
             ..Default::default()
         }

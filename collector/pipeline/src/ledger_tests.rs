@@ -10,8 +10,8 @@ use super::*;
 
 fn span(id: u8) -> Span {
     Span {
-        trace_id: vec![7; 16],
-        span_id: vec![id; 8],
+        trace_id: [7; 16].into(),
+        span_id: [id; 8].into(),
         ..Default::default()
     }
 }

@@ -5,12 +5,12 @@ use hermes_processor::{
     AttributeSet, ConfigError, ProcessorConfig, RedactionConfig, SpanProcessor,
     TRUNCATED_ATTRIBUTES,
 };
-use hermes_span::Str;
 use hermes_span::common::v1::{AnyValue, ArrayValue, KeyValue, KeyValueList, any_value::Value};
 use hermes_span::resource::v1::Resource;
 use hermes_span::trace::v1::{
     ResourceSpans, ScopeSpans, Span, Status, span::Event, status::StatusCode,
 };
+use hermes_span::{Id, Str};
 use serde_json::json;
 
 fn kv(key: &str, value: Value) -> KeyValue {
@@ -30,9 +30,9 @@ fn i(key: &str, value: i64) -> KeyValue {
 
 fn span(name: &str, root: bool, attributes: Vec<KeyValue>) -> Span {
     Span {
-        trace_id: vec![1; 16],
-        span_id: vec![2; 8],
-        parent_span_id: if root { Vec::new() } else { vec![3; 8] },
+        trace_id: [1; 16].into(),
+        span_id: [2; 8].into(),
+        parent_span_id: if root { Id::default() } else { [3; 8].into() },
         name: name.into(),
         attributes,
         ..Default::default()

@@ -18,8 +18,8 @@ fn s(key: &str, value: &str) -> KeyValue {
 
 fn root_span() -> Span {
     Span {
-        trace_id: vec![1; 16],
-        span_id: vec![2; 8],
+        trace_id: [1; 16].into(),
+        span_id: [2; 8].into(),
         name: "invoke_agent hermes".into(),
         attributes: vec![
             s("gen_ai.operation.name", "invoke_agent"),
@@ -31,8 +31,8 @@ fn root_span() -> Span {
 
 fn child_span() -> Span {
     Span {
-        parent_span_id: vec![2; 8],
-        span_id: vec![3; 8],
+        parent_span_id: [2; 8].into(),
+        span_id: [3; 8].into(),
         name: "chat m".into(),
         ..root_span()
     }

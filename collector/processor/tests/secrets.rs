@@ -317,8 +317,8 @@ const PLACES: [Place; 13] = [
 /// ordinary.
 fn batch_with(place: Place, text: &str) -> Vec<ResourceSpans> {
     let mut span = Span {
-        trace_id: vec![1; 16],
-        span_id: vec![2; 8],
+        trace_id: [1; 16].into(),
+        span_id: [2; 8].into(),
         name: "chat fake-model-1".into(),
         attributes: vec![s("gen_ai.operation.name", "chat")],
         events: vec![Event {
@@ -327,8 +327,8 @@ fn batch_with(place: Place, text: &str) -> Vec<ResourceSpans> {
             ..Default::default()
         }],
         links: vec![Link {
-            trace_id: vec![3; 16],
-            span_id: vec![4; 8],
+            trace_id: [3; 16].into(),
+            span_id: [4; 8].into(),
             attributes: vec![s("hermes.link", "parent session")],
             ..Default::default()
         }],

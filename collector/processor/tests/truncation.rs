@@ -42,9 +42,9 @@ fn get<'a>(span: &'a Span, key: &str) -> &'a str {
 /// messages).
 fn process(input: &str, output: &str, system: &str, limit: usize) -> Span {
     let mut span = Span {
-        trace_id: vec![1; 16],
-        span_id: vec![2; 8],
-        parent_span_id: vec![3; 8],
+        trace_id: [1; 16].into(),
+        span_id: [2; 8].into(),
+        parent_span_id: [3; 8].into(),
         name: "chat m".into(),
         attributes: vec![
             s("gen_ai.operation.name", "chat"),
@@ -361,9 +361,9 @@ fn cut_through_processor(text: &str, limit: usize) -> String {
     config.redaction.value_patterns.clear();
     let mut p = SpanProcessor::new(&config).unwrap();
     let mut sp = Span {
-        trace_id: vec![1; 16],
-        span_id: vec![2; 8],
-        parent_span_id: vec![3; 8],
+        trace_id: [1; 16].into(),
+        span_id: [2; 8].into(),
+        parent_span_id: [3; 8].into(),
         name: "x".into(),
         attributes: vec![s("v", text)],
         ..Default::default()

@@ -23,12 +23,12 @@ fn attr(key: &'static str, value: Value) -> KeyValue {
 /// Span `id` of trace `trace` (session `session`); `parent` 0 is the root.
 fn span(trace: u8, id: u8, parent: u8, session: &str) -> Span {
     Span {
-        trace_id: vec![trace; 16],
-        span_id: vec![id; 8],
+        trace_id: [trace; 16].into(),
+        span_id: [id; 8].into(),
         parent_span_id: if parent == 0 {
-            Vec::new()
+            Default::default()
         } else {
-            vec![parent; 8]
+            [parent; 8].into()
         },
         start_time_unix_nano: SEC,
         end_time_unix_nano: 2 * SEC,

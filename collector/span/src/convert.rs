@@ -156,8 +156,8 @@ impl From<otlp::trace::v1::span::Event> for span::Event {
 impl From<&span::Link> for otlp::trace::v1::span::Link {
     fn from(l: &span::Link) -> Self {
         Self {
-            trace_id: l.trace_id.clone(),
-            span_id: l.span_id.clone(),
+            trace_id: l.trace_id.to_vec(),
+            span_id: l.span_id.to_vec(),
             trace_state: l.trace_state.clone(),
             attributes: list(&l.attributes),
             dropped_attributes_count: l.dropped_attributes_count,
@@ -169,8 +169,8 @@ impl From<&span::Link> for otlp::trace::v1::span::Link {
 impl From<otlp::trace::v1::span::Link> for span::Link {
     fn from(l: otlp::trace::v1::span::Link) -> Self {
         Self {
-            trace_id: l.trace_id,
-            span_id: l.span_id,
+            trace_id: l.trace_id.into(),
+            span_id: l.span_id.into(),
             trace_state: l.trace_state,
             attributes: owned(l.attributes),
             dropped_attributes_count: l.dropped_attributes_count,
@@ -182,10 +182,10 @@ impl From<otlp::trace::v1::span::Link> for span::Link {
 impl From<&Span> for otlp::trace::v1::Span {
     fn from(s: &Span) -> Self {
         Self {
-            trace_id: s.trace_id.clone(),
-            span_id: s.span_id.clone(),
+            trace_id: s.trace_id.to_vec(),
+            span_id: s.span_id.to_vec(),
             trace_state: s.trace_state.clone(),
-            parent_span_id: s.parent_span_id.clone(),
+            parent_span_id: s.parent_span_id.to_vec(),
             flags: s.flags,
             name: (&s.name).into(),
             kind: s.kind,
@@ -205,10 +205,10 @@ impl From<&Span> for otlp::trace::v1::Span {
 impl From<otlp::trace::v1::Span> for Span {
     fn from(s: otlp::trace::v1::Span) -> Self {
         Self {
-            trace_id: s.trace_id,
-            span_id: s.span_id,
+            trace_id: s.trace_id.into(),
+            span_id: s.span_id.into(),
             trace_state: s.trace_state,
-            parent_span_id: s.parent_span_id,
+            parent_span_id: s.parent_span_id.into(),
             flags: s.flags,
             name: s.name.into(),
             kind: s.kind,
@@ -330,10 +330,10 @@ mod tests {
             },
         ];
         let span = Span {
-            trace_id: vec![1; 16],
-            span_id: vec![2; 8],
+            trace_id: [1; 16].into(),
+            span_id: [2; 8].into(),
             trace_state: "k=v".into(),
-            parent_span_id: vec![3; 8],
+            parent_span_id: [3; 8].into(),
             flags: 1,
             name: Str::from_static("chat"),
             kind: 3,
@@ -349,8 +349,8 @@ mod tests {
             }],
             dropped_events_count: 3,
             links: vec![span::Link {
-                trace_id: vec![4; 16],
-                span_id: vec![5; 8],
+                trace_id: [4; 16].into(),
+                span_id: [5; 8].into(),
                 trace_state: String::new(),
                 attributes: attributes.clone(),
                 dropped_attributes_count: 4,

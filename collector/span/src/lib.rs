@@ -2,10 +2,11 @@
 //!
 //! The same messages, fields and module paths as `opentelemetry_proto`'s
 //! (`hermes_span::trace::v1::Span` for `opentelemetry_proto::tonic::trace::v1::Span`),
-//! with one difference: attribute keys, string values and span and event
+//! with two differences: attribute keys, string values and span and event
 //! names are a [`Str`], which is static (no allocation: every key the
 //! correlator writes), shared (cloned by a reference count: the ids, model
-//! and platform every span of a turn repeats) or owned. The correlator builds
+//! and platform every span of a turn repeats) or owned; and trace and span
+//! ids are an [`Id`], held in place rather than allocated. The correlator builds
 //! spans in this model, the processor rewrites them in place, the exporters
 //! encode them to OTLP's protobuf bytes directly (`hermes_exporter::encode`)
 //! or render them (the console tree), and what needs prost's messages (the
@@ -23,8 +24,10 @@
 //! are dropped).
 
 pub mod convert;
+mod id;
 mod str;
 
+pub use crate::id::Id;
 pub use crate::str::Str;
 
 pub mod common {
@@ -99,9 +102,9 @@ pub mod resource {
 
 pub mod trace {
     pub mod v1 {
-        use crate::Str;
         use crate::common::v1::{InstrumentationScope, KeyValue};
         use crate::resource::v1::Resource;
+        use crate::{Id, Str};
 
         pub use opentelemetry_proto::tonic::trace::v1::{Status, status};
 
@@ -124,10 +127,10 @@ pub mod trace {
         /// `opentelemetry.proto.trace.v1.Span`.
         #[derive(Clone, Debug, Default, PartialEq)]
         pub struct Span {
-            pub trace_id: Vec<u8>,
-            pub span_id: Vec<u8>,
+            pub trace_id: Id,
+            pub span_id: Id,
             pub trace_state: String,
-            pub parent_span_id: Vec<u8>,
+            pub parent_span_id: Id,
             pub flags: u32,
             pub name: Str,
             pub kind: i32,
@@ -143,8 +146,8 @@ pub mod trace {
         }
 
         pub mod span {
-            use crate::Str;
             use crate::common::v1::KeyValue;
+            use crate::{Id, Str};
 
             pub use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 
@@ -160,8 +163,8 @@ pub mod trace {
             /// `opentelemetry.proto.trace.v1.Span.Link`.
             #[derive(Clone, Debug, Default, PartialEq)]
             pub struct Link {
-                pub trace_id: Vec<u8>,
-                pub span_id: Vec<u8>,
+                pub trace_id: Id,
+                pub span_id: Id,
                 pub trace_state: String,
                 pub attributes: Vec<KeyValue>,
                 pub dropped_attributes_count: u32,

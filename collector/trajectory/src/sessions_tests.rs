@@ -29,7 +29,7 @@ fn s(v: &str) -> Any {
 
 fn span(id: u8, start: u64, attrs: Vec<KeyValue>) -> Span {
     Span {
-        span_id: vec![id; 8],
+        span_id: [id; 8].into(),
         start_time_unix_nano: start,
         end_time_unix_nano: start + 1,
         attributes: attrs,

@@ -24,7 +24,7 @@ use hermes_span::trace::v1::Span;
 use super::ConsoleExporterConfig;
 use super::render::{Style, TraceView, is_root, render_late, render_trace, string_attr};
 
-type TraceId = Vec<u8>;
+type TraceId = hermes_span::Id;
 
 struct PendingTrace {
     spans: Vec<Span>,
@@ -221,9 +221,9 @@ mod tests {
 
     fn span(trace: u8, id: u8, parent: Option<u8>, start: u64) -> Span {
         Span {
-            trace_id: vec![trace; 16],
-            span_id: vec![id; 8],
-            parent_span_id: parent.map(|p| vec![p; 8]).unwrap_or_default(),
+            trace_id: [trace; 16].into(),
+            span_id: [id; 8].into(),
+            parent_span_id: parent.map(|p| [p; 8].into()).unwrap_or_default(),
             name: format!("s{id}").into(),
             start_time_unix_nano: start,
             end_time_unix_nano: start + 2_000_000,

@@ -376,9 +376,9 @@ mod tests {
 
     fn span(id: u8, parent: Option<u8>, start: u64, name: &str) -> Span {
         Span {
-            trace_id: vec![1; 16],
-            span_id: vec![id; 8],
-            parent_span_id: parent.map(|p| vec![p; 8]).unwrap_or_default(),
+            trace_id: [1; 16].into(),
+            span_id: [id; 8].into(),
+            parent_span_id: parent.map(|p| [p; 8].into()).unwrap_or_default(),
             name: name.into(),
             start_time_unix_nano: start,
             end_time_unix_nano: start + 1_000_000,
@@ -435,11 +435,11 @@ a  1.0 ms  (orphan)
         let mut spans = vec![span(0, None, 1, "root")];
         for i in 1..1024u32 {
             let mut s = span(0, None, u64::from(i) + 1, "x");
-            s.span_id = (i + 1).to_be_bytes().repeat(2);
-            s.parent_span_id = i.to_be_bytes().repeat(2);
+            s.span_id = (i + 1).to_be_bytes().repeat(2).into();
+            s.parent_span_id = i.to_be_bytes().repeat(2).into();
             spans.push(s);
         }
-        spans[0].span_id = 1u32.to_be_bytes().repeat(2);
+        spans[0].span_id = 1u32.to_be_bytes().repeat(2).into();
         let out = render(&spans);
         assert_eq!(out.lines().count(), 1 + 1024);
         assert!(!out.contains("orphan"));
