@@ -63,12 +63,6 @@ impl Deref for Id {
     }
 }
 
-impl AsRef<[u8]> for Id {
-    fn as_ref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
 impl fmt::Debug for Id {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.as_slice().fmt(f)
@@ -89,12 +83,6 @@ impl Hash for Id {
     }
 }
 
-impl PartialEq<[u8]> for Id {
-    fn eq(&self, other: &[u8]) -> bool {
-        self.as_slice() == other
-    }
-}
-
 impl PartialEq<Vec<u8>> for Id {
     fn eq(&self, other: &Vec<u8>) -> bool {
         self.as_slice() == other.as_slice()
@@ -107,21 +95,9 @@ impl<const N: usize> PartialEq<[u8; N]> for Id {
     }
 }
 
-impl From<&[u8]> for Id {
-    fn from(bytes: &[u8]) -> Self {
-        Self::new(bytes)
-    }
-}
-
 impl<const N: usize> From<[u8; N]> for Id {
     fn from(bytes: [u8; N]) -> Self {
         Self::new(&bytes)
-    }
-}
-
-impl<const N: usize> From<&[u8; N]> for Id {
-    fn from(bytes: &[u8; N]) -> Self {
-        Self::new(bytes)
     }
 }
 
