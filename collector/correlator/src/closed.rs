@@ -104,7 +104,7 @@ impl Closed {
                 break;
             };
             self.closed.remove(&old.key);
-            self.release_id(old.plain, &old.instance);
+            release(&mut self.owners, old.plain, &old.instance);
         }
     }
 
@@ -115,34 +115,39 @@ impl Closed {
     /// Forgets the closed turns of `instance`, and their claims on plain
     /// ids: that instance sends them again and they are rebuilt.
     pub fn forget(&mut self, instance: &str) {
-        let mut forgotten = Vec::new();
-        self.order.retain(|turn| {
-            let keep = turn.instance.as_str() != instance;
-            if !keep {
-                forgotten.push((turn.key, turn.plain));
+        let Self {
+            order,
+            closed,
+            owners,
+            ..
+        } = self;
+        order.retain(|turn| {
+            if turn.instance.as_str() != instance {
+                return true;
             }
-            keep
+            closed.remove(&turn.key);
+            release(owners, turn.plain, instance);
+            false
         });
-        let instance = Str::from(instance);
-        for (key, plain) in forgotten {
-            self.closed.remove(&key);
-            self.release_id(plain, &instance);
-        }
     }
 
     /// Gives up `instance`'s claim on `turn_id`'s plain ids (its open turn
     /// was forgotten, not closed).
-    pub fn release(&mut self, turn_id: &str, instance: &Str) {
+    pub fn release(&mut self, turn_id: &str, instance: &str) {
         let id = self.fingerprint(turn_id);
-        self.release_id(Some(id), instance);
+        release(&mut self.owners, Some(id), instance);
     }
+}
 
-    fn release_id(&mut self, id: Option<Fingerprint>, instance: &Str) {
-        if let Some(id) = id
-            && self.owners.get(&id) == Some(instance)
-        {
-            self.owners.remove(&id);
-        }
+/// Gives up `instance`'s claim on the plain ids of turn id `id`, if it
+/// holds it.
+fn release(owners: &mut Map<Fingerprint, Str>, id: Option<Fingerprint>, instance: &str) {
+    if let Some(id) = id
+        && owners
+            .get(&id)
+            .is_some_and(|owner| owner.as_str() == instance)
+    {
+        owners.remove(&id);
     }
 }
 
