@@ -473,20 +473,38 @@ fn server_address(base_url: &str) -> Option<(&str, Option<u16>)> {
 
 /// Groups finished spans into OTLP `ResourceSpans`, one per resource, in
 /// first-seen order, under the collector's instrumentation scope.
+///
+/// Each group's list is allocated once at its size: a first pass finds each
+/// span's group (a batch holds few resources, usually one), the second moves
+/// every span once, into its place.
 pub fn to_resource_spans(spans: Vec<FinishedSpan>) -> Vec<ResourceSpans> {
-    let mut groups: Vec<(Arc<Resource>, Vec<Span>)> = Vec::new();
-    for FinishedSpan { resource, span } in spans {
-        match groups
-            .iter_mut()
-            .find(|(r, _)| Arc::ptr_eq(r, &resource) || **r == *resource)
+    let mut resources: Vec<(Arc<Resource>, usize)> = Vec::new();
+    let mut group_of = Vec::with_capacity(spans.len());
+    for FinishedSpan { resource, .. } in &spans {
+        let group = match resources
+            .iter()
+            .position(|(r, _)| Arc::ptr_eq(r, resource) || **r == **resource)
         {
-            Some((_, list)) => list.push(span),
-            None => groups.push((resource, vec![span])),
-        }
+            Some(group) => group,
+            None => {
+                resources.push((Arc::clone(resource), 0));
+                resources.len() - 1
+            }
+        };
+        resources[group].1 += 1;
+        group_of.push(group);
     }
-    groups
+    let mut lists: Vec<Vec<Span>> = resources
+        .iter()
+        .map(|(_, len)| Vec::with_capacity(*len))
+        .collect();
+    for (finished, group) in spans.into_iter().zip(group_of) {
+        lists[group].push(finished.span);
+    }
+    resources
         .into_iter()
-        .map(|(resource, spans)| ResourceSpans {
+        .zip(lists)
+        .map(|((resource, _), spans)| ResourceSpans {
             resource: Some(Arc::unwrap_or_clone(resource)),
             scope_spans: vec![ScopeSpans {
                 scope: Some(InstrumentationScope {
@@ -505,6 +523,68 @@ pub fn to_resource_spans(spans: Vec<FinishedSpan>) -> Vec<ResourceSpans> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_are_grouped_by_resource_in_first_seen_order() {
+        let resource = |service: &str| {
+            let mut a = Attrs::default();
+            a.str("service.name", service);
+            Arc::new(Resource {
+                attributes: a.0,
+                ..Default::default()
+            })
+        };
+        let (a, b) = (resource("a"), resource("b"));
+        let finished = |resource: &Arc<Resource>, name: &'static str| FinishedSpan {
+            resource: Arc::clone(resource),
+            span: Span {
+                name: Str::from_static(name),
+                ..Default::default()
+            },
+        };
+        let batch = to_resource_spans(vec![
+            finished(&b, "1"),
+            finished(&a, "2"),
+            // Equal to `b` but not the same allocation.
+            finished(&resource("b"), "3"),
+            finished(&b, "4"),
+        ]);
+        let groups: Vec<(String, Vec<String>)> = batch
+            .iter()
+            .map(|rs| {
+                let resource = rs.resource.as_ref().map(|r| &r.attributes);
+                let service = resource
+                    .and_then(|attrs| attrs.first())
+                    .and_then(|kv| kv.value.as_ref())
+                    .and_then(|v| match &v.value {
+                        Some(any_value::Value::StringValue(s)) => Some(s.to_string()),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                let names = rs.scope_spans[0]
+                    .spans
+                    .iter()
+                    .map(|s| s.name.to_string())
+                    .collect();
+                (service, names)
+            })
+            .collect();
+        assert_eq!(
+            groups,
+            vec![
+                (
+                    "b".to_owned(),
+                    vec!["1".to_owned(), "3".to_owned(), "4".to_owned()]
+                ),
+                ("a".to_owned(), vec!["2".to_owned()]),
+            ]
+        );
+        assert_eq!(
+            batch[0].scope_spans[0].spans.capacity(),
+            3,
+            "allocated at its size"
+        );
+    }
 
     #[test]
     fn server_address_parses_common_urls() {
