@@ -2,8 +2,9 @@
 //!
 //! This module owns [`GrpcExporter`]: one tonic gRPC client of the OTLP
 //! `TraceService/Export` method (or another signal's `Export`, for
-//! [`crate::logs`]) over a lazily connected HTTP/2 channel, whose
-//! codec encodes the shared batch in place (no copy per attempt), with a per-request timeout (enforced
+//! [`crate::logs`]) over a lazily connected HTTP/2 channel, which sends
+//! the shared batch's encoding as it is (no copy per attempt,
+//! [`crate::framed`]), with a per-request timeout (enforced
 //! locally and sent as `grpc-timeout`), optional gzip compression at a
 //! configurable level ([`crate::gzip`]) and extra metadata. Configuration is validated in [`GrpcExporter::new`], which
 //! connects nothing and needs no runtime; the channel is created on the first export (it
@@ -22,7 +23,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut as _, Bytes};
+use bytes::Bytes;
 use http::uri::PathAndQuery;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use prost::Message as _;
@@ -32,7 +33,8 @@ use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::transport::Endpoint;
 
 use crate::error::{ExportError, error_chain, truncate};
-use crate::gzip::{GzipRequests, Gzipped, gzip_parts};
+use crate::framed::{FramedRequests, Message};
+use crate::gzip::gzip_parts;
 use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter, shown_endpoint};
 use crate::tls::{ClientTls, TlsSettings};
 
@@ -111,7 +113,7 @@ pub struct GrpcExporter {
     compression: Compression,
     gzip_level: u32,
     timeout: Duration,
-    client: Option<Grpc<GzipRequests>>,
+    client: Option<Grpc<FramedRequests>>,
     /// The `Export` method called: the trace service's, or another
     /// signal's ([`crate::logs`]).
     path: &'static str,
@@ -214,14 +216,14 @@ impl GrpcExporter {
         Ok(endpoint)
     }
 
-    fn client(&mut self) -> Grpc<GzipRequests> {
+    fn client(&mut self) -> Grpc<FramedRequests> {
         if let Some(client) = &self.client {
             return client.clone();
         }
-        // Requests are compressed by `send` (at the configured level) and
-        // marked so by the channel's wrapper, not by tonic (always level 6,
-        // from a copy of the whole request).
-        let channel = GzipRequests::new(self.endpoint.connect_lazy());
+        // Requests are compressed by `send` (at the configured level), not
+        // by tonic (always level 6, from a copy of the whole request), and
+        // framed by the channel's wrapper.
+        let channel = FramedRequests::new(self.endpoint.connect_lazy());
         let client = Grpc::new(channel).accept_compressed(CompressionEncoding::Gzip);
         self.client = Some(client.clone());
         client
@@ -254,16 +256,16 @@ impl GrpcExporter {
     /// trace response reads every signal's.
     pub(crate) async fn send(&mut self, body: Vec<Bytes>) -> Result<ExportOutcome, ExportError> {
         let mut client = self.client();
-        let gzip = self.compression == Compression::Gzip;
-        let body = if gzip {
+        let compressed = self.compression == Compression::Gzip;
+        let parts = if compressed {
             vec![gzip_parts(&body, self.gzip_level)]
         } else {
             body
         };
-        let mut grpc_request = tonic::Request::new(body);
-        if gzip {
-            grpc_request.extensions_mut().insert(Gzipped);
-        }
+        let mut grpc_request = tonic::Request::new(());
+        grpc_request
+            .extensions_mut()
+            .insert(Message { parts, compressed });
         *grpc_request.metadata_mut() = self.metadata.clone();
         grpc_request.set_timeout(self.timeout);
         let path = PathAndQuery::from_static(self.path);
@@ -271,7 +273,7 @@ impl GrpcExporter {
             client.ready().await.map_err(|e| {
                 tonic::Status::unavailable(format!("OTLP gRPC channel not ready: {e}"))
             })?;
-            client.unary(grpc_request, path, SharedCodec).await
+            client.unary(grpc_request, path, EncodedCodec).await
         };
         let response = tokio::time::timeout(self.timeout, call)
             .await
@@ -298,46 +300,38 @@ impl GrpcExporter {
 /// The OTLP trace service's `Export` method.
 const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
-/// Protobuf codec of the `Export` call whose request is already encoded:
-/// the shared batch's encoding (made once for every sink and attempt; the
-/// generated client takes the request by value, which meant a deep copy of
-/// every batch on every attempt), copied into tonic's buffer
-/// whole: tonic's `EncodeBuf` takes single bytes through `put_slice`, so
-/// writing the request into it directly costs more than the copy
-/// (`docs/BENCHMARKS.md`). A batch joined from encoded requests comes as
-/// those requests, copied one after another: the frame is the only copy.
+/// Codec of the `Export` call whose request is already encoded: the
+/// request goes as the [`Message`] extension, which the channel sends
+/// ([`crate::framed`]), and the codec writes nothing; the response is
+/// decoded with prost.
 #[derive(Debug, Clone, Copy, Default)]
-struct SharedCodec;
+struct EncodedCodec;
 
-impl Codec for SharedCodec {
-    type Encode = Vec<Bytes>;
+impl Codec for EncodedCodec {
+    type Encode = ();
     type Decode = ExportTraceServiceResponse;
-    type Encoder = SharedCodec;
-    type Decoder = SharedCodec;
+    type Encoder = EncodedCodec;
+    type Decoder = EncodedCodec;
 
     fn encoder(&mut self) -> Self::Encoder {
-        SharedCodec
+        EncodedCodec
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        SharedCodec
+        EncodedCodec
     }
 }
 
-impl Encoder for SharedCodec {
-    type Item = Vec<Bytes>;
+impl Encoder for EncodedCodec {
+    type Item = ();
     type Error = tonic::Status;
 
-    fn encode(&mut self, item: Self::Item, buf: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
-        buf.reserve(item.iter().map(Bytes::len).sum());
-        for part in &item {
-            buf.put_slice(part);
-        }
+    fn encode(&mut self, (): (), _: &mut EncodeBuf<'_>) -> Result<(), Self::Error> {
         Ok(())
     }
 }
 
-impl Decoder for SharedCodec {
+impl Decoder for EncodedCodec {
     type Item = ExportTraceServiceResponse;
     type Error = tonic::Status;
 

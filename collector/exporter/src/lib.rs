@@ -45,6 +45,7 @@ pub mod console;
 pub mod encode;
 pub mod error;
 pub mod file;
+mod framed;
 pub mod grpc;
 mod gzip;
 pub mod http;
