@@ -28,7 +28,6 @@ impl Correlator {
     ) {
         self.stats.events += 1;
         let before = out.len();
-        let resource = self.resource(shim, event.schema_version);
         let instance = shim.instance_id.as_str();
         // Missing ids or a missing body read as empty: each handler below
         // takes what the event has.
@@ -46,7 +45,8 @@ impl Correlator {
         let at = At {
             instance,
             ids,
-            resource: &resource,
+            shim,
+            schema_version: event.schema_version,
             t,
             platform,
         };

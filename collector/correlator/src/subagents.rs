@@ -11,11 +11,7 @@ impl Correlator {
         out: &mut Vec<FinishedSpan>,
     ) {
         let At {
-            instance,
-            ids,
-            resource,
-            t,
-            ..
+            instance, ids, t, ..
         } = at;
         // Without a child session nothing can hang from the subagent, and a
         // session cannot be its own subagent (hostile or broken ids). A
@@ -99,11 +95,12 @@ impl Correlator {
                 last_seen: t,
             },
         );
+        let resource = self.resource(at.shim, at.schema_version);
         self.subagents.insert(
             child_key,
             OpenSubagent {
                 parent,
-                resource: resource.clone(),
+                resource,
                 common,
                 start: t,
                 child_session_id: ids.child_session_id.to_owned(),

@@ -8,13 +8,16 @@ use hashbrown::hash_map::RawEntryMut;
 use super::*;
 
 /// What the handlers of one event read: the agent (shim instance) that
-/// sent it, its ids, that agent's resource, its time and the platform its
-/// body names ("" when none).
+/// sent it, its ids, its time and the platform its body names ("" when
+/// none); and the shim and schema version the agent's resource is made
+/// from, found only where state that holds it opens ([`Correlator::resource`]):
+/// most events touch open state and need none.
 #[derive(Clone, Copy)]
 pub(crate) struct At<'a> {
     pub(crate) instance: &'a str,
     pub(crate) ids: &'a view::Ids<'a>,
-    pub(crate) resource: &'a Arc<Resource>,
+    pub(crate) shim: &'a v1::ShimInfo,
+    pub(crate) schema_version: &'a str,
     pub(crate) t: u64,
     pub(crate) platform: &'a str,
 }
@@ -119,9 +122,9 @@ impl Correlator {
         let At {
             instance,
             ids,
-            resource,
             t,
             platform,
+            ..
         } = at;
         if ids.turn_id.is_empty() {
             return None;
@@ -149,7 +152,7 @@ impl Correlator {
                 return None;
             }
             self.make_room_for_turn(instance, out);
-            let turn = self.new_turn(instance, ids, resource, t);
+            let turn = self.new_turn(at);
             self.ledger.add(instance, 1, 0, turn.charged);
             self.turns
                 .raw_entry_mut()
@@ -181,13 +184,11 @@ impl Correlator {
         Some((turn, &mut self.values))
     }
 
-    pub(crate) fn new_turn(
-        &mut self,
-        instance: &str,
-        ids: &view::Ids<'_>,
-        resource: &Arc<Resource>,
-        t: u64,
-    ) -> Turn {
+    pub(crate) fn new_turn(&mut self, at: At<'_>) -> Turn {
+        let At {
+            instance, ids, t, ..
+        } = at;
+        let resource = self.resource(at.shim, at.schema_version);
         let link = self
             .links
             .get_mut(self.keys.of(instance, ids.session_id))
@@ -226,7 +227,7 @@ impl Correlator {
                 turn_id: ids.turn_id,
             }),
             parent,
-            resource: resource.clone(),
+            resource,
             instance,
             plain,
             held,
