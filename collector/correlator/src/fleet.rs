@@ -100,6 +100,7 @@ impl Correlator {
         let turns = sorted_keys(&self.turns, |_, t| t.instance.as_str() == instance);
         for k in &turns {
             if let Some(turn) = self.turns.remove(k) {
+                self.session_turns.remove(&turn);
                 self.ledger.sub(&turn.instance, 1, 0, turn.charged);
                 if turn.plain {
                     self.closed.release(turn.turn_id.as_str(), &turn.instance);

@@ -399,6 +399,8 @@ pub struct Correlator {
     /// links, subagents (instance, child session id) and pending starts
     /// (instance, session id).
     turns: Map<String, Turn>,
+    /// The open turns' ids by instance and session.
+    session_turns: sessions::SessionTurns,
     /// What each instance holds.
     ledger: Ledger,
     /// Turns closed recently, and the owners of plain trace ids.
@@ -454,6 +456,7 @@ impl Correlator {
             resources: Map::default(),
             last_resource: None,
             turns: Map::default(),
+            session_turns: sessions::SessionTurns::default(),
             ledger: Ledger::default(),
             closed: Closed::default(),
             links: Map::default(),

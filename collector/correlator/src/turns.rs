@@ -154,6 +154,7 @@ impl Correlator {
             self.make_room_for_turn(instance, out);
             let turn = self.new_turn(at);
             self.ledger.add(instance, 1, 0, turn.charged);
+            self.session_turns.add(&turn);
             self.turns
                 .raw_entry_mut()
                 .from_key_hashed_nocheck(hash, &k)
@@ -270,6 +271,7 @@ impl Correlator {
     /// turn is remembered as closed.
     pub(crate) fn take_turn(&mut self, k: &str) -> Option<Turn> {
         let turn = self.turns.remove(k)?;
+        self.session_turns.remove(&turn);
         self.ledger.sub(&turn.instance, 1, 0, turn.charged);
         self.closed_unit(&turn.instance, turn.min_lsn, turn.max_lsn);
         let plain = turn.plain.then_some(turn.turn_id.as_str());
@@ -301,6 +303,43 @@ mod tests {
                     }
                 }
                 assert!(!out.is_empty(), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_session_index_holds_every_open_turn_of_a_session() {
+        let shims = [
+            hermes_e2e::events::shim("inst-1"),
+            hermes_e2e::events::shim("inst-2"),
+        ];
+        for name in hermes_e2e::ingest::FIXTURES {
+            for events in hermes_e2e::ingest::fixture_events_both_levels(name) {
+                let mut c = Correlator::new(Config::default());
+                let mut out = Vec::new();
+                // Two agents interleaved: the same ids, separate state.
+                for e in &events {
+                    for shim in &shims {
+                        c.ingest(shim, e, &mut out);
+                        for (k, turn) in &c.turns {
+                            if turn.session_id.is_empty() {
+                                continue;
+                            }
+                            let indexed =
+                                c.session_turns.turn_keys(&turn.instance, &turn.session_id);
+                            assert!(indexed.contains(k), "{name}, {}: {k}", e.hook);
+                        }
+                        let with_session = c
+                            .turns
+                            .values()
+                            .filter(|t| !t.session_id.is_empty())
+                            .count();
+                        assert_eq!(c.session_turns.len(), with_session, "{name}, {}", e.hook);
+                    }
+                }
+                c.drop_instance("inst-1", Departure::HandedOff);
+                c.flush_all(&mut out);
+                assert_eq!(c.session_turns.len(), 0, "{name}");
             }
         }
     }
