@@ -42,6 +42,7 @@ impl Correlator {
             Some(Body::Api(b)) => b.platform,
             _ => "",
         };
+        self.note_resource(shim, event.schema_version);
         let at = At {
             instance,
             ids,

@@ -9,9 +9,9 @@ use super::*;
 
 /// What the handlers of one event read: the agent (shim instance) that
 /// sent it, its ids, its time and the platform its body names ("" when
-/// none); and the shim and schema version the agent's resource is made
-/// from, found only where state that holds it opens ([`Correlator::resource`]):
-/// most events touch open state and need none.
+/// none); and the shim and schema version its agent's resource is found
+/// by, taken only where state that holds it opens
+/// ([`Correlator::resource`]): most events touch open state and need none.
 #[derive(Clone, Copy)]
 pub(crate) struct At<'a> {
     pub(crate) instance: &'a str,
@@ -51,6 +51,21 @@ impl Drop for TurnMut<'_> {
 }
 
 impl Correlator {
+    /// Makes the agent's resource on its first event (from that event's
+    /// schema version, whichever later event opens state that holds it,
+    /// so the resource does not depend on the order events arrive in),
+    /// without taking a reference to it: most events hold none.
+    pub(crate) fn note_resource(&mut self, shim: &v1::ShimInfo, schema_version: &str) {
+        let known = self
+            .last_resource
+            .as_ref()
+            .is_some_and(|(instance, _)| *instance == shim.instance_id);
+        if !known {
+            self.resource(shim, schema_version);
+        }
+    }
+
+    /// The agent's resource, made on its first event.
     pub(crate) fn resource(&mut self, shim: &v1::ShimInfo, schema_version: &str) -> Arc<Resource> {
         if let Some((instance, resource)) = &self.last_resource
             && *instance == shim.instance_id
