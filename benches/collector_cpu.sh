@@ -6,11 +6,14 @@
 # batch: 1.26 M events at 20 000 turns), exported to hermes-bench-sink, the
 # same as benches/profile_collector.sh; `--instances N` runs N agents at
 # once instead (each with its stream and one open turn at a time: give it
-# TURNS = 80 000 / N for the same events). Prints one line per run and then
+# TURNS = 80 000 / N for the same events); `--fixture FILE` replays FILE's
+# turn instead of the recorded fixtures (benches/fixtures/open-turns.jsonl:
+# turns that open and never end, so that every agent stays at its limit of
+# open turns and each new turn evicts one). Prints one line per run and then
 # each build's median and spread; compare medians, and only within one run
 # of the script.
 #
-#   benches/collector_cpu.sh [--rounds N] [--turns T] [--instances N] [--gzip] BIN_DIR...
+#   benches/collector_cpu.sh [--rounds N] [--turns T] [--instances N] [--fixture FILE] [--gzip] BIN_DIR...
 #
 # BIN_DIR holds a build's hermes-collector, hermes-bench-sink and
 # hermes-loadgen (e.g. target/dist copied aside).
@@ -19,18 +22,20 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROUNDS=5
 TURNS=20000
 INSTANCES=4
+FIXTURE=()
 DIRS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rounds) ROUNDS=$2; shift 2 ;;
     --turns) TURNS=$2; shift 2 ;;
     --instances) INSTANCES=$2; shift 2 ;;
+    --fixture) FIXTURE=(--fixture "$(realpath "$2")"); shift 2 ;;
     --gzip) GZIP=1; shift ;;
     -*) echo "unknown option $1" >&2; exit 64 ;;
     *) DIRS+=("$(cd "$1" && pwd)"); shift ;;
   esac
 done
-[[ ${#DIRS[@]} -ge 1 ]] || { echo "usage: $0 [--rounds N] [--turns T] [--instances N] [--gzip] BIN_DIR..." >&2; exit 64; }
+[[ ${#DIRS[@]} -ge 1 ]] || { echo "usage: $0 [--rounds N] [--turns T] [--instances N] [--fixture FILE] [--gzip] BIN_DIR..." >&2; exit 64; }
 OUT="$(mktemp -d /tmp/hermes-cpu-XXXXXX)"
 . benches/lib.sh
 if [[ -n "${GZIP:-}" ]]; then
@@ -45,7 +50,7 @@ run() {
   mkdir -p "$run"
   start_collector "$bin" "$run/" || exit 1
   "$bin/hermes-loadgen" --endpoint "http://127.0.0.1:$LISTEN" --instances "$INSTANCES" \
-    --turns "$TURNS" --batch 512 --give-up-secs 300 > "$run/loadgen.json"
+    --turns "$TURNS" --batch 512 --give-up-secs 300 "${FIXTURE[@]}" > "$run/loadgen.json"
   sleep 2   # the last spans reach the sink
   # utime and stime, fields 14 and 15 (the command, field 2, has no spaces).
   local cpu
