@@ -15,6 +15,7 @@
 
 use hermes_span::Str;
 
+use crate::oldest::ByAge;
 use crate::{Correlator, FinishedSpan, Map, Turn};
 
 /// Bytes a turn, attempt, tool, approval, event or session record costs
@@ -81,25 +82,38 @@ impl Usage {
     }
 }
 
+/// What one instance holds, and its open records by how recently they
+/// were active (the ones its budgets evict first).
+#[derive(Debug, Default)]
+pub(crate) struct Agent {
+    pub usage: Usage,
+    pub turns: ByAge,
+    pub starts: ByAge,
+    pub links: ByAge,
+}
+
 /// The usage of every instance holding something, and the totals.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
-    pub agents: Map<String, Usage>,
+    pub agents: Map<String, Agent>,
     /// What all instances hold together.
     pub total: Usage,
 }
 
 impl Ledger {
     pub fn of(&self, instance: &str) -> Usage {
-        self.agents.get(instance).copied().unwrap_or_default()
+        self.agents
+            .get(instance)
+            .map(|a| a.usage)
+            .unwrap_or_default()
     }
 
     pub fn add(&mut self, instance: &str, turns: usize, sessions: usize, bytes: usize) {
-        let u = match self.agents.get_mut(instance) {
-            Some(u) => u,
+        let agent = match self.agents.get_mut(instance) {
+            Some(agent) => agent,
             None => self.agents.entry(instance.to_owned()).or_default(),
         };
-        u.add(turns, sessions, bytes);
+        agent.usage.add(turns, sessions, bytes);
         self.total.add(turns, sessions, bytes);
     }
 
@@ -107,7 +121,7 @@ impl Ledger {
     /// the sum of the agents' usage, which
     /// [`Correlator::enforce_budgets`] relies on.
     pub fn sub(&mut self, instance: &str, turns: usize, sessions: usize, bytes: usize) {
-        let Some(u) = self.agents.get_mut(instance) else {
+        let Some(Agent { usage: u, .. }) = self.agents.get_mut(instance) else {
             return;
         };
         let before = *u;
@@ -127,8 +141,12 @@ impl Ledger {
     pub fn heaviest(&self, measure: impl Fn(&Usage) -> usize) -> Option<String> {
         self.agents
             .iter()
-            .filter(|(_, u)| measure(u) > 0)
-            .max_by(|a, b| measure(a.1).cmp(&measure(b.1)).then_with(|| b.0.cmp(a.0)))
+            .filter(|(_, a)| measure(&a.usage) > 0)
+            .max_by(|a, b| {
+                measure(&a.1.usage)
+                    .cmp(&measure(&b.1.usage))
+                    .then_with(|| b.0.cmp(a.0))
+            })
             .map(|(i, _)| i.clone())
     }
 }
@@ -216,6 +234,35 @@ impl Correlator {
             || self.evict_oldest_session(instance, out)
     }
 
+    /// Records that `instance` opens the record `id` of `kind` at `t`
+    /// (before storing it): what its budgets evict first.
+    pub(crate) fn track(&mut self, kind: Kind, instance: &str, t: u64, id: Str) {
+        let Some(agent) = self.ledger.agents.get_mut(instance) else {
+            return;
+        };
+        let (keys, usage) = (&mut self.keys, agent.usage);
+        match kind {
+            Kind::Turn => agent.turns.push(
+                t,
+                id,
+                usage.turns,
+                seen(&self.turns, keys, instance, |r| r.last_seen),
+            ),
+            Kind::Start => agent.starts.push(
+                t,
+                id,
+                usage.sessions,
+                seen(&self.pending_starts, keys, instance, |r| r.at),
+            ),
+            Kind::Link => agent.links.push(
+                t,
+                id,
+                usage.sessions,
+                seen(&self.links, keys, instance, |r| r.last_seen),
+            ),
+        }
+    }
+
     /// Closes `instance`'s least recently active turn as incomplete.
     pub(crate) fn evict_oldest_turn(
         &mut self,
@@ -223,13 +270,11 @@ impl Correlator {
         reason: Reason,
         out: &mut Vec<FinishedSpan>,
     ) -> bool {
-        let oldest = self
-            .turns
-            .iter()
-            .filter(|(_, t)| t.instance == instance)
-            .min_by(|a, b| (a.1.last_seen, a.0).cmp(&(b.1.last_seen, b.0)))
-            .map(|(k, _)| k.clone());
-        let Some(turn) = oldest.and_then(|k| self.take_turn(&k)) else {
+        let oldest = self.ledger.agents.get_mut(instance).and_then(|agent| {
+            let turns = seen(&self.turns, &mut self.keys, instance, |r| r.last_seen);
+            agent.turns.oldest(turns)
+        });
+        let Some(turn) = oldest.and_then(|(_, id)| self.take_turn(&key(instance, &id))) else {
             return false;
         };
         self.stats.turns_evicted += 1;
@@ -245,12 +290,20 @@ impl Correlator {
     /// attached yet, or a subagent link (its subagent, when still open, is
     /// closed as incomplete first, so its span is emitted).
     fn evict_oldest_session(&mut self, instance: &str, out: &mut Vec<FinishedSpan>) -> bool {
-        let start = oldest_of(&self.pending_starts, instance, |p| (&p.instance, p.at));
-        let link = oldest_of(&self.links, instance, |l| (&l.instance, l.last_seen));
+        let Some(agent) = self.ledger.agents.get_mut(instance) else {
+            return false;
+        };
+        let keys = &mut self.keys;
+        let start = agent
+            .starts
+            .oldest(seen(&self.pending_starts, keys, instance, |r| r.at));
+        let link = agent
+            .links
+            .oldest(seen(&self.links, keys, instance, |r| r.last_seen));
         let taken = match (start, link) {
-            (Some(s), Some(l)) if l < s => self.drop_link(&l.1, out),
-            (Some(s), _) => self.drop_pending_start(&s.1),
-            (None, Some(l)) => self.drop_link(&l.1, out),
+            (Some(s), Some(l)) if l < s => self.drop_link(&key(instance, &l.1), out),
+            (Some(s), _) => self.drop_pending_start(&key(instance, &s.1)),
+            (None, Some(l)) => self.drop_link(&key(instance, &l.1), out),
             (None, None) => false,
         };
         if taken {
@@ -309,18 +362,23 @@ pub(crate) fn charge(turn: &mut Turn, ledger: &mut Ledger) {
     turn.charged = turn.held;
 }
 
-/// The time and key of `instance`'s oldest entry in `entries`, `held`
-/// giving an entry's instance and time.
-fn oldest_of<V>(
-    entries: &Map<String, V>,
-    instance: &str,
-    held: fn(&V) -> (&Str, u64),
-) -> Option<(u64, String)> {
-    entries
-        .iter()
-        .filter(|(_, v)| held(v).0 == instance)
-        .map(|(k, v)| (held(v).1, k.clone()))
-        .min()
+/// The kinds of records an agent's budgets evict, each by age.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Kind {
+    Turn,
+    Start,
+    Link,
+}
+
+/// The time of `instance`'s open record by its id in `records` (keyed by
+/// [`key`]), `time` reading it: what [`ByAge`] checks its entries against.
+fn seen<'a, V>(
+    records: &'a Map<String, V>,
+    keys: &'a mut KeyBuf,
+    instance: &'a str,
+    time: fn(&V) -> u64,
+) -> impl FnMut(&str) -> Option<u64> + 'a {
+    move |id| records.get(keys.of(instance, id)).map(time)
 }
 
 #[cfg(test)]

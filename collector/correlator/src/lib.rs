@@ -48,6 +48,7 @@ mod fleet;
 pub use fleet::{Closure, Departure};
 pub mod ids;
 mod ingest;
+mod oldest;
 pub mod sequencer;
 mod sessions;
 mod subagents;
@@ -73,7 +74,7 @@ pub use attrs::Attrs;
 use attrs::Interner;
 use closed::Closed;
 pub use exit::PROCESS_EXIT_REASON;
-use fair::{Ledger, RECORD_BYTES, TURN_BYTES, key};
+use fair::{Kind, Ledger, RECORD_BYTES, TURN_BYTES, key};
 use ids::{SpanId, SpanKey, TraceId, scoped_trace_id, span_id, trace_id};
 use turns::At;
 

@@ -61,6 +61,37 @@ fn open_turn_limit_evicts_the_oldest() {
 }
 
 #[test]
+fn an_agent_at_its_limit_loses_its_least_recently_active_turn() {
+    let mut f = Feed::with(Config {
+        max_open_turns_per_agent: 3,
+        ..Config::default()
+    });
+    let turn = |i: usize| v1::Ids {
+        session_id: format!("session-{i}"),
+        ..ids(&format!("s:{i}:1"))
+    };
+    for i in 0..3 {
+        f.ev("pre_llm_call", i as u64, turn(i), turn_body());
+    }
+    // The first turn is active again: the second is now the oldest.
+    f.ev("post_llm_call", 10, turn(0), turn_body());
+    // Each new turn evicts one: the 2nd, the 3rd, then the 1st (active at
+    // 10 ms) before the 4th (opened at 20 ms).
+    for i in 3..6 {
+        f.ev("pre_llm_call", 20 + i as u64, turn(i), turn_body());
+    }
+    let evicted: Vec<_> = f
+        .out
+        .iter()
+        .filter(|s| s.span.name.starts_with("invoke_agent"))
+        .map(|s| string(&s.span, "hermes.turn_id").unwrap_or_default())
+        .collect();
+    assert_eq!(evicted, ["s:1:1", "s:2:1", "s:0:1"]);
+    assert_eq!(f.c.stats().turns_evicted, 3);
+    assert_eq!(f.c.open_turns(), 3);
+}
+
+#[test]
 fn finalize_and_reset_close_open_turns_of_the_session() {
     for hook in ["on_session_finalize", "on_session_reset"] {
         let mut f = Feed::in_turn();
