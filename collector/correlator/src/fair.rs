@@ -83,13 +83,15 @@ impl Usage {
 }
 
 /// What one instance holds, and its open records by how recently they
-/// were active (the ones its budgets evict first).
+/// were active (the ones its budgets evict first): kept from the first
+/// eviction of their kind on, built then from the open records, so that an
+/// agent within its budgets costs nothing here.
 #[derive(Debug, Default)]
 pub(crate) struct Agent {
     pub usage: Usage,
-    pub turns: ByAge,
-    pub starts: ByAge,
-    pub links: ByAge,
+    pub turns: Option<ByAge>,
+    pub starts: Option<ByAge>,
+    pub links: Option<ByAge>,
 }
 
 /// The usage of every instance holding something, and the totals.
@@ -235,31 +237,31 @@ impl Correlator {
     }
 
     /// Records that `instance` opens the record `id` of `kind` at `t`
-    /// (before storing it): what its budgets evict first.
-    pub(crate) fn track(&mut self, kind: Kind, instance: &str, t: u64, id: Str) {
+    /// (before storing it), once its records of that kind are kept by age.
+    pub(crate) fn track(&mut self, kind: Kind, instance: &str, t: u64, id: impl Into<Str>) {
         let Some(agent) = self.ledger.agents.get_mut(instance) else {
             return;
         };
         let (keys, usage) = (&mut self.keys, agent.usage);
         match kind {
-            Kind::Turn => agent.turns.push(
-                t,
-                id,
-                usage.turns,
-                seen(&self.turns, keys, instance, |r| r.last_seen),
-            ),
-            Kind::Start => agent.starts.push(
-                t,
-                id,
-                usage.sessions,
-                seen(&self.pending_starts, keys, instance, |r| r.at),
-            ),
-            Kind::Link => agent.links.push(
-                t,
-                id,
-                usage.sessions,
-                seen(&self.links, keys, instance, |r| r.last_seen),
-            ),
+            Kind::Turn => {
+                if let Some(by_age) = &mut agent.turns {
+                    let now = seen(&self.turns, keys, instance, |r| r.last_seen);
+                    by_age.push(t, id.into(), usage.turns, now);
+                }
+            }
+            Kind::Start => {
+                if let Some(by_age) = &mut agent.starts {
+                    let now = seen(&self.pending_starts, keys, instance, |r| r.at);
+                    by_age.push(t, id.into(), usage.sessions, now);
+                }
+            }
+            Kind::Link => {
+                if let Some(by_age) = &mut agent.links {
+                    let now = seen(&self.links, keys, instance, |r| r.last_seen);
+                    by_age.push(t, id.into(), usage.sessions, now);
+                }
+            }
         }
     }
 
@@ -270,11 +272,21 @@ impl Correlator {
         reason: Reason,
         out: &mut Vec<FinishedSpan>,
     ) -> bool {
+        let turns = &self.turns;
         let oldest = self.ledger.agents.get_mut(instance).and_then(|agent| {
-            let turns = seen(&self.turns, &mut self.keys, instance, |r| r.last_seen);
-            agent.turns.oldest(turns)
+            agent
+                .turns
+                .get_or_insert_with(|| {
+                    ByAge::of(
+                        turns
+                            .values()
+                            .filter(|t| t.instance.as_str() == instance)
+                            .map(|t| (t.last_seen, t.turn_id.clone())),
+                    )
+                })
+                .oldest(seen(turns, &mut self.keys, instance, |r| r.last_seen))
         });
-        let Some(turn) = oldest.and_then(|(_, id)| self.take_turn(&key(instance, &id))) else {
+        let Some(turn) = oldest.and_then(|(_, id)| self.take_turn_of(instance, &id)) else {
             return false;
         };
         self.stats.turns_evicted += 1;
@@ -293,13 +305,15 @@ impl Correlator {
         let Some(agent) = self.ledger.agents.get_mut(instance) else {
             return false;
         };
-        let keys = &mut self.keys;
+        let (starts, links, keys) = (&self.pending_starts, &self.links, &mut self.keys);
         let start = agent
             .starts
-            .oldest(seen(&self.pending_starts, keys, instance, |r| r.at));
+            .get_or_insert_with(|| by_age(starts, instance, |p| (&p.instance, p.at)))
+            .oldest(seen(starts, keys, instance, |r| r.at));
         let link = agent
             .links
-            .oldest(seen(&self.links, keys, instance, |r| r.last_seen));
+            .get_or_insert_with(|| by_age(links, instance, |l| (&l.instance, l.last_seen)))
+            .oldest(seen(links, keys, instance, |r| r.last_seen));
         let taken = match (start, link) {
             (Some(s), Some(l)) if l < s => self.drop_link(&key(instance, &l.1), out),
             (Some(s), _) => self.drop_pending_start(&key(instance, &s.1)),
@@ -368,6 +382,17 @@ pub(crate) enum Kind {
     Turn,
     Start,
     Link,
+}
+
+/// `instance`'s open records in `records` (keyed by [`key`]) by age,
+/// `held` giving a record's instance and time.
+fn by_age<V>(records: &Map<String, V>, instance: &str, held: fn(&V) -> (&Str, u64)) -> ByAge {
+    // A key is the instance's length, `:`, the instance, then the id.
+    let prefix = itoa::Buffer::new().format(instance.len()).len() + 1 + instance.len();
+    ByAge::of(records.iter().filter_map(|(k, v)| {
+        let (of, t) = held(v);
+        (of.as_str() == instance).then(|| (t, Str::from(k.get(prefix..).unwrap_or_default())))
+    }))
 }
 
 /// The time of `instance`'s open record by its id in `records` (keyed by

@@ -114,7 +114,7 @@ impl Correlator {
                         turn.end.unwrap_or(t)
                     });
                     if let Some(end) = end
-                        && let Some(turn) = self.take_turn(&key(instance, ids.turn_id))
+                        && let Some(turn) = self.take_turn_of(instance, ids.turn_id)
                     {
                         self.emit_turn(turn, end, false, out);
                     }

@@ -117,7 +117,7 @@ impl Correlator {
         self.drop_pending_start(&k);
         let bytes = RECORD_BYTES + k.len() + model.len() + platform.len();
         self.ledger.add(instance, 0, 1, bytes);
-        self.track(Kind::Start, instance, t, session_id.into());
+        self.track(Kind::Start, instance, t, session_id);
         self.pending_starts.insert(
             k,
             PendingSessionStart {

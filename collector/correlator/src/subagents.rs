@@ -83,7 +83,7 @@ impl Correlator {
             + sub.child_goal.len()
             + role.len();
         self.ledger.add(instance, 0, 1, bytes);
-        self.track(Kind::Link, instance, t, ids.child_session_id.into());
+        self.track(Kind::Link, instance, t, ids.child_session_id);
         self.links.insert(
             child_key.clone(),
             SubagentLink {

@@ -283,6 +283,15 @@ impl Correlator {
         }
     }
 
+    /// [`Correlator::take_turn`] of `instance`'s turn `turn_id`, its key
+    /// built in the lookup buffer.
+    pub(crate) fn take_turn_of(&mut self, instance: &str, turn_id: &str) -> Option<Turn> {
+        let mut keys = std::mem::take(&mut self.keys);
+        let turn = self.take_turn(keys.of(instance, turn_id));
+        self.keys = keys;
+        turn
+    }
+
     /// Removes an open turn by its key: its instance is refunded, and the
     /// turn is remembered as closed.
     pub(crate) fn take_turn(&mut self, k: &str) -> Option<Turn> {

@@ -70,15 +70,19 @@ fn an_agent_at_its_limit_loses_its_least_recently_active_turn() {
         session_id: format!("session-{i}"),
         ..ids(&format!("s:{i}:1"))
     };
+    let open = |f: &mut Feed, i: usize, t_ms: u64| {
+        f.ev("pre_llm_call", t_ms, turn(i), turn_body());
+    };
     for i in 0..3 {
-        f.ev("pre_llm_call", i as u64, turn(i), turn_body());
+        open(&mut f, i, i as u64);
     }
     // The first turn is active again: the second is now the oldest.
     f.ev("post_llm_call", 10, turn(0), turn_body());
-    // Each new turn evicts one: the 2nd, the 3rd, then the 1st (active at
-    // 10 ms) before the 4th (opened at 20 ms).
-    for i in 3..6 {
-        f.ev("pre_llm_call", 20 + i as u64, turn(i), turn_body());
+    open(&mut f, 3, 11);
+    // Active again after the agent's first eviction as well.
+    f.ev("post_llm_call", 20, turn(2), turn_body());
+    for i in 4..7 {
+        open(&mut f, i, 20 + i as u64);
     }
     let evicted: Vec<_> = f
         .out
@@ -86,8 +90,9 @@ fn an_agent_at_its_limit_loses_its_least_recently_active_turn() {
         .filter(|s| s.span.name.starts_with("invoke_agent"))
         .map(|s| string(&s.span, "hermes.turn_id").unwrap_or_default())
         .collect();
-    assert_eq!(evicted, ["s:1:1", "s:2:1", "s:0:1"]);
-    assert_eq!(f.c.stats().turns_evicted, 3);
+    // 1 (at 1 ms), 0 (10), 3 (11), 2 (20): never by the order they opened.
+    assert_eq!(evicted, ["s:1:1", "s:0:1", "s:3:1", "s:2:1"]);
+    assert_eq!(f.c.stats().turns_evicted, 4);
     assert_eq!(f.c.open_turns(), 3);
 }
 
