@@ -56,20 +56,14 @@ impl Correlator {
     /// so the resource does not depend on the order events arrive in),
     /// without taking a reference to it: most events hold none.
     pub(crate) fn note_resource(&mut self, shim: &v1::ShimInfo, schema_version: &str) {
-        let known = self
-            .last_resource
-            .as_ref()
-            .is_some_and(|(instance, _)| *instance == shim.instance_id);
-        if !known {
+        if self.last_resource(shim).is_none() {
             self.resource(shim, schema_version);
         }
     }
 
     /// The agent's resource, made on its first event.
     pub(crate) fn resource(&mut self, shim: &v1::ShimInfo, schema_version: &str) -> Arc<Resource> {
-        if let Some((instance, resource)) = &self.last_resource
-            && *instance == shim.instance_id
-        {
+        if let Some(resource) = self.last_resource(shim) {
             return resource.clone();
         }
         let resource = self.resource_entry(shim, schema_version);
@@ -81,6 +75,14 @@ impl Correlator {
             None => self.last_resource = Some((shim.instance_id.clone(), resource.clone())),
         }
         resource
+    }
+
+    /// The resource of the last event's agent, when `shim` is that agent.
+    fn last_resource(&self, shim: &v1::ShimInfo) -> Option<&Arc<Resource>> {
+        self.last_resource
+            .as_ref()
+            .filter(|(instance, _)| *instance == shim.instance_id)
+            .map(|(_, resource)| resource)
     }
 
     /// The instance's resource from `resources`, made on its first event.
