@@ -94,12 +94,21 @@ pub(crate) struct Agent {
     pub links: Option<ByAge>,
 }
 
+impl Agent {
+    fn tracks(&self) -> bool {
+        self.turns.is_some() || self.starts.is_some() || self.links.is_some()
+    }
+}
+
 /// The usage of every instance holding something, and the totals.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     pub agents: Map<String, Agent>,
     /// What all instances hold together.
     pub total: Usage,
+    /// How many agents keep records by age: while none does, opening a
+    /// record looks nobody up ([`Correlator::track`]).
+    pub tracking: usize,
 }
 
 impl Ledger {
@@ -133,8 +142,8 @@ impl Ledger {
             before.sessions - u.sessions,
             before.bytes - u.bytes,
         );
-        if u.is_empty() {
-            self.agents.remove(instance);
+        if u.is_empty() && self.agents.remove(instance).is_some_and(|a| a.tracks()) {
+            self.tracking -= 1;
         }
     }
 
@@ -239,6 +248,9 @@ impl Correlator {
     /// Records that `instance` opens the record `id` of `kind` at `t`
     /// (before storing it), once its records of that kind are kept by age.
     pub(crate) fn track(&mut self, kind: Kind, instance: &str, t: u64, id: impl Into<Str>) {
+        if self.ledger.tracking == 0 {
+            return;
+        }
         let Some(agent) = self.ledger.agents.get_mut(instance) else {
             return;
         };
@@ -272,20 +284,22 @@ impl Correlator {
         reason: Reason,
         out: &mut Vec<FinishedSpan>,
     ) -> bool {
+        let Some(agent) = self.ledger.agents.get_mut(instance) else {
+            return false;
+        };
+        self.ledger.tracking += usize::from(!agent.tracks());
         let turns = &self.turns;
-        let oldest = self.ledger.agents.get_mut(instance).and_then(|agent| {
-            agent
-                .turns
-                .get_or_insert_with(|| {
-                    ByAge::of(
-                        turns
-                            .values()
-                            .filter(|t| t.instance.as_str() == instance)
-                            .map(|t| (t.last_seen, t.turn_id.clone())),
-                    )
-                })
-                .oldest(seen(turns, &mut self.keys, instance, |r| r.last_seen))
-        });
+        let oldest = agent
+            .turns
+            .get_or_insert_with(|| {
+                ByAge::of(
+                    turns
+                        .values()
+                        .filter(|t| t.instance.as_str() == instance)
+                        .map(|t| (t.last_seen, t.turn_id.clone())),
+                )
+            })
+            .oldest(seen(turns, &mut self.keys, instance, |r| r.last_seen));
         let Some(turn) = oldest.and_then(|(_, id)| self.take_turn_of(instance, &id)) else {
             return false;
         };
@@ -305,6 +319,7 @@ impl Correlator {
         let Some(agent) = self.ledger.agents.get_mut(instance) else {
             return false;
         };
+        self.ledger.tracking += usize::from(!agent.tracks());
         let (starts, links, keys) = (&self.pending_starts, &self.links, &mut self.keys);
         let start = agent
             .starts
@@ -408,7 +423,64 @@ fn seen<'a, V>(
 
 #[cfg(test)]
 mod tests {
+    use hermes_e2e::events::{event, ids, session_ids, shim, turn_body};
+
     use super::{KeyBuf, Ledger, key};
+    use crate::{Config, Correlator, Departure};
+
+    #[test]
+    fn agents_keep_records_by_age_from_their_first_eviction_until_they_hold_nothing() {
+        let mut c = Correlator::new(Config {
+            max_open_turns_per_agent: 2,
+            max_sessions_per_agent: 2,
+            ..Config::default()
+        });
+        let mut out = Vec::new();
+        let agents = [shim("inst-1"), shim("inst-2"), shim("inst-3")];
+        for (n, agent) in agents.iter().enumerate() {
+            // Within the budgets: nothing kept, nobody looked up.
+            for i in 0..2 {
+                let session = format!("s{n}-{i}");
+                c.ingest(
+                    agent,
+                    &event("on_session_start", i, session_ids(&session), None),
+                    &mut out,
+                );
+                let turn = ids(&session, "task", &format!("{session}:t"));
+                c.ingest(
+                    agent,
+                    &event("pre_llm_call", i, turn, turn_body()),
+                    &mut out,
+                );
+            }
+            assert_eq!(c.ledger.tracking, 0, "agent {n}");
+        }
+        for agent in &agents[..2] {
+            for i in 2..5 {
+                let session = format!("{}-{i}", agent.instance_id);
+                c.ingest(
+                    agent,
+                    &event("on_session_start", i, session_ids(&session), None),
+                    &mut out,
+                );
+                let turn = ids(&session, "task", &format!("{session}:t"));
+                c.ingest(
+                    agent,
+                    &event("pre_llm_call", i, turn, turn_body()),
+                    &mut out,
+                );
+            }
+        }
+        assert_eq!(c.stats().turns_evicted, 6);
+        assert_eq!(c.ledger.tracking, 2, "the agents that evicted");
+        let tracked = |c: &Correlator| c.ledger.agents.values().filter(|a| a.tracks()).count();
+        assert_eq!(tracked(&c), 2);
+        c.drop_instance("inst-1", Departure::HandedOff);
+        assert_eq!((c.ledger.tracking, tracked(&c)), (1, 1));
+        c.flush_all(&mut out);
+        assert!(c.ledger.agents.is_empty());
+        assert_eq!(c.ledger.tracking, 0);
+    }
 
     #[test]
     fn a_key_is_the_instances_length_then_both_strings() {
