@@ -436,38 +436,29 @@ mod tests {
             ..Config::default()
         });
         let mut out = Vec::new();
+        // A session of `agent`'s and its turn, opened at `t_ms`.
+        let open = |c: &mut Correlator, out: &mut Vec<_>, agent, session: &str, t_ms| {
+            let start = event("on_session_start", t_ms, session_ids(session), None);
+            c.ingest(agent, &start, out);
+            let turn = ids(session, "task", &format!("{session}:t"));
+            c.ingest(agent, &event("pre_llm_call", t_ms, turn, turn_body()), out);
+        };
         let agents = [shim("inst-1"), shim("inst-2"), shim("inst-3")];
         for (n, agent) in agents.iter().enumerate() {
             // Within the budgets: nothing kept, nobody looked up.
             for i in 0..2 {
-                let session = format!("s{n}-{i}");
-                c.ingest(
-                    agent,
-                    &event("on_session_start", i, session_ids(&session), None),
-                    &mut out,
-                );
-                let turn = ids(&session, "task", &format!("{session}:t"));
-                c.ingest(
-                    agent,
-                    &event("pre_llm_call", i, turn, turn_body()),
-                    &mut out,
-                );
+                open(&mut c, &mut out, agent, &format!("s{n}-{i}"), i);
             }
             assert_eq!(c.ledger.tracking, 0, "agent {n}");
         }
         for agent in &agents[..2] {
             for i in 2..5 {
-                let session = format!("{}-{i}", agent.instance_id);
-                c.ingest(
-                    agent,
-                    &event("on_session_start", i, session_ids(&session), None),
+                open(
+                    &mut c,
                     &mut out,
-                );
-                let turn = ids(&session, "task", &format!("{session}:t"));
-                c.ingest(
                     agent,
-                    &event("pre_llm_call", i, turn, turn_body()),
-                    &mut out,
+                    &format!("{}-{i}", agent.instance_id),
+                    i,
                 );
             }
         }
