@@ -90,7 +90,8 @@ import re, sys
 STAGES = [
     ("receiver task, all",
      ["hermes_receiver::Ingest as hermes_proto::server::event_ingest_server::EventIngest>::stream::{{closure}}::{{closure}}"]),
-    ("  decode", ["hermes_proto::wire::WireBatch::from_wire",
+    ("  decode", ["hermes_proto::wire::WireBatch::read_wire",
+                 "hermes_proto::wire::WireBatch::from_wire",
                  "SliceDecoder<U> as tonic::codec::Decoder>::decode"]),
     ("  batch checks", ["hermes_receiver::validate::check_batch"]),
     ("correlation stage, all", ["hermes_pipeline::driver::Driver<C>::run::{{closure}}"]),

@@ -4,9 +4,9 @@
 //! Two passes over the one `.proto`: the messages and the client (the
 //! shim's side, `hermes.collector.v1.rs`), then the server alone
 //! (`server/hermes.collector.v1.rs`), whose messages are the first pass'
-//! except the request, [`WireBatch`](crate::wire::WireBatch): an
-//! `EventBatch` checked on the wire and kept as its bytes, received with
-//! [`WireCodec`](crate::codec::WireCodec). The first pass also writes the
+//! except the request, [`RawBatch`](crate::wire::RawBatch): an
+//! `EventBatch` kept as its bytes, received with
+//! [`WireCodec`](crate::codec::WireCodec) and checked by the receiver. The first pass also writes the
 //! file's descriptors, which the event views' fields are tested against.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -38,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(false)
         .build_server(true)
         .out_dir(&server_dir)
-        .extern_path(".hermes.collector.v1.EventBatch", "crate::wire::WireBatch")
+        .extern_path(".hermes.collector.v1.EventBatch", "crate::wire::RawBatch")
         .extern_path(".hermes.collector.v1", "crate::v1")
         .compile_with_config(config(), &[proto], &["."])?;
     println!("cargo:rerun-if-changed={proto}");

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
 use hermes_proto::v1::{Ack, EventBatch};
-use hermes_proto::wire::WireBatch;
+use hermes_proto::wire::RawBatch;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::metadata::MetadataValue;
@@ -68,7 +68,7 @@ impl EventIngest for Service {
 
     async fn stream(
         &self,
-        request: Request<Streaming<WireBatch>>,
+        request: Request<Streaming<RawBatch>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         let stream = self.recorded.streams.fetch_add(1, Ordering::SeqCst);
         let fleet = request

@@ -12,7 +12,8 @@
 //!
 //! The server receives with [`WireCodec`]: the message's bytes, taken out
 //! of tonic's buffer without a copy, become a [`FromWire`] message (the
-//! collector's [`WireBatch`](crate::wire::WireBatch)).
+//! ingest's [`RawBatch`](crate::wire::RawBatch), which the receiver turns
+//! into a [`WireBatch`](crate::wire::WireBatch) when the pipeline has room).
 
 use std::marker::PhantomData;
 
@@ -104,6 +105,14 @@ impl FromWire for crate::wire::WireBatch {
 
     fn from_wire(bytes: Bytes) -> Result<Self, Self::Error> {
         Self::from_wire(bytes)
+    }
+}
+
+impl FromWire for crate::wire::RawBatch {
+    type Error = crate::wire::WireError;
+
+    fn from_wire(bytes: Bytes) -> Result<Self, Self::Error> {
+        Ok(Self::new(bytes))
     }
 }
 

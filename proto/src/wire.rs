@@ -139,6 +139,51 @@ impl From<DecodeError> for WireError {
     }
 }
 
+/// An `EventBatch` as it came off a stream, neither checked nor decoded:
+/// what the ingest server receives. The receiver decodes it
+/// ([`RawBatch::decode`]) once the pipeline has room for it, so that a
+/// stream waiting for room holds the batch's bytes, not the views of its
+/// events, which take several times more memory.
+#[derive(Debug, Clone)]
+pub struct RawBatch {
+    bytes: Bytes,
+    /// Its events, once counted: decoding does not count them again.
+    events: std::cell::OnceCell<usize>,
+}
+
+impl RawBatch {
+    /// The batch in `bytes`.
+    pub fn new(bytes: Bytes) -> Self {
+        Self {
+            bytes,
+            events: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// How many events it holds, from its fields' keys and lengths alone;
+    /// more than [`MAX_EVENTS`] is refused here, as decoding would.
+    pub fn events(&self) -> Result<usize, WireError> {
+        if let Some(&events) = self.events.get() {
+            return Ok(events);
+        }
+        let events = count_events(&self.bytes)?;
+        if events > MAX_EVENTS {
+            return Err(WireError::TooManyEvents { events });
+        }
+        Ok(*self.events.get_or_init(|| events))
+    }
+
+    /// Checks and reads it ([`WireBatch::from_wire`]).
+    pub fn decode(self) -> Result<WireBatch, WireError> {
+        WireBatch::read_wire(self.bytes, self.events.get().copied())
+    }
+
+    /// Decodes the whole batch (for tests and tools).
+    pub fn to_batch(&self) -> Result<EventBatch, DecodeError> {
+        EventBatch::decode(&self.bytes[..])
+    }
+}
+
 /// `EventBatch` with only its events: what the stage decodes.
 #[derive(Clone, PartialEq, Message)]
 struct BatchEvents {
@@ -157,6 +202,12 @@ impl WireBatch {
     /// Checks `bytes` as an `EventBatch` and reads what the receiver needs
     /// (see the module docs).
     pub fn from_wire(bytes: Bytes) -> Result<Self, WireError> {
+        Self::read_wire(bytes, None)
+    }
+
+    /// [`Self::from_wire`], its events already counted when `events` is
+    /// given.
+    fn read_wire(bytes: Bytes, events: Option<usize>) -> Result<Self, WireError> {
         let mut batch = Self {
             views: no_views(),
             shim: None,
@@ -170,7 +221,7 @@ impl WireBatch {
             largest: None,
             longest_id: None,
         };
-        let views = Views::try_new(bytes, |bytes| batch.read(bytes))?;
+        let views = Views::try_new(bytes, |bytes| batch.read(bytes, events))?;
         batch.views = Arc::new(views);
         Ok(batch)
     }
@@ -209,9 +260,16 @@ impl WireBatch {
     }
 
     /// The views of the events of the `EventBatch` `bytes`, the rest of
-    /// its fields read into `self`.
-    fn read<'a>(&mut self, bytes: &'a Bytes) -> Result<Vec<view::Event<'a>>, WireError> {
-        let events = count_events(bytes)?;
+    /// its fields read into `self` (`events`: their number, when counted).
+    fn read<'a>(
+        &mut self,
+        bytes: &'a Bytes,
+        events: Option<usize>,
+    ) -> Result<Vec<view::Event<'a>>, WireError> {
+        let events = match events {
+            Some(events) => events,
+            None => count_events(bytes)?,
+        };
         if events > MAX_EVENTS {
             return Err(WireError::TooManyEvents { events });
         }

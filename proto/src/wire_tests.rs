@@ -377,6 +377,17 @@ proptest! {
                 Damage::Set(..) => {}
             }
         }
+        // Counted first, as the receiver does, then read: the same verdict
+        // and the same batch as read at once.
+        let raw = RawBatch::new(Bytes::from(bytes.clone()));
+        let counted = raw.events();
+        let via_raw = raw.decode();
+        let direct = WireBatch::from_wire(Bytes::from(bytes.clone()));
+        prop_assert_eq!(via_raw.is_ok(), direct.is_ok());
+        if let (Ok(via_raw), Ok(direct)) = (&via_raw, &direct) {
+            prop_assert_eq!(counted.ok(), Some(direct.events));
+            prop_assert_eq!(via_raw.decode_events().unwrap(), direct.decode_events().unwrap());
+        }
         if let Ok(wire) = WireBatch::from_wire(Bytes::from(bytes.clone())) {
             let decoded = EventBatch::decode(bytes.as_slice());
             prop_assert!(decoded.is_ok(), "prost refused what the receiver accepted");

@@ -298,22 +298,31 @@ impl prost::Message for RawMessage {
 /// acknowledgements' last seqs, or the status the stream ended with.
 pub fn exchange_raw(endpoint: &str, messages: Vec<Vec<u8>>) -> Result<Vec<u64>, tonic::Status> {
     block_on(async {
-        let channel = Endpoint::from_shared(endpoint.to_owned())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap_or_else(|e| panic!("connect {endpoint}: {e:?}"));
-        let mut grpc = tonic::client::Grpc::new(channel);
-        grpc.ready().await.unwrap();
         let expected = messages.len();
-        let request = tonic::Request::new(tokio_stream::iter(messages.into_iter().map(RawMessage)));
-        let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-            "/hermes.collector.v1.EventIngest/Stream",
-        );
-        let codec = hermes_proto::codec::SliceCodec::<RawMessage, hermes_proto::v1::Ack>::default();
-        let acks = grpc.streaming(request, path, codec).await?.into_inner();
+        let acks = raw_stream(endpoint, tokio_stream::iter(messages)).await?;
         last_seqs(acks, expected).await
     })
+}
+
+/// A stream to `endpoint` on a new connection that sends each of
+/// `messages` as the bytes it is: its acknowledgements.
+pub async fn raw_stream(
+    endpoint: &str,
+    messages: impl tokio_stream::Stream<Item = Vec<u8>> + Send + 'static,
+) -> Result<tonic::Streaming<hermes_proto::v1::Ack>, tonic::Status> {
+    let channel = Endpoint::from_shared(endpoint.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect {endpoint}: {e:?}"));
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let request = tonic::Request::new(tokio_stream::StreamExt::map(messages, RawMessage));
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/hermes.collector.v1.EventIngest/Stream",
+    );
+    let codec = hermes_proto::codec::SliceCodec::<RawMessage, hermes_proto::v1::Ack>::default();
+    Ok(grpc.streaming(request, path, codec).await?.into_inner())
 }
 
 /// Sends the basic fixture's events as instance `instance_id` on a new

@@ -348,7 +348,7 @@ mod tests {
 
     use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
     use hermes_proto::v1::{Event, ShimInfo};
-    use hermes_proto::wire::WireBatch;
+    use hermes_proto::wire::RawBatch;
     use tokio_stream::Stream;
     use tonic::{Request, Response, Status, Streaming};
 
@@ -372,7 +372,7 @@ mod tests {
 
         async fn stream(
             &self,
-            request: Request<Streaming<WireBatch>>,
+            request: Request<Streaming<RawBatch>>,
         ) -> Result<Response<Self::StreamStream>, Status> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.other_protocol {

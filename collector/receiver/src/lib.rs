@@ -50,7 +50,7 @@ use std::time::Duration;
 
 use hermes_proto::server::event_ingest_server::{EventIngest, EventIngestServer};
 use hermes_proto::v1::Ack;
-use hermes_proto::wire::WireBatch;
+use hermes_proto::wire::{RawBatch, WireBatch};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -336,7 +336,7 @@ impl EventIngest for Ingest {
 
     async fn stream(
         &self,
-        request: Request<Streaming<WireBatch>>,
+        request: Request<Streaming<RawBatch>>,
     ) -> Result<Response<AckStream>, Status> {
         if let Some(token) = &self.token
             && let Err(failure) = token.check(request.metadata())
@@ -409,8 +409,8 @@ impl EventIngest for Ingest {
                         continue;
                     }
                 };
-                let batch = match next {
-                    Ok(Some(batch)) => batch,
+                let raw = match next {
+                    Ok(Some(raw)) => raw,
                     Ok(None) => break,
                     Err(status) => {
                         let status = match status.code() {
@@ -428,6 +428,59 @@ impl EventIngest for Ingest {
                             }
                         };
                         this.refuse(status, &ack_tx).await;
+                        break;
+                    }
+                };
+                // Paced and held to the memory limit by its event count,
+                // and decoded only once the pipeline's queue has room for
+                // it: a stream waiting for room holds the batch's bytes, not
+                // the views of its events (several times their size).
+                let events = match raw.events() {
+                    Ok(events) => events,
+                    Err(e) => {
+                        this.refuse(Status::from(e), &ack_tx).await;
+                        break;
+                    }
+                };
+                if events > this.limits.max_events_per_batch {
+                    let refusal = Refusal::TooManyEvents {
+                        events,
+                        limit: this.limits.max_events_per_batch,
+                    };
+                    this.refuse(refusal.status(), &ack_tx).await;
+                    break;
+                }
+                if !this.pace(&mut rate, events, &ack_tx).await {
+                    break;
+                }
+                if let Some(memory) = &this.memory
+                    && memory.is_over()
+                {
+                    let (n, log) = ReceiverStats::count(&this.stats.memory_refusals);
+                    if log {
+                        tracing::warn!(
+                            memory_refusals = n,
+                            "refused a batch above the memory limit (logged at the 1st, 2nd, 4th, ... refusal)"
+                        );
+                    }
+                    let _ = ack_tx
+                        .send(Err(Status::unavailable(format!(
+                            "the collector is above its memory limit of {} MiB; resend later",
+                            memory.limit_bytes() / (1024 * 1024)
+                        ))))
+                        .await;
+                    break;
+                }
+                let Ok(room) = this.tx.reserve().await else {
+                    let _ = ack_tx
+                        .send(Err(Status::unavailable("collector is shutting down")))
+                        .await;
+                    break;
+                };
+                let batch = match raw.decode() {
+                    Ok(batch) => batch,
+                    Err(e) => {
+                        this.refuse(Status::from(e), &ack_tx).await;
                         break;
                     }
                 };
@@ -450,27 +503,6 @@ impl EventIngest for Ingest {
                     version_noted = true;
                     this.note_shim_version(&batch);
                 }
-                if !this.pace(&mut rate, batch.events, &ack_tx).await {
-                    break;
-                }
-                if let Some(memory) = &this.memory
-                    && memory.is_over()
-                {
-                    let (n, log) = ReceiverStats::count(&this.stats.memory_refusals);
-                    if log {
-                        tracing::warn!(
-                            memory_refusals = n,
-                            "refused a batch above the memory limit (logged at the 1st, 2nd, 4th, ... refusal)"
-                        );
-                    }
-                    let _ = ack_tx
-                        .send(Err(Status::unavailable(format!(
-                            "the collector is above its memory limit of {} MiB; resend later",
-                            memory.limit_bytes() / (1024 * 1024)
-                        ))))
-                        .await;
-                    break;
-                }
                 if batch.dropped_events > last_dropped {
                     this.stats
                         .shim_dropped_events
@@ -490,9 +522,7 @@ impl EventIngest for Ingest {
                         fresh: std::mem::take(&mut fresh),
                         stream: if fleet { stream } else { 0 },
                     };
-                    if this.tx.send(ingested).await.is_err() {
-                        break;
-                    }
+                    room.send(ingested);
                     continue;
                 }
                 let (Some(first_seq), Some(last_seq)) = (batch.first_seq, batch.last_seq) else {
@@ -519,12 +549,7 @@ impl EventIngest for Ingest {
                     fresh: std::mem::take(&mut fresh),
                     stream: if fleet { stream } else { 0 },
                 };
-                if this.tx.send(ingested).await.is_err() {
-                    let _ = ack_tx
-                        .send(Err(Status::unavailable("collector is shutting down")))
-                        .await;
-                    break;
-                }
+                room.send(ingested);
                 this.stats.batches_accepted.fetch_add(1, Ordering::Relaxed);
                 this.stats
                     .events_accepted

@@ -248,6 +248,45 @@ async fn above_the_memory_limit_batches_are_refused_with_unavailable() {
     server.stop.cancel();
 }
 
+#[tokio::test]
+async fn a_batch_is_decoded_only_once_the_pipeline_has_room_for_it() {
+    // The pipeline takes nothing: its queue (64 batches) fills, and the next
+    // batch waits as its bytes. One whose instance id is not UTF-8, which
+    // only decoding finds, is refused once there is room, not before.
+    let (server, mut pipeline) = serve(loopback(), Limits::default(), |ingest| ingest).await;
+    let (tx, rx) = mpsc::channel(128);
+    let mut acks = hermes_e2e::ingest::raw_stream(
+        &server.endpoint,
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    )
+    .await
+    .unwrap();
+    for seq in 1..=64 {
+        tx.send(prost::Message::encode_to_vec(&batch(seq, 1)))
+            .await
+            .unwrap();
+        let ack = tokio::time::timeout(WAIT, acks.message()).await.unwrap();
+        assert_eq!(ack.unwrap().unwrap().last_seq, seq);
+    }
+    let mut bad = prost::Message::encode_to_vec(&batch(65, 1));
+    let at = bad.windows(3).position(|w| w == b"i-1").unwrap();
+    bad[at] = 0xff;
+    tx.send(bad).await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), acks.message())
+            .await
+            .is_err(),
+        "refused while the queue was full"
+    );
+    assert!(pipeline.recv().await.is_some());
+    let refused = tokio::time::timeout(WAIT, acks.message())
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Internal, "{refused:?}");
+    server.stop.cancel();
+}
+
 /// A batch of `n` small events from `first_seq` on, of instance `instance`.
 fn events_batch(instance: &str, first_seq: u64, n: u64) -> EventBatch {
     EventBatch {
