@@ -5,16 +5,18 @@
 //!
 //! * every map of correlation state is keyed by [`key`] (instance, id), so
 //!   an event only ever touches what its own instance opened;
-//! * [`Usage`] per instance: open turns, sessions (pending session starts
-//!   and subagent links) and approximate bytes held. An instance over its
-//!   own budget loses its own oldest state; over a global budget, the
-//!   instance holding the most loses its oldest, never a lighter one;
+//! * budgets on what each instance holds (`ledger.rs`): open turns,
+//!   sessions (pending session starts and subagent links) and approximate
+//!   bytes. An instance over its own budget loses its own oldest state;
+//!   over a global budget, the instance holding the most loses its oldest,
+//!   never a lighter one;
 //! * the turns closed recently, and the owner of each turn id's plain
 //!   (unscoped) trace id, so that no two spans ever share a trace id and
 //!   span id: `closed.rs`.
 
 use hermes_span::Str;
 
+use crate::ledger::{Ledger, Measure};
 use crate::oldest::ByAge;
 use crate::{Correlator, FinishedSpan, Map, Turn};
 
@@ -56,117 +58,11 @@ fn write_key(k: &mut String, instance: &str, id: &str) {
     k.push_str(id);
 }
 
-/// What one instance holds.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Usage {
-    pub turns: usize,
-    pub sessions: usize,
-    pub bytes: usize,
-}
-
-impl Usage {
-    fn is_empty(&self) -> bool {
-        self.turns == 0 && self.sessions == 0 && self.bytes == 0
-    }
-
-    fn add(&mut self, turns: usize, sessions: usize, bytes: usize) {
-        self.turns += turns;
-        self.sessions += sessions;
-        self.bytes += bytes;
-    }
-
-    fn sub(&mut self, turns: usize, sessions: usize, bytes: usize) {
-        self.turns = self.turns.saturating_sub(turns);
-        self.sessions = self.sessions.saturating_sub(sessions);
-        self.bytes = self.bytes.saturating_sub(bytes);
-    }
-}
-
-/// What one instance holds, and its open records by how recently they
-/// were active (the ones its budgets evict first): kept from the first
-/// eviction of their kind on, built then from the open records, so that an
-/// agent within its budgets costs nothing here.
-#[derive(Debug, Default)]
-pub(crate) struct Agent {
-    pub usage: Usage,
-    pub turns: Option<ByAge>,
-    pub starts: Option<ByAge>,
-    pub links: Option<ByAge>,
-}
-
-impl Agent {
-    fn tracks(&self) -> bool {
-        self.turns.is_some() || self.starts.is_some() || self.links.is_some()
-    }
-}
-
-/// The usage of every instance holding something, and the totals.
-#[derive(Debug, Default)]
-pub(crate) struct Ledger {
-    pub agents: Map<String, Agent>,
-    /// What all instances hold together.
-    pub total: Usage,
-    /// How many agents keep records by age: while none does, opening a
-    /// record looks nobody up ([`Correlator::track`]).
-    pub tracking: usize,
-}
-
-impl Ledger {
-    pub fn of(&self, instance: &str) -> Usage {
-        self.agents
-            .get(instance)
-            .map(|a| a.usage)
-            .unwrap_or_default()
-    }
-
-    pub fn add(&mut self, instance: &str, turns: usize, sessions: usize, bytes: usize) {
-        let agent = match self.agents.get_mut(instance) {
-            Some(agent) => agent,
-            None => self.agents.entry(instance.to_owned()).or_default(),
-        };
-        agent.usage.add(turns, sessions, bytes);
-        self.total.add(turns, sessions, bytes);
-    }
-
-    /// Takes back what `instance` held, at most all of it: the total stays
-    /// the sum of the agents' usage, which
-    /// [`Correlator::enforce_budgets`] relies on.
-    pub fn sub(&mut self, instance: &str, turns: usize, sessions: usize, bytes: usize) {
-        let Some(Agent { usage: u, .. }) = self.agents.get_mut(instance) else {
-            return;
-        };
-        let before = *u;
-        u.sub(turns, sessions, bytes);
-        self.total.sub(
-            before.turns - u.turns,
-            before.sessions - u.sessions,
-            before.bytes - u.bytes,
-        );
-        if u.is_empty() && self.agents.remove(instance).is_some_and(|a| a.tracks()) {
-            self.tracking -= 1;
-        }
-    }
-
-    /// The instance holding the most by `measure` (ties: the smallest id,
-    /// so that the choice does not depend on the map's order).
-    pub fn heaviest(&self, measure: impl Fn(&Usage) -> usize) -> Option<String> {
-        self.agents
-            .iter()
-            .filter(|(_, a)| measure(&a.usage) > 0)
-            .max_by(|a, b| {
-                measure(&a.1.usage)
-                    .cmp(&measure(&b.1.usage))
-                    .then_with(|| b.0.cmp(a.0))
-            })
-            .map(|(i, _)| i.clone())
-    }
-}
-
 /// A budget [`Correlator::enforce_budgets`] keeps: what it reads of a
 /// usage (an instance's or the total), its limits, and how an instance's
 /// oldest state goes (false: nothing left to evict).
 struct Budget {
-    used: fn(&Usage) -> usize,
+    measure: Measure,
     per_agent: usize,
     all: usize,
     evict: fn(&mut Correlator, &str, &mut Vec<FinishedSpan>) -> bool,
@@ -187,13 +83,13 @@ impl Correlator {
         let c = &self.config;
         let budgets = [
             Budget {
-                used: |u| u.sessions,
+                measure: Measure::Sessions,
                 per_agent: c.max_sessions_per_agent,
                 all: c.max_sessions,
                 evict: Self::evict_oldest_session,
             },
             Budget {
-                used: |u| u.bytes,
+                measure: Measure::Bytes,
                 per_agent: c.max_bytes_per_agent,
                 all: c.max_bytes,
                 evict: Self::evict_oldest_state,
@@ -207,15 +103,16 @@ impl Correlator {
     fn enforce(&mut self, instance: &str, budget: &Budget, out: &mut Vec<FinishedSpan>) {
         // No agent holds more than all of them together: within the
         // per-agent limit in total, nobody's usage needs looking up.
-        while (budget.used)(&self.ledger.total) > budget.per_agent
-            && (budget.used)(&self.ledger.of(instance)) > budget.per_agent
+        let measure = budget.measure;
+        while measure.of(&self.ledger.total) > budget.per_agent
+            && measure.of(&self.ledger.of(instance)) > budget.per_agent
         {
             if !(budget.evict)(self, instance, out) {
                 break;
             }
         }
-        while (budget.used)(&self.ledger.total) > budget.all {
-            let Some(heaviest) = self.ledger.heaviest(budget.used) else {
+        while measure.of(&self.ledger.total) > budget.all {
+            let Some(heaviest) = self.ledger.heaviest(measure, budget.all) else {
                 break;
             };
             if !(budget.evict)(self, &heaviest, out) {
@@ -231,8 +128,9 @@ impl Correlator {
         if self.ledger.of(instance).turns >= self.config.max_open_turns_per_agent {
             self.evict_oldest_turn(instance, Reason::Turns, out);
         }
-        if self.turns.len() >= self.config.max_open_turns
-            && let Some(heaviest) = self.ledger.heaviest(|u| u.turns)
+        let limit = self.config.max_open_turns;
+        if self.turns.len() >= limit
+            && let Some(heaviest) = self.ledger.heaviest(Measure::Turns, limit)
         {
             self.evict_oldest_turn(&heaviest, Reason::Turns, out);
         }
@@ -425,7 +323,7 @@ fn seen<'a, V>(
 mod tests {
     use hermes_e2e::events::{event, ids, session_ids, shim, turn_body};
 
-    use super::{KeyBuf, Ledger, key};
+    use super::{KeyBuf, key};
     use crate::{Config, Correlator, Departure};
 
     #[test]
@@ -494,27 +392,5 @@ mod tests {
         ] {
             assert_eq!(keys.of(instance, id), key(instance, id));
         }
-    }
-
-    #[test]
-    fn the_total_stays_the_sum_of_the_agents() {
-        // Budgets skip looking an agent up while the total is within the
-        // per-agent limit: taking back more than an agent held must not
-        // take the rest from the others' share of the total.
-        let mut ledger = Ledger::default();
-        ledger.add("a", 1, 1, 10);
-        ledger.add("b", 0, 0, 5);
-        ledger.sub("a", 2, 1, 25);
-        ledger.sub("gone", 1, 1, 1);
-        assert_eq!(
-            (
-                ledger.total.turns,
-                ledger.total.sessions,
-                ledger.total.bytes
-            ),
-            (0, 0, 5)
-        );
-        assert_eq!(ledger.of("b").bytes, 5);
-        assert_eq!(ledger.of("a").bytes, 0);
     }
 }

@@ -48,6 +48,7 @@ mod fleet;
 pub use fleet::{Closure, Departure};
 pub mod ids;
 mod ingest;
+mod ledger;
 mod oldest;
 pub mod sequencer;
 mod sessions;
@@ -74,8 +75,9 @@ pub use attrs::Attrs;
 use attrs::Interner;
 use closed::Closed;
 pub use exit::PROCESS_EXIT_REASON;
-use fair::{Kind, Ledger, RECORD_BYTES, TURN_BYTES, key};
+use fair::{Kind, RECORD_BYTES, TURN_BYTES, key};
 use ids::{SpanId, SpanKey, TraceId, scoped_trace_id, span_id, trace_id};
+use ledger::Ledger;
 use turns::At;
 
 /// The correlator's and the sequencer's maps, keyed by ids from the agents:
@@ -250,7 +252,7 @@ struct OpenTool {
     arguments: Option<String>,
 }
 
-// Approximate bytes each open record holds (`fair::Usage::bytes`).
+// Approximate bytes each open record holds (`ledger::Usage::bytes`).
 impl OpenAttempt {
     fn bytes(&self) -> usize {
         RECORD_BYTES
