@@ -16,7 +16,7 @@
 
 use hermes_span::Str;
 
-use crate::ledger::{Ledger, Measure};
+use crate::ledger::{Agent, Ledger, Measure};
 use crate::oldest::ByAge;
 use crate::{Correlator, FinishedSpan, Map, Turn};
 
@@ -175,6 +175,43 @@ impl Correlator {
         }
     }
 
+    /// Near a global limit (a global budget keeps the agents by weight),
+    /// every agent keeps its open records by age: the agents evicted are
+    /// then many, often each holding one record, and building each one's
+    /// heaps at its first eviction would visit every open record for each
+    /// of them. Built here in one visit of all open records; an agent new
+    /// meanwhile starts with empty heaps (`Ledger::add`).
+    fn keep_all_by_age(&mut self) {
+        let ledger = &mut self.ledger;
+        if !ledger.weighing() || ledger.all_by_age {
+            return;
+        }
+        ledger.all_by_age = true;
+        for agent in ledger.agents.values_mut() {
+            ledger.tracking += usize::from(!agent.tracks());
+            agent.keep_by_age();
+        }
+        let agents = &mut ledger.agents;
+        fill(
+            agents,
+            &self.turns,
+            |t| (&t.instance, t.last_seen),
+            |a| &mut a.turns,
+        );
+        fill(
+            agents,
+            &self.pending_starts,
+            |p| (&p.instance, p.at),
+            |a| &mut a.starts,
+        );
+        fill(
+            agents,
+            &self.links,
+            |l| (&l.instance, l.last_seen),
+            |a| &mut a.links,
+        );
+    }
+
     /// Closes `instance`'s least recently active turn as incomplete.
     pub(crate) fn evict_oldest_turn(
         &mut self,
@@ -182,6 +219,7 @@ impl Correlator {
         reason: Reason,
         out: &mut Vec<FinishedSpan>,
     ) -> bool {
+        self.keep_all_by_age();
         let Some(agent) = self.ledger.agents.get_mut(instance) else {
             return false;
         };
@@ -214,6 +252,7 @@ impl Correlator {
     /// attached yet, or a subagent link (its subagent, when still open, is
     /// closed as incomplete first, so its span is emitted).
     fn evict_oldest_session(&mut self, instance: &str, out: &mut Vec<FinishedSpan>) -> bool {
+        self.keep_all_by_age();
         let Some(agent) = self.ledger.agents.get_mut(instance) else {
             return false;
         };
@@ -300,12 +339,36 @@ pub(crate) enum Kind {
 /// `instance`'s open records in `records` (keyed by [`key`]) by age,
 /// `held` giving a record's instance and time.
 fn by_age<V>(records: &Map<String, V>, instance: &str, held: fn(&V) -> (&Str, u64)) -> ByAge {
-    // A key is the instance's length, `:`, the instance, then the id.
-    let prefix = itoa::Buffer::new().format(instance.len()).len() + 1 + instance.len();
     ByAge::of(records.iter().filter_map(|(k, v)| {
         let (of, t) = held(v);
-        (of.as_str() == instance).then(|| (t, Str::from(k.get(prefix..).unwrap_or_default())))
+        (of.as_str() == instance).then(|| (t, id_in(k, instance)))
     }))
+}
+
+/// Adds every open record in `records` (keyed by [`key`]) to its agent's
+/// heap of that kind (`heap`), `held` giving a record's instance and time.
+fn fill<V>(
+    agents: &mut Map<String, Agent>,
+    records: &Map<String, V>,
+    held: fn(&V) -> (&Str, u64),
+    heap: fn(&mut Agent) -> &mut Option<ByAge>,
+) {
+    for (k, v) in records {
+        let (instance, t) = held(v);
+        if let Some(by_age) = agents
+            .get_mut(instance.as_str())
+            .and_then(|a| heap(a).as_mut())
+        {
+            by_age.insert(t, id_in(k, instance));
+        }
+    }
+}
+
+/// The id in `instance`'s [`key`] `k`.
+fn id_in(k: &str, instance: &str) -> Str {
+    // A key is the instance's length, `:`, the instance, then the id.
+    let prefix = itoa::Buffer::new().format(instance.len()).len() + 1 + instance.len();
+    Str::from(k.get(prefix..).unwrap_or_default())
 }
 
 /// The time of `instance`'s open record by its id in `records` (keyed by
@@ -322,9 +385,25 @@ fn seen<'a, V>(
 #[cfg(test)]
 mod tests {
     use hermes_e2e::events::{event, ids, session_ids, shim, turn_body};
+    use hermes_proto::v1::ShimInfo as Shim;
 
     use super::{KeyBuf, key};
-    use crate::{Config, Correlator, Departure};
+    use crate::oldest::ByAge;
+    use crate::{Config, Correlator, Departure, FinishedSpan};
+
+    /// A session of `agent`'s and its turn, opened at `t_ms`.
+    fn open(
+        c: &mut Correlator,
+        out: &mut Vec<FinishedSpan>,
+        agent: &Shim,
+        session: &str,
+        t_ms: u64,
+    ) {
+        let start = event("on_session_start", t_ms, session_ids(session), None);
+        c.ingest(agent, &start, out);
+        let turn = ids(session, "task", &format!("{session}:t"));
+        c.ingest(agent, &event("pre_llm_call", t_ms, turn, turn_body()), out);
+    }
 
     #[test]
     fn agents_keep_records_by_age_from_their_first_eviction_until_they_hold_nothing() {
@@ -334,13 +413,6 @@ mod tests {
             ..Config::default()
         });
         let mut out = Vec::new();
-        // A session of `agent`'s and its turn, opened at `t_ms`.
-        let open = |c: &mut Correlator, out: &mut Vec<_>, agent, session: &str, t_ms| {
-            let start = event("on_session_start", t_ms, session_ids(session), None);
-            c.ingest(agent, &start, out);
-            let turn = ids(session, "task", &format!("{session}:t"));
-            c.ingest(agent, &event("pre_llm_call", t_ms, turn, turn_body()), out);
-        };
         let agents = [shim("inst-1"), shim("inst-2"), shim("inst-3")];
         for (n, agent) in agents.iter().enumerate() {
             // Within the budgets: nothing kept, nobody looked up.
@@ -369,6 +441,45 @@ mod tests {
         c.flush_all(&mut out);
         assert!(c.ledger.agents.is_empty());
         assert_eq!(c.ledger.tracking, 0);
+    }
+
+    #[test]
+    fn near_a_global_limit_every_agent_keeps_records_by_age() {
+        let mut c = Correlator::new(Config {
+            max_open_turns: 4,
+            ..Config::default()
+        });
+        let mut out = Vec::new();
+        let agents: Vec<Shim> = (0..6).map(|n| shim(&format!("inst-{n}"))).collect();
+        for (n, agent) in agents[..4].iter().enumerate() {
+            open(&mut c, &mut out, agent, &format!("s{n}"), n as u64);
+        }
+        assert_eq!(c.ledger.tracking, 0, "at the limit, nothing evicted yet");
+        // One turn each: the heaviest by the smallest id loses its turn,
+        // and every agent keeps its records from then on, the new one too.
+        open(&mut c, &mut out, &agents[4], "s4", 4);
+        assert_eq!(c.stats().turns_evicted, 1);
+        assert_eq!(c.ledger.of("inst-0").turns, 0);
+        assert!(c.ledger.all_by_age);
+        let tracked = |c: &Correlator| c.ledger.agents.values().filter(|a| a.tracks()).count();
+        assert_eq!(
+            (c.ledger.tracking, tracked(&c)),
+            (4, 4),
+            "inst-0 went empty"
+        );
+        let kept =
+            |c: &Correlator, agent: &str| c.ledger.agents[agent].turns.as_ref().map(ByAge::len);
+        assert_eq!(kept(&c, "inst-1"), Some(1), "built from its open turns");
+        assert_eq!(kept(&c, "inst-4"), Some(1), "from its first turn");
+        open(&mut c, &mut out, &agents[5], "s5", 5);
+        assert_eq!(c.ledger.of("inst-1").turns, 0, "the next by id");
+        assert_eq!(c.stats().turns_evicted, 2);
+        // Under half the limit, a new agent keeps nothing until it evicts.
+        c.flush_all(&mut out);
+        assert!(!c.ledger.all_by_age);
+        assert_eq!(c.ledger.tracking, 0);
+        open(&mut c, &mut out, &agents[0], "s6", 6);
+        assert_eq!(tracked(&c), 0);
     }
 
     #[test]

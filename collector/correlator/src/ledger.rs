@@ -64,7 +64,8 @@ impl Measure {
 /// What one instance holds, and its open records by how recently they
 /// were active (the ones its budgets evict first): kept from the first
 /// eviction of their kind on, built then from the open records, so that an
-/// agent within its budgets costs nothing here.
+/// agent within its budgets costs nothing here; near a global limit, kept
+/// for every agent ([`Ledger::all_by_age`]).
 #[derive(Debug, Default)]
 pub(crate) struct Agent {
     pub usage: Usage,
@@ -81,6 +82,13 @@ impl Agent {
         self.turns.is_some() || self.starts.is_some() || self.links.is_some()
     }
 
+    /// Keeps the agent's records by age from here on, in empty heaps.
+    pub(crate) fn keep_by_age(&mut self) {
+        self.turns = Some(ByAge::default());
+        self.starts = Some(ByAge::default());
+        self.links = Some(ByAge::default());
+    }
+
     fn id(&mut self, instance: &str) -> Str {
         self.id.get_or_insert_with(|| Str::from(instance)).clone()
     }
@@ -95,6 +103,10 @@ pub(crate) struct Ledger {
     /// How many agents keep records by age: while none does, opening a
     /// record looks nobody up (`Correlator::track`).
     pub tracking: usize,
+    /// Whether every agent keeps its records by age, an agent new
+    /// meanwhile from its first record on: set near a global limit
+    /// (`Correlator::keep_all_by_age`), until no index is kept.
+    pub all_by_age: bool,
     /// The agents by each measure (turns, sessions, bytes), while kept.
     heavy: [Option<ByWeight>; 3],
     /// Whether any of them is kept: while none is, a change of usage
@@ -113,13 +125,21 @@ impl Ledger {
     pub fn add(&mut self, instance: &str, turns: usize, sessions: usize, bytes: usize) {
         let agent = match self.agents.get_mut(instance) {
             Some(agent) => agent,
-            None => self.agents.entry(instance.to_owned()).or_default(),
+            None => {
+                let mut agent = Agent::default();
+                if self.all_by_age {
+                    agent.keep_by_age();
+                    self.tracking += 1;
+                }
+                self.agents.entry(instance.to_owned()).or_insert(agent)
+            }
         };
         let before = agent.usage;
         agent.usage.add(turns, sessions, bytes);
         self.total.add(turns, sessions, bytes);
         if self.weighing {
             self.weighing = reweigh(&mut self.heavy, &self.total, instance, agent, before);
+            self.all_by_age &= self.weighing;
         }
     }
 
@@ -140,10 +160,17 @@ impl Ledger {
         );
         if self.weighing {
             self.weighing = reweigh(&mut self.heavy, &self.total, instance, agent, before);
+            self.all_by_age &= self.weighing;
         }
         if u.is_empty() && self.agents.remove(instance).is_some_and(|a| a.tracks()) {
             self.tracking -= 1;
         }
+    }
+
+    /// Whether a global budget keeps the agents by weight: the collector
+    /// is near a global limit.
+    pub fn weighing(&self) -> bool {
+        self.weighing
     }
 
     /// The instance holding the most by `measure` (ties: the smallest id,

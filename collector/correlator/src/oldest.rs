@@ -19,8 +19,9 @@ const SLACK: usize = 16;
 
 /// One agent's open records of one kind (turns, session starts or
 /// subagent links) by (time, id), least recent first: a min-heap kept
-/// lazily. A record is pushed whenever it opens; afterwards its time only
-/// grows, and nothing is done when it grows or when the record closes.
+/// lazily while the agent keeps it (`Agent`). A record is pushed whenever
+/// it opens; afterwards its time only grows, and nothing is done when it
+/// grows or when the record closes.
 /// [`ByAge::oldest`] checks the top against the record itself: a closed
 /// record's entry goes, an entry older than its record's time goes back
 /// with the record's time. Every open record keeps an entry no later than
@@ -33,6 +34,11 @@ impl ByAge {
     /// The heap of the open records `(time, id)`.
     pub(crate) fn of(records: impl IntoIterator<Item = (u64, Str)>) -> Self {
         Self(records.into_iter().map(Reverse).collect())
+    }
+
+    /// Adds the open record `id` at `t`, as [`ByAge::of`] does.
+    pub(crate) fn insert(&mut self, t: u64, id: Str) {
+        self.0.push(Reverse((t, id)));
     }
 
     /// Records that the record `id` opens (or is replaced) at `t`, before
