@@ -144,7 +144,8 @@ impl Correlator {
     }
 
     /// Records that `instance` opens the record `id` of `kind` at `t`
-    /// (before storing it), once its records of that kind are kept by age.
+    /// (before storing it), once its records of that kind are kept by age;
+    /// `id` becomes a [`Str`] only then.
     pub(crate) fn track(&mut self, kind: Kind, instance: &str, t: u64, id: impl Into<Str>) {
         if self.ledger.tracking == 0 {
             return;

@@ -172,7 +172,7 @@ impl Correlator {
             let turn = self.new_turn(at);
             self.ledger.add(instance, 1, 0, turn.charged);
             self.session_turns.add(&turn);
-            self.track(Kind::Turn, instance, turn.last_seen, turn.turn_id.clone());
+            self.track(Kind::Turn, instance, turn.last_seen, &turn.turn_id);
             self.turns
                 .raw_entry_mut()
                 .from_key_hashed_nocheck(hash, &k)

@@ -86,6 +86,13 @@ impl From<Arc<str>> for Str {
     }
 }
 
+/// A clone: a shared string's reference count, not its text.
+impl From<&Str> for Str {
+    fn from(s: &Str) -> Self {
+        s.clone()
+    }
+}
+
 impl From<&Str> for String {
     fn from(s: &Str) -> Self {
         s.as_str().to_owned()
