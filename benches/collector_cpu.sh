@@ -9,11 +9,12 @@
 # TURNS = 80 000 / N for the same events); `--fixture FILE` replays FILE's
 # turn instead of the recorded fixtures (benches/fixtures/open-turns.jsonl:
 # turns that open and never end, so that every agent stays at its limit of
-# open turns and each new turn evicts one). Prints one line per run and then
+# open turns and each new turn evicts one); `--batch N` sends N events a
+# batch instead of 512. Prints one line per run and then
 # each build's median and spread; compare medians, and only within one run
 # of the script.
 #
-#   benches/collector_cpu.sh [--rounds N] [--turns T] [--instances N] [--fixture FILE] [--gzip] BIN_DIR...
+#   benches/collector_cpu.sh [--rounds N] [--turns T] [--instances N] [--fixture FILE] [--batch N] [--gzip] BIN_DIR...
 #
 # BIN_DIR holds a build's hermes-collector, hermes-bench-sink and
 # hermes-loadgen (e.g. target/dist copied aside).
@@ -22,6 +23,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROUNDS=5
 TURNS=20000
 INSTANCES=4
+BATCH=512
 FIXTURE=()
 DIRS=()
 while [[ $# -gt 0 ]]; do
@@ -30,12 +32,13 @@ while [[ $# -gt 0 ]]; do
     --turns) TURNS=$2; shift 2 ;;
     --instances) INSTANCES=$2; shift 2 ;;
     --fixture) FIXTURE=(--fixture "$(realpath "$2")"); shift 2 ;;
+    --batch) BATCH=$2; shift 2 ;;
     --gzip) GZIP=1; shift ;;
     -*) echo "unknown option $1" >&2; exit 64 ;;
     *) DIRS+=("$(cd "$1" && pwd)"); shift ;;
   esac
 done
-[[ ${#DIRS[@]} -ge 1 ]] || { echo "usage: $0 [--rounds N] [--turns T] [--instances N] [--fixture FILE] [--gzip] BIN_DIR..." >&2; exit 64; }
+[[ ${#DIRS[@]} -ge 1 ]] || { echo "usage: $0 [--rounds N] [--turns T] [--instances N] [--fixture FILE] [--batch N] [--gzip] BIN_DIR..." >&2; exit 64; }
 OUT="$(mktemp -d /tmp/hermes-cpu-XXXXXX)"
 . benches/lib.sh
 if [[ -n "${GZIP:-}" ]]; then
@@ -50,7 +53,7 @@ run() {
   mkdir -p "$run"
   start_collector "$bin" "$run/" || exit 1
   "$bin/hermes-loadgen" --endpoint "http://127.0.0.1:$LISTEN" --instances "$INSTANCES" \
-    --turns "$TURNS" --batch 512 --give-up-secs 300 "${FIXTURE[@]}" > "$run/loadgen.json"
+    --turns "$TURNS" --batch "$BATCH" --give-up-secs 300 "${FIXTURE[@]}" > "$run/loadgen.json"
   sleep 2   # the last spans reach the sink
   # utime and stime, fields 14 and 15 (the command, field 2, has no spaces).
   local cpu

@@ -171,16 +171,21 @@ impl<C: Clock> Driver<C> {
         let mut ticked = false;
         let mut stopped = false;
         loop {
-            // What open state, held events and held traces need.
-            let open = lowest(correlation.min_open_lsn(), sampler.min_held_lsn());
             // Nothing open, held or unsettled: a tick would do nothing, so
             // the timer stops until the next batch (an idle collector
             // sleeps), or until the TTL of what only the TTL closes, or the
-            // wait of a held trace whose root will not come.
+            // wait of a held trace whose root will not come. Whether the
+            // queue is settled is asked last: what open state needs is a
+            // visit of all of it, and while turns are open the timer runs
+            // anyway.
             let expiry = match correlation.expiry() {
-                _ if !ledger.is_settled(open) => Expiry::EveryTick,
-                _ if settlement.as_ref().is_some_and(Settlement::is_pending) => Expiry::EveryTick,
                 Expiry::EveryTick => Expiry::EveryTick,
+                _ if settlement.as_ref().is_some_and(Settlement::is_pending) => Expiry::EveryTick,
+                _ if !ledger
+                    .is_settled(lowest(correlation.min_open_lsn(), sampler.min_held_lsn())) =>
+                {
+                    Expiry::EveryTick
+                }
                 expiry => match (
                     expiry,
                     lowest(
