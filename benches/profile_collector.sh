@@ -16,6 +16,7 @@
 #   benches/profile_collector.sh [BIN_DIR] [TURNS_PER_AGENT]
 #   INSTANCES=2000 benches/profile_collector.sh DIR 40   (2 000 agents at once)
 #   FIXTURE=benches/fixtures/open-turns.jsonl ...   (replays FILE's turn)
+#   BATCH=4 ...   (events a batch; 512 unless set)
 #   FREQ=1999 COLLECTOR_CONFIG=gzip.yaml benches/profile_collector.sh DIR 20000
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,7 +30,7 @@ perf record -o "$OUT/perf.data" -F "${FREQ:-499}" --call-graph dwarf,16384 -p "$
 PERF_PID=$!
 sleep 0.5
 echo "load: $(uptime)"
-"$BIN/hermes-loadgen" --endpoint "http://127.0.0.1:$LISTEN" --instances "${INSTANCES:-4}" --turns "$TURNS" --batch 512 \
+"$BIN/hermes-loadgen" --endpoint "http://127.0.0.1:$LISTEN" --instances "${INSTANCES:-4}" --turns "$TURNS" --batch "${BATCH:-512}" \
   ${FIXTURE:+--fixture "$(realpath "$FIXTURE")"}
 sleep 2
 kill -INT "$PERF_PID"; wait "$PERF_PID" || true
