@@ -18,7 +18,7 @@ use hermes_span::Str;
 
 use crate::ledger::{Agent, Ledger, Measure};
 use crate::oldest::ByAge;
-use crate::{Correlator, FinishedSpan, Map, Turn};
+use crate::{Correlator, FinishedSpan, Map, PendingSessionStart, SubagentLink, Turn};
 
 /// Bytes a turn, attempt, tool, approval, event or session record costs
 /// besides its strings (the maps' slots and the structs): an estimate, so
@@ -157,19 +157,19 @@ impl Correlator {
         match kind {
             Kind::Turn => {
                 if let Some(by_age) = &mut agent.turns {
-                    let now = seen(&self.turns, keys, instance, |r| r.last_seen);
+                    let now = seen(&self.turns, keys, instance);
                     by_age.push(t, id.into(), usage.turns, now);
                 }
             }
             Kind::Start => {
                 if let Some(by_age) = &mut agent.starts {
-                    let now = seen(&self.pending_starts, keys, instance, |r| r.at);
+                    let now = seen(&self.pending_starts, keys, instance);
                     by_age.push(t, id.into(), usage.sessions, now);
                 }
             }
             Kind::Link => {
                 if let Some(by_age) = &mut agent.links {
-                    let now = seen(&self.links, keys, instance, |r| r.last_seen);
+                    let now = seen(&self.links, keys, instance);
                     by_age.push(t, id.into(), usage.sessions, now);
                 }
             }
@@ -193,24 +193,9 @@ impl Correlator {
             agent.keep_by_age();
         }
         let agents = &mut ledger.agents;
-        fill(
-            agents,
-            &self.turns,
-            |t| (&t.instance, t.last_seen),
-            |a| &mut a.turns,
-        );
-        fill(
-            agents,
-            &self.pending_starts,
-            |p| (&p.instance, p.at),
-            |a| &mut a.starts,
-        );
-        fill(
-            agents,
-            &self.links,
-            |l| (&l.instance, l.last_seen),
-            |a| &mut a.links,
-        );
+        fill(agents, &self.turns, |a| &mut a.turns);
+        fill(agents, &self.pending_starts, |a| &mut a.starts);
+        fill(agents, &self.links, |a| &mut a.links);
     }
 
     /// Closes `instance`'s least recently active turn as incomplete.
@@ -228,15 +213,8 @@ impl Correlator {
         let turns = &self.turns;
         let oldest = agent
             .turns
-            .get_or_insert_with(|| {
-                ByAge::of(
-                    turns
-                        .values()
-                        .filter(|t| t.instance.as_str() == instance)
-                        .map(|t| (t.last_seen, t.turn_id.clone())),
-                )
-            })
-            .oldest(seen(turns, &mut self.keys, instance, |r| r.last_seen));
+            .get_or_insert_with(|| by_age(turns, instance))
+            .oldest(seen(turns, &mut self.keys, instance));
         let Some(turn) = oldest.and_then(|(_, id)| self.take_turn_of(instance, &id)) else {
             return false;
         };
@@ -261,12 +239,12 @@ impl Correlator {
         let (starts, links, keys) = (&self.pending_starts, &self.links, &mut self.keys);
         let start = agent
             .starts
-            .get_or_insert_with(|| by_age(starts, instance, |p| (&p.instance, p.at)))
-            .oldest(seen(starts, keys, instance, |r| r.at));
+            .get_or_insert_with(|| by_age(starts, instance))
+            .oldest(seen(starts, keys, instance));
         let link = agent
             .links
-            .get_or_insert_with(|| by_age(links, instance, |l| (&l.instance, l.last_seen)))
-            .oldest(seen(links, keys, instance, |r| r.last_seen));
+            .get_or_insert_with(|| by_age(links, instance))
+            .oldest(seen(links, keys, instance));
         let taken = match (start, link) {
             (Some(s), Some(l)) if l < s => self.drop_link(&key(instance, &l.1), out),
             (Some(s), _) => self.drop_pending_start(&key(instance, &s.1)),
@@ -337,30 +315,66 @@ pub(crate) enum Kind {
     Link,
 }
 
-/// `instance`'s open records in `records` (keyed by [`key`]) by age,
-/// `held` giving a record's instance and time.
-fn by_age<V>(records: &Map<String, V>, instance: &str, held: fn(&V) -> (&Str, u64)) -> ByAge {
-    ByAge::of(records.iter().filter_map(|(k, v)| {
-        let (of, t) = held(v);
-        (of.as_str() == instance).then(|| (t, id_in(k, instance)))
-    }))
+/// An open record an agent's budgets evict by age: a turn, a session
+/// start or a subagent link.
+trait Aged {
+    /// The instance that opened it.
+    fn instance(&self) -> &Str;
+    /// Its time in [`ByAge`]: when it was last active.
+    fn time(&self) -> u64;
+}
+
+impl Aged for Turn {
+    fn instance(&self) -> &Str {
+        &self.instance
+    }
+    fn time(&self) -> u64 {
+        self.last_seen
+    }
+}
+
+impl Aged for PendingSessionStart {
+    fn instance(&self) -> &Str {
+        &self.instance
+    }
+    fn time(&self) -> u64 {
+        self.at
+    }
+}
+
+impl Aged for SubagentLink {
+    fn instance(&self) -> &Str {
+        &self.instance
+    }
+    fn time(&self) -> u64 {
+        self.last_seen
+    }
+}
+
+/// `instance`'s open records in `records` (keyed by [`key`]) by age.
+fn by_age<V: Aged>(records: &Map<String, V>, instance: &str) -> ByAge {
+    ByAge::of(
+        records
+            .iter()
+            .filter(|(_, v)| v.instance().as_str() == instance)
+            .map(|(k, v)| (v.time(), id_in(k, instance))),
+    )
 }
 
 /// Adds every open record in `records` (keyed by [`key`]) to its agent's
-/// heap of that kind (`heap`), `held` giving a record's instance and time.
-fn fill<V>(
+/// heap of that kind (`heap`).
+fn fill<V: Aged>(
     agents: &mut Map<String, Agent>,
     records: &Map<String, V>,
-    held: fn(&V) -> (&Str, u64),
     heap: fn(&mut Agent) -> &mut Option<ByAge>,
 ) {
     for (k, v) in records {
-        let (instance, t) = held(v);
+        let instance = v.instance();
         if let Some(by_age) = agents
             .get_mut(instance.as_str())
             .and_then(|a| heap(a).as_mut())
         {
-            by_age.insert(t, id_in(k, instance));
+            by_age.insert(v.time(), id_in(k, instance));
         }
     }
 }
@@ -373,14 +387,13 @@ fn id_in(k: &str, instance: &str) -> Str {
 }
 
 /// The time of `instance`'s open record by its id in `records` (keyed by
-/// [`key`]), `time` reading it: what [`ByAge`] checks its entries against.
-fn seen<'a, V>(
+/// [`key`]): what [`ByAge`] checks its entries against.
+fn seen<'a, V: Aged>(
     records: &'a Map<String, V>,
     keys: &'a mut KeyBuf,
     instance: &'a str,
-    time: fn(&V) -> u64,
 ) -> impl FnMut(&str) -> Option<u64> + 'a {
-    move |id| records.get(keys.of(instance, id)).map(time)
+    move |id| records.get(keys.of(instance, id)).map(V::time)
 }
 
 #[cfg(test)]
