@@ -9,7 +9,7 @@
 use hermes_proto::v1::{Event, ShimInfo};
 use hermes_proto::view::Source;
 
-use crate::sequencer::{Ready, Sequencer};
+use crate::sequencer::{Released, Sequencer};
 use crate::{Correlator, Expiry, FinishedSpan};
 
 /// The sequencer feeding the correlator, with events of type `E`: the
@@ -20,7 +20,7 @@ pub struct Correlation<E = Event> {
     sequencer: Sequencer<E>,
     correlator: Correlator,
     /// Events the sequencer released, until the correlator takes them.
-    ready: Vec<Ready<E>>,
+    ready: Released<E>,
 }
 
 impl<E: Source> Correlation<E> {
@@ -29,7 +29,7 @@ impl<E: Source> Correlation<E> {
         Self {
             sequencer,
             correlator,
-            ready: Vec::new(),
+            ready: Released::default(),
         }
     }
 
@@ -154,8 +154,8 @@ impl<E: Source> Correlation<E> {
         if let Some(lsn) = self.sequencer.take_released_lsn() {
             self.correlator.set_lsn(lsn);
         }
-        for (shim, event) in self.ready.drain(..) {
-            self.correlator.ingest(&shim, &event, out);
-        }
+        let correlator = &mut self.correlator;
+        self.ready
+            .drain(|shim, event| correlator.ingest(shim, &event, out));
     }
 }

@@ -64,8 +64,64 @@ pub struct SequencerStats {
     pub released: u64,
 }
 
-/// An event ready for the correlator, with its shim's identity.
-pub type Ready<E = Event> = (Arc<ShimInfo>, E);
+/// Events ready for the correlator, in the order released, each with its
+/// shim's identity. Consecutive events of one shim (a batch, usually) share
+/// one reference to it: releasing an event costs no reference count of its
+/// own.
+pub struct Released<E = Event> {
+    shims: Vec<Arc<ShimInfo>>,
+    /// Each event with the index of its shim in `shims`.
+    events: Vec<(usize, E)>,
+}
+
+impl<E> Default for Released<E> {
+    fn default() -> Self {
+        Self {
+            shims: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+}
+
+impl<E> Released<E> {
+    fn push(&mut self, shim: &Arc<ShimInfo>, event: E) {
+        if !self
+            .shims
+            .last()
+            .is_some_and(|last| Arc::ptr_eq(last, shim))
+        {
+            self.shims.push(Arc::clone(shim));
+        }
+        self.events.push((self.shims.len() - 1, event));
+    }
+
+    /// Number of events held.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// The events in order, each with its shim.
+    pub fn iter(&self) -> impl Iterator<Item = (&ShimInfo, &E)> {
+        self.events
+            .iter()
+            .filter_map(|(at, event)| Some((&**self.shims.get(*at)?, event)))
+    }
+
+    /// Hands every event, in order, to `f` with its shim, and empties the
+    /// list.
+    pub fn drain(&mut self, mut f: impl FnMut(&ShimInfo, E)) {
+        for (at, event) in self.events.drain(..) {
+            if let Some(shim) = self.shims.get(at) {
+                f(shim, event);
+            }
+        }
+        self.shims.clear();
+    }
+}
 
 struct Instance<E> {
     shim: Arc<ShimInfo>,
@@ -86,7 +142,7 @@ struct Held<E> {
 
 /// Where released events go, and the lowest lsn among them.
 struct Out<'a, E> {
-    ready: &'a mut Vec<Ready<E>>,
+    ready: &'a mut Released<E>,
     stats: &'a mut SequencerStats,
     min_lsn: &'a mut u64,
 }
@@ -95,7 +151,7 @@ impl<E> Out<'_, E> {
     fn release(&mut self, shim: &Arc<ShimInfo>, held: Held<E>) {
         self.stats.released += 1;
         *self.min_lsn = (*self.min_lsn).min(held.lsn);
-        self.ready.push((shim.clone(), held.event));
+        self.ready.push(shim, held.event);
     }
 }
 
@@ -165,7 +221,7 @@ impl<E: Source> Sequencer<E> {
     fn out<'a>(
         stats: &'a mut SequencerStats,
         released_lsn: &'a mut u64,
-        ready: &'a mut Vec<Ready<E>>,
+        ready: &'a mut Released<E>,
     ) -> Out<'a, E> {
         Out {
             ready,
@@ -182,7 +238,7 @@ impl<E: Source> Sequencer<E> {
         floor_seq: u64,
         event: E,
         now: u64,
-        ready: &mut Vec<Ready<E>>,
+        ready: &mut Released<E>,
     ) {
         self.push_batch(shim, floor_seq, [event], 0, now, ready);
     }
@@ -198,7 +254,7 @@ impl<E: Source> Sequencer<E> {
         events: impl IntoIterator<Item = E>,
         lsn: u64,
         now: u64,
-        ready: &mut Vec<Ready<E>>,
+        ready: &mut Released<E>,
     ) {
         let mut events = events.into_iter();
         let Some(first) = events.next() else {
@@ -239,7 +295,7 @@ impl<E: Source> Sequencer<E> {
     }
 
     /// Skips holes older than the gap timeout at wall-clock `now`.
-    pub fn expire(&mut self, now: u64, ready: &mut Vec<Ready<E>>) {
+    pub fn expire(&mut self, now: u64, ready: &mut Released<E>) {
         let timeout = self.config.gap_timeout_nanos;
         let ids = sorted_keys(&self.instances, |_, _| true);
         let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
@@ -254,7 +310,7 @@ impl<E: Source> Sequencer<E> {
     }
 
     /// Releases everything held (shutdown), in order, skipping the holes.
-    pub fn flush_all(&mut self, ready: &mut Vec<Ready<E>>) {
+    pub fn flush_all(&mut self, ready: &mut Released<E>) {
         let ids = sorted_keys(&self.instances, |_, _| true);
         let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
         for id in ids {
@@ -266,7 +322,7 @@ impl<E: Source> Sequencer<E> {
         }
     }
 
-    fn forget_least_active(&mut self, ready: &mut Vec<Ready<E>>) {
+    fn forget_least_active(&mut self, ready: &mut Released<E>) {
         let oldest = self
             .instances
             .iter()
@@ -364,14 +420,14 @@ mod tests {
         }
     }
 
-    fn seqs(ready: &[Ready]) -> Vec<u64> {
+    fn seqs(ready: &Released) -> Vec<u64> {
         ready.iter().map(|(_, e)| e.seq).collect()
     }
 
     /// A sequencer and the events it released.
     struct Fixture {
         s: Sequencer,
-        out: Vec<Ready>,
+        out: Released,
     }
 
     impl Fixture {
@@ -381,7 +437,7 @@ mod tests {
             set(&mut config);
             Self {
                 s: Sequencer::new(config),
-                out: Vec::new(),
+                out: Released::default(),
             }
         }
 
@@ -414,7 +470,10 @@ mod tests {
         f.push("a", 2, 0);
         f.push("b", 1, 0);
         assert_eq!(f.released(), vec![1]);
-        assert_eq!(f.out[0].0.instance_id, "b");
+        assert_eq!(
+            f.out.iter().next().map(|(s, _)| s.instance_id.as_str()),
+            Some("b")
+        );
     }
 
     #[test]
@@ -471,7 +530,7 @@ mod tests {
             let config = SequencerConfig { max_held, ..Default::default() };
             let mut whole = Sequencer::new(config.clone());
             let mut single = Sequencer::new(config);
-            let (mut whole_out, mut single_out) = (Vec::new(), Vec::new());
+            let (mut whole_out, mut single_out) = (Released::default(), Released::default());
             for (floor, batch) in batches {
                 whole.push_batch(&shim("a"), floor, batch.iter().map(|&seq| ev(seq)), 0, 0, &mut whole_out);
                 for seq in batch {

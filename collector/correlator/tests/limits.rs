@@ -27,7 +27,7 @@
 use std::collections::HashSet;
 
 use hermes_correlator::Correlation;
-use hermes_correlator::sequencer::{Sequencer, SequencerConfig};
+use hermes_correlator::sequencer::{Released, Sequencer, SequencerConfig};
 use hermes_correlator::{Config, Correlator, FinishedSpan};
 use hermes_e2e::events::{MS, T0, shim};
 use hermes_proto::hooks;
@@ -434,7 +434,7 @@ proptest! {
             max_instances: MAX_INSTANCES,
             gap_timeout_nanos: u64::MAX,
         });
-        let mut ready = Vec::new();
+        let mut ready = Released::default();
         for seq in seqs {
             let event = v1::Event { seq, ..Default::default() };
             sequencer.push(&shim("inst-0"), 0, event, T0, &mut ready);
