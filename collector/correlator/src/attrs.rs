@@ -5,13 +5,15 @@
 //! session id, the model) share it. Values of few distinct texts that
 //! every turn repeats (providers, server addresses, response models, finish
 //! reasons, tool names and statuses, and the span names made of them) are
-//! shared across turns through an [`Interner`]: one allocation per text,
-//! and the span processor, which
-//! remembers a shared value's verdict by its address for a pass, scans each
-//! such text once per pass instead of once per span.
+//! shared across turns through an [`Interner`]: one copy per text, most of
+//! them static (no reference count to take per span), and the span
+//! processor, which remembers a shared value's verdict by its address for a
+//! pass, scans each such text once per pass instead of once per span. The
+//! platform and a subagent's role go through it too.
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hermes_span::Str;
 use hermes_span::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
@@ -143,19 +145,49 @@ impl Attrs {
     }
 }
 
-/// Shared copies of short texts, at most [`Interner::MAX_ENTRIES`] of them
-/// (emptied when full), each at most [`Interner::MAX_LEN`] bytes (longer
-/// ones are copied per span): bounded whatever the agents send.
-#[derive(Debug, Default)]
+/// Bytes of text the interners of the process have kept for good (see
+/// [`Interner`]).
+static KEPT_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// Shared copies of short texts, each at most [`Interner::MAX_LEN`] bytes
+/// (longer ones are copied per span): bounded whatever the agents send.
+///
+/// The first texts are kept for the life of the process, as static strings,
+/// up to [`Interner::MAX_KEPT_BYTES`] over all interners (each text counted
+/// with [`Interner::KEPT_OVERHEAD`]): a span's clone and
+/// drop of one is then a copy of a pointer. A reference count would be an
+/// atomic read-modify-write per span and value, which stalls the thread
+/// (several of them per span). Past that budget (an agent sending ever new
+/// texts), texts are shared by a reference count, at most
+/// [`Interner::MAX_ENTRIES`] of them (emptied when full).
+#[derive(Debug)]
 pub(crate) struct Interner {
+    /// The bytes kept so far, over all interners ([`KEPT_BYTES`]).
+    budget: &'static AtomicUsize,
+    kept: HashSet<&'static str, foldhash::quality::RandomState>,
     texts: HashSet<Arc<str>, foldhash::quality::RandomState>,
     /// Where [`Interner::joined`] puts its two parts together.
     scratch: String,
 }
 
+impl Default for Interner {
+    fn default() -> Self {
+        Self {
+            budget: &KEPT_BYTES,
+            kept: HashSet::default(),
+            texts: HashSet::default(),
+            scratch: String::new(),
+        }
+    }
+}
+
 impl Interner {
     const MAX_ENTRIES: usize = 1024;
     const MAX_LEN: usize = 256;
+    const MAX_KEPT_BYTES: usize = 1 << 20;
+    /// What a kept text costs of the budget beyond its bytes: its entry in
+    /// the table and its allocation's bookkeeping (so at most 32 768 texts).
+    const KEPT_OVERHEAD: usize = 32;
 
     /// `text` as a shared string: the copy made for an earlier span when
     /// there is one.
@@ -163,8 +195,15 @@ impl Interner {
         if text.len() > Self::MAX_LEN {
             return text.into();
         }
+        if let Some(&kept) = self.kept.get(text) {
+            return Str::Static(kept);
+        }
         if let Some(shared) = self.texts.get(text) {
             return Str::Shared(Arc::clone(shared));
+        }
+        if let Some(kept) = keep(text, self.budget) {
+            self.kept.insert(kept);
+            return Str::Static(kept);
         }
         if self.texts.len() >= Self::MAX_ENTRIES {
             self.texts.clear();
@@ -188,25 +227,69 @@ impl Interner {
     }
 }
 
+/// A copy of `text` that lives as long as the process, when the budget of
+/// [`Interner::MAX_KEPT_BYTES`] allows it.
+fn keep(text: &str, budget: &AtomicUsize) -> Option<&'static str> {
+    budget
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |kept| {
+            kept.checked_add(text.len() + Interner::KEPT_OVERHEAD)
+                .filter(|&total| total <= Interner::MAX_KEPT_BYTES)
+        })
+        .ok()?;
+    Some(Box::leak(Box::from(text)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Whether `a` and `b` are one copy of their text.
+    fn same(a: &Str, b: &Str) -> bool {
+        std::ptr::eq(a.as_str(), b.as_str())
+    }
+
+    /// An interner whose budget has `left` bytes left (the process's own
+    /// is shared by the tests that run in parallel).
+    fn with_budget_left(left: usize) -> Interner {
+        Interner {
+            budget: Box::leak(Box::new(AtomicUsize::new(Interner::MAX_KEPT_BYTES - left))),
+            ..Interner::default()
+        }
+    }
+
     #[test]
-    fn an_interned_text_is_one_allocation_and_the_table_stays_bounded() {
-        let mut values = Interner::default();
-        let (Str::Shared(a), Str::Shared(b)) = (values.get("openai"), values.get("openai")) else {
-            panic!("not shared");
-        };
-        assert!(Arc::ptr_eq(&a, &b));
+    fn an_interned_text_is_one_copy_kept_static_within_the_budget() {
+        let overhead = Interner::KEPT_OVERHEAD;
+        let mut values = with_budget_left(20 + 2 * overhead);
+        let (a, b) = (values.get("openai"), values.get("openai"));
+        assert!(matches!(a, Str::Static(_)), "{a:?}");
+        assert!(same(&a, &b));
+        // 6 + 12 bytes and their overhead fit; the next text is shared by a
+        // reference count.
+        assert!(matches!(values.get("gpt-4o-mini!"), Str::Static(_)));
+        let (c, d) = (values.get("terminal"), values.get("terminal"));
+        assert!(matches!(c, Str::Shared(_)), "{c:?}");
+        assert!(same(&c, &d));
+        assert!(same(&values.get("openai"), &a), "kept texts stay");
+        assert_eq!(
+            values.budget.load(Ordering::Relaxed),
+            Interner::MAX_KEPT_BYTES - 2
+        );
+    }
+
+    #[test]
+    fn past_the_budget_the_table_stays_bounded() {
+        let mut values = with_budget_left(0);
         for i in 0..3 * Interner::MAX_ENTRIES {
             assert_eq!(values.get(&i.to_string()).as_str(), i.to_string());
             assert!(values.texts.len() <= Interner::MAX_ENTRIES);
         }
+        assert!(values.kept.is_empty());
+        let mut values = with_budget_left(1 << 20);
         let long = "x".repeat(Interner::MAX_LEN + 1);
         assert_eq!(values.get(&long).as_str(), long);
         assert!(
-            !values.texts.contains(long.as_str()),
+            values.kept.is_empty() && values.texts.is_empty(),
             "long texts are not kept"
         );
     }
@@ -214,12 +297,8 @@ mod tests {
     #[test]
     fn a_joined_text_is_shared_like_any_other() {
         let mut values = Interner::default();
-        let (Str::Shared(a), Str::Shared(b)) =
-            (values.joined("chat ", "gpt-4o"), values.get("chat gpt-4o"))
-        else {
-            panic!("not shared");
-        };
-        assert!(Arc::ptr_eq(&a, &b));
+        let (a, b) = (values.joined("chat ", "gpt-4o"), values.get("chat gpt-4o"));
+        assert!(same(&a, &b));
         assert_eq!(
             values.joined("execute_tool ", "terminal").as_str(),
             "execute_tool terminal"

@@ -60,7 +60,7 @@ impl Correlator {
         let role = if sub.child_role.is_empty() {
             Str::from_static("subagent")
         } else {
-            sub.child_role.into()
+            self.values.get(sub.child_role)
         };
         let mut common = Attrs::with_capacity(6);
         common

@@ -186,7 +186,7 @@ impl Correlator {
         turn.min_lsn = turn.min_lsn.min(lsn);
         turn.max_lsn = turn.max_lsn.max(max_lsn);
         if turn.platform.is_empty() && !platform.is_empty() {
-            turn.platform = platform.into();
+            turn.platform = self.values.get(platform);
             turn.held += platform.len();
         }
         if turn.task_id.is_empty() && !ids.task_id.is_empty() {

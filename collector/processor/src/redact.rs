@@ -159,8 +159,10 @@ pub(crate) struct Scratch {
     /// patterns found clean: both depend only on the redactor's rules and on
     /// text that never changes at that address, so they hold for the
     /// redactor's lifetime rather than being matched again in every pass
-    /// (`docs/BENCHMARKS.md`). Bounded: a static string is one the program
-    /// contains.
+    /// (`docs/BENCHMARKS.md`). A static string is one the program contains
+    /// or a text the correlator keeps for good (its interner's, bounded
+    /// there); the clean ones remembered are bounded here too
+    /// ([`Scratch::MAX_STATIC_CLEAN`]).
     static_verdicts: AddressMemo<KeyVerdict>,
     static_clean: AddressMemo<()>,
     /// The shared values found clean in this pass, and their allocations,
@@ -173,6 +175,8 @@ impl Scratch {
     /// Keys (and, separately, clean values) remembered per pass: JSON member
     /// keys and values are arbitrary.
     const MAX_VERDICTS: usize = 1024;
+    /// Static values remembered clean, for the redactor's lifetime.
+    const MAX_STATIC_CLEAN: usize = 8192;
 
     /// Forgets what holds for one pass only (the verdicts on keys by their
     /// text, the shared values found clean, releasing them), keeping the
@@ -193,7 +197,9 @@ impl Scratch {
 
     fn remember_clean(&mut self, s: &Str) {
         match s {
-            Str::Static(t) => self.static_clean.insert(id(t), ()),
+            Str::Static(t) if self.static_clean.len() < Self::MAX_STATIC_CLEAN => {
+                self.static_clean.insert(id(t), ());
+            }
             Str::Shared(a) if self.clean_shared.len() < Self::MAX_VERDICTS => {
                 self.clean_shared.insert(id(a), ());
                 self.kept_shared.push(Arc::clone(a));
@@ -664,5 +670,24 @@ mod tests {
         let v = r.key_verdict("a@b.co", &mut Scratch::default());
         assert!(v.secret && v.rewrite);
         assert!(r.key_verdict("<redacted>", &mut Scratch::default()).secret);
+    }
+
+    /// Static values found clean are remembered for the redactor's
+    /// lifetime, at most `MAX_STATIC_CLEAN` of them (the correlator keeps
+    /// the texts agents send as static strings too); one past the bound is
+    /// still redacted.
+    #[test]
+    fn static_values_remembered_clean_stay_bounded() {
+        let r = redactor();
+        let mut s = Scratch::default();
+        for i in 0..Scratch::MAX_STATIC_CLEAN + 10 {
+            let text: &'static str = Box::leak(format!("model-{i}").into_boxed_str());
+            assert!(!r.redact_str_value(&mut Str::Static(text), &mut s));
+            s.end_pass();
+        }
+        assert_eq!(s.static_clean.len(), Scratch::MAX_STATIC_CLEAN);
+        let mut secret = Str::Static("key sk-abcdefghijklmnop1234 here");
+        assert!(r.redact_str_value(&mut secret, &mut s));
+        assert_eq!(secret.as_str(), "key <redacted> here");
     }
 }
