@@ -228,10 +228,17 @@ fn for_each_entry<'a>(
 impl<'a> Event<'a> {
     /// Decodes the encoded event `bytes`.
     pub fn decode(bytes: &'a [u8]) -> Result<Self, WireError> {
-        let mut event = Self {
-            content: Content::Wire(bytes),
-            ..Self::default()
-        };
+        let mut event = Self::default();
+        event.read(bytes)?;
+        Ok(event)
+    }
+
+    /// Reads the encoded event `bytes` into `self`, a default event, in
+    /// place: a batch's views are read into their vector's slots, not
+    /// moved there (an event is a few hundred bytes).
+    pub(crate) fn read(&mut self, bytes: &'a [u8]) -> Result<(), WireError> {
+        let event = self;
+        event.content = Content::Wire(bytes);
         let mut entries = false;
         let strings = Strings::each(bytes);
         let mut buf = bytes;
@@ -266,32 +273,34 @@ impl<'a> Event<'a> {
             // Nothing to look for at each `get`.
             event.content = Content::default();
         }
-        Ok(event)
+        Ok(())
     }
 
     /// `body` with the message of oneof field `tag` merged in.
     fn merge_body(&mut self, tag: u32, bytes: &'a [u8]) -> Result<(), WireError> {
+        // A new body is read where it stays (a boxed one in its box), not
+        // moved there.
         macro_rules! merge {
-            ($case:ident, $message:ident) => {
+            ($case:ident, $new:expr) => {
                 match &mut self.body {
                     Some(Body::$case(body)) => body.merge(bytes),
-                    _ => {
-                        let mut body = $message::default();
-                        body.merge(bytes)?;
-                        self.body = Some(Body::$case(body.into()));
-                        Ok(())
+                    body => {
+                        let Body::$case(new) = body.insert(Body::$case($new)) else {
+                            return Ok(());
+                        };
+                        new.merge(bytes)
                     }
                 }
             };
         }
         match tag {
-            10 => merge!(Session, Session),
-            11 => merge!(Turn, Turn),
-            12 => merge!(Api, ApiCall),
-            13 => merge!(Tool, ToolCall),
-            14 => merge!(Subagent, Subagent),
-            15 => merge!(Approval, Approval),
-            _ => merge!(Other, Other),
+            10 => merge!(Session, Session::default()),
+            11 => merge!(Turn, Turn::default()),
+            12 => merge!(Api, Box::default()),
+            13 => merge!(Tool, ToolCall::default()),
+            14 => merge!(Subagent, Subagent::default()),
+            15 => merge!(Approval, Box::default()),
+            _ => merge!(Other, Other::default()),
         }
     }
 

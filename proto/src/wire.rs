@@ -284,9 +284,11 @@ impl WireBatch {
                 }
                 2 => {
                     let body = delimited(tag, wire_type, &mut buf)?;
-                    let event = view::Event::decode(body)?;
-                    self.push(&event, body.len());
-                    views.push(event);
+                    views.push(view::Event::default());
+                    if let Some(event) = views.last_mut() {
+                        event.read(body)?;
+                        self.push(event, body.len());
+                    }
                 }
                 3 => self.dropped_events = varint(tag, wire_type, &mut buf)?,
                 4 => self.floor_seq = varint(tag, wire_type, &mut buf)?,
