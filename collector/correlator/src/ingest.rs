@@ -1,6 +1,8 @@
 //! [`Correlator::ingest`]: each hook event to the state it opens, updates
 //! or closes, by hook family.
 
+use std::borrow::Cow;
+
 use super::*;
 
 impl Correlator {
@@ -12,8 +14,12 @@ impl Correlator {
         event: &E,
         out: &mut Vec<FinishedSpan>,
     ) {
+        // Matched by case: binding the `Cow` would move the whole view (a
+        // few hundred bytes) for every event, where a borrowed one is a
+        // pointer.
         match event.view() {
-            Ok(event) => self.ingest_view(shim, &event, out),
+            Ok(Cow::Borrowed(event)) => self.ingest_view(shim, event, out),
+            Ok(Cow::Owned(event)) => self.ingest_view(shim, &event, out),
             Err(_) => self.stats.undecodable_events += 1,
         }
     }
