@@ -10,7 +10,8 @@
 # allocations and copies at a small share of the instructions, while a
 # block handed out cold or a copy of memory written long before costs CPU
 # time far above that (docs/BENCHMARKS.md, "what each change bought", 13).
-# FREQ sets the sampling frequency (default 499 Hz; 1999 gives about four
+# The samples right after an atomic instruction are counted too (see
+# below). FREQ sets the sampling frequency (default 499 Hz; 1999 gives about four
 # times the samples for the same load).
 #
 #   benches/profile_collector.sh [BIN_DIR] [TURNS_PER_AGENT]
@@ -77,4 +78,47 @@ total = len(samples) or 1
 for (kind, caller), n in by.most_common(12):
     print(f"  {100 * n / total:6.2f}%  {kind:5}  {caller[:110]}")
 '
+# An atomic read-modify-write (a reference count's clone or drop, a lock)
+# is one instruction to callgrind but waits for the thread's earlier
+# stores to drain; its cost shows on the sample of the instruction after
+# it. The samples that land right after a `lock`-prefixed instruction, by
+# function (docs/BENCHMARKS.md, "what each change bought", 23).
+echo "samples right after an atomic (lock-prefixed) instruction:"
+perf script -i "$OUT/perf.data" -F ip,sym --no-inline 2>/dev/null | python3 -c '
+import re, subprocess, sys
+from collections import Counter
+binary = sys.argv[1]
+# perf prints addresses in the binary as file offsets; objdump as virtual
+# addresses: the executable segment says how far apart they are.
+shift = 0
+for line in subprocess.run(["readelf", "-lW", binary], capture_output=True, text=True).stdout.splitlines():
+    f = line.split()
+    if f[:1] == ["LOAD"] and "E" in f[6:-1]:
+        shift = int(f[2], 16) - int(f[1], 16)
+        break
+after, prev_lock = set(), False
+for line in subprocess.run(["objdump", "-d", "--no-show-raw-insn", binary], capture_output=True, text=True).stdout.splitlines():
+    m = re.match(r"\s+([0-9a-f]+):\s+(\S+)", line)
+    if not m:
+        continue
+    if prev_lock:
+        after.add(int(m.group(1), 16))
+    prev_lock = m.group(2) == "lock"
+total, hits, first = 0, Counter(), True
+for line in sys.stdin:
+    s = line.strip()
+    if not s:
+        first = True
+        continue
+    if first:
+        first = False
+        total += 1
+        ip, _, sym = s.partition(" ")
+        if int(ip, 16) + shift in after:
+            hits[sym] += 1
+total = total or 1
+print(f"  total {100 * sum(hits.values()) / total:.2f}%")
+for sym, n in hits.most_common(10):
+    print(f"  {100 * n / total:6.2f}%  {sym[:110]}")
+' "$BIN/hermes-collector"
 echo "perf data: $OUT/perf.data"
