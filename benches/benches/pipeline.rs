@@ -23,7 +23,7 @@
 //! * `ingest_decode/metadata`: one wire `EventBatch` of 512 events as the
 //!   collector reads it: the receiver's decoding of each event as a view
 //!   of the bytes (`WireBatch::from_wire`), then the correlation stage's
-//!   reading of those views (`WireBatch::wire_events`);
+//!   reading of those views (`WireBatch::views`);
 //!   `ingest_decode/metadata_receiver` is the
 //!   receiver's part alone, `ingest_decode/metadata_through_buf` prost decoding the
 //!   same bytes through the length-limited `Buf` as tonic's prost codec does.
@@ -39,8 +39,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-
-use hermes_proto::view::Source;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -292,11 +290,7 @@ fn ingest_decode(c: &mut Criterion) {
     group.bench_function("metadata", |b| {
         b.iter(|| {
             let batch = WireBatch::from_wire(bytes.clone()).unwrap();
-            let events = batch.wire_events();
-            events
-                .iter()
-                .map(|e| e.view().unwrap().hook.len())
-                .sum::<usize>()
+            batch.views().iter().map(|e| e.hook.len()).sum::<usize>()
         })
     });
     group.bench_function("metadata_receiver", |b| {
@@ -334,10 +328,9 @@ fn stages_per_event(c: &mut Criterion) {
             let mut out = Vec::with_capacity(512);
             let mut bytes = 0;
             for wire in &batches {
-                let batch = WireBatch::from_wire(Bytes::copy_from_slice(wire)).unwrap();
-                let events = batch.wire_events();
-                let shim = batch.shim.unwrap_or_default();
-                correlation.push_batch(&shim, batch.floor_seq, events, 0, 1, &mut out);
+                let mut batch = WireBatch::from_wire(Bytes::copy_from_slice(wire)).unwrap();
+                let shim = batch.shim.take().unwrap_or_default();
+                correlation.push_wire_batch(&shim, batch.floor_seq, &batch, 0, 1, &mut out);
                 if !out.is_empty() {
                     let mut spans = to_resource_spans(std::mem::take(&mut out));
                     processor.process(&mut spans);

@@ -357,12 +357,11 @@ impl Pipeline {
         if check_batch(&received, &self.limits).is_err() {
             return;
         }
-        let events = received.wire_events();
-        let Some(shim) = received.shim else { return };
-        self.correlation.push_batch(
-            &shim,
+        let Some(shim) = &received.shim else { return };
+        self.correlation.push_wire_batch(
+            shim,
             received.floor_seq,
-            events,
+            &received,
             0,
             self.now,
             &mut self.spans,

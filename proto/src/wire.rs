@@ -22,6 +22,7 @@
 //! type are refused.
 
 use std::fmt;
+use std::ops::RangeInclusive;
 
 use prost::bytes::Bytes;
 use prost::encoding::{WireType, decode_key, decode_varint};
@@ -242,8 +243,24 @@ impl WireBatch {
         BatchEvents::decode(&self.bytes()[..]).map(|b| b.events)
     }
 
+    /// The seqs of the events when they run in order without a gap
+    /// (`first..=last`, as a shim sends them), if there are any.
+    pub fn run(&self) -> Option<RangeInclusive<u64>> {
+        let (first, last) = (self.first_seq?, self.last_seq?);
+        let len = u64::try_from(self.events).ok()?;
+        let gapless = last.checked_sub(first)?.checked_add(1)? == len;
+        (self.increasing && gapless).then_some(first..=last)
+    }
+
+    /// The views of the events, in order: what the stage correlates from a
+    /// batch it takes whole ([`WireBatch::run`]).
+    pub fn views(&self) -> &[view::Event<'_>] {
+        self.views.events()
+    }
+
     /// The events, each its view and a reference to the batch that holds
-    /// it: what the stage sequences and correlates ([`WireEvent`]).
+    /// it: what the stage sequences and correlates ([`WireEvent`]) when it
+    /// holds some of them.
     pub fn wire_events(&self) -> Vec<WireEvent> {
         self.views
             .events()

@@ -70,6 +70,28 @@ fn seqs_that_do_not_increase_are_noted() {
     assert!(empty.increasing);
 }
 
+/// A batch's seqs form a run only when they increase by one from the
+/// first to the last; its views are its events in order.
+#[test]
+fn a_gapless_batch_is_a_run() {
+    let run = |seqs: &[u64]| {
+        let mut sent = batch(&vec![1; seqs.len()]);
+        for (event, &seq) in sent.events.iter_mut().zip(seqs) {
+            event.seq = seq;
+        }
+        WireBatch::encode(&sent).unwrap().run()
+    };
+    assert_eq!(run(&[3, 4, 5]), Some(3..=5));
+    assert_eq!(run(&[7]), Some(7..=7));
+    assert_eq!(run(&[3, 5]), None, "a gap");
+    assert_eq!(run(&[3, 5, 4]), None, "out of order");
+    assert_eq!(run(&[3, 3]), None, "a redelivery");
+    assert_eq!(run(&[]), None);
+    let wire = WireBatch::encode(&batch(&[2, 5])).unwrap();
+    let hooks: Vec<&str> = wire.views().iter().map(|e| e.hook).collect();
+    assert_eq!(hooks, ["hh", "hhhhh"]);
+}
+
 /// A batch of more events than any collector accepts is refused before
 /// its events are decoded: each view takes far more memory than the two
 /// bytes an empty event takes on the wire.

@@ -7,7 +7,8 @@
 //! wall-clock time of each call.
 
 use hermes_proto::v1::{Event, ShimInfo};
-use hermes_proto::view::Source;
+use hermes_proto::view::{Source, WireEvent};
+use hermes_proto::wire::WireBatch;
 
 use crate::sequencer::{Released, Sequencer};
 use crate::{Correlator, Expiry, FinishedSpan};
@@ -157,5 +158,36 @@ impl<E: Source> Correlation<E> {
         let correlator = &mut self.correlator;
         self.ready
             .drain(|shim, event| correlator.ingest(shim, &event, out));
+    }
+}
+
+impl Correlation<WireEvent> {
+    /// [`Self::push_batch`] for a batch as it came on the wire. A batch
+    /// whose events are the next ones of their instance, in order and
+    /// without a gap (nearly every batch), is correlated straight from its
+    /// views: no event handle is made, each a reference to the batch (an
+    /// atomic count taken and dropped per event).
+    pub fn push_wire_batch(
+        &mut self,
+        shim: &ShimInfo,
+        floor_seq: u64,
+        batch: &WireBatch,
+        lsn: u64,
+        now: u64,
+        out: &mut Vec<FinishedSpan>,
+    ) {
+        let taken = batch.run().is_some_and(|seqs| {
+            self.sequencer
+                .take_run(shim, floor_seq, seqs, lsn, now, &mut self.ready)
+        });
+        if !taken {
+            self.push_batch(shim, floor_seq, batch.wire_events(), lsn, now, out);
+            return;
+        }
+        self.correlator.saw_lsn(lsn);
+        self.correlate(out);
+        for event in batch.views() {
+            self.correlator.ingest_view(shim, event, out);
+        }
     }
 }

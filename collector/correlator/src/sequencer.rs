@@ -25,6 +25,7 @@
 //! ([`Sequencer::take_released_lsn`]): what the queue must keep for them.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use hermes_proto::v1::{Event, ShimInfo};
@@ -260,38 +261,50 @@ impl<E: Source> Sequencer<E> {
         let Some(first) = events.next() else {
             return;
         };
-        if !self.instances.contains_key(&shim.instance_id) {
-            if self.instances.len() >= self.config.max_instances {
-                self.forget_least_active(ready);
-            }
-            self.instances.insert(
-                shim.instance_id.clone(),
-                Instance {
-                    shim: Arc::new(shim.clone()),
-                    next: 1,
-                    held: BTreeMap::new(),
-                    last_active: now,
-                },
-            );
-        }
-        // Looked up by reference: the id is only cloned for a new instance.
-        let Some(instance) = self.instances.get_mut(&shim.instance_id) else {
+        let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
+        let max = self.config.max_instances;
+        let Some(instance) = enter(&mut self.instances, max, shim, floor_seq, now, &mut out) else {
             return;
         };
-        instance.last_active = now;
-        if *instance.shim != *shim {
-            instance.shim = Arc::new(shim.clone());
-        }
-        let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
-        if floor_seq > instance.next {
-            // Everything below the floor is settled at the shim: stop waiting.
-            skip_to(instance, floor_seq, &mut out);
-        }
         let max_held = self.config.max_held;
         take(instance, first, now, lsn, max_held, &mut out);
         for event in events {
             take(instance, event, now, lsn, max_held, &mut out);
         }
+    }
+
+    /// As [`Sequencer::push_batch`] for a batch whose events are `seqs`, in
+    /// order and without a gap, when they are exactly the ones `shim`'s
+    /// instance releases next and it holds none (nearly every batch): they
+    /// are counted as released at once, and the caller hands them to the
+    /// correlator itself, after the events in `ready`. Returns whether it
+    /// took them; if not, the batch goes through [`Sequencer::push_batch`],
+    /// which finds the instance made and the floor applied already.
+    pub fn take_run(
+        &mut self,
+        shim: &ShimInfo,
+        floor_seq: u64,
+        seqs: RangeInclusive<u64>,
+        lsn: u64,
+        now: u64,
+        ready: &mut Released<E>,
+    ) -> bool {
+        if seqs.is_empty() {
+            return false;
+        }
+        let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
+        let max = self.config.max_instances;
+        let Some(instance) = enter(&mut self.instances, max, shim, floor_seq, now, &mut out) else {
+            return false;
+        };
+        let (first, last) = seqs.into_inner();
+        if first != instance.next || !instance.held.is_empty() {
+            return false;
+        }
+        instance.next = last.saturating_add(1);
+        out.stats.released += last - first + 1;
+        *out.min_lsn = (*out.min_lsn).min(lsn);
+        true
     }
 
     /// Skips holes older than the gap timeout at wall-clock `now`.
@@ -321,18 +334,55 @@ impl<E: Source> Sequencer<E> {
             }
         }
     }
+}
 
-    fn forget_least_active(&mut self, ready: &mut Released<E>) {
-        let oldest = self
-            .instances
-            .iter()
-            .min_by(|a, b| (a.1.last_active, a.0).cmp(&(b.1.last_active, b.0)))
-            .map(|(k, _)| k.clone());
-        if let Some(mut instance) = oldest.and_then(|k| self.instances.remove(&k)) {
-            let mut out = Self::out(&mut self.stats, &mut self.released_lsn, ready);
-            while let Some(first) = instance.held.keys().next().copied() {
-                skip_to(&mut instance, first, &mut out);
-            }
+/// `shim`'s instance, made if new (the least recently active one forgotten
+/// past `max_instances`), marked active at `now`, every seq below
+/// `floor_seq` given up on. Looked up by reference: the id is only cloned
+/// for a new instance.
+fn enter<'a, E>(
+    instances: &'a mut Map<String, Instance<E>>,
+    max_instances: usize,
+    shim: &ShimInfo,
+    floor_seq: u64,
+    now: u64,
+    out: &mut Out<'_, E>,
+) -> Option<&'a mut Instance<E>> {
+    if !instances.contains_key(&shim.instance_id) {
+        if instances.len() >= max_instances {
+            forget_least_active(instances, out);
+        }
+        instances.insert(
+            shim.instance_id.clone(),
+            Instance {
+                shim: Arc::new(shim.clone()),
+                next: 1,
+                held: BTreeMap::new(),
+                last_active: now,
+            },
+        );
+    }
+    let instance = instances.get_mut(&shim.instance_id)?;
+    instance.last_active = now;
+    if *instance.shim != *shim {
+        instance.shim = Arc::new(shim.clone());
+    }
+    if floor_seq > instance.next {
+        // Everything below the floor is settled at the shim: stop waiting.
+        skip_to(instance, floor_seq, out);
+    }
+    Some(instance)
+}
+
+/// Forgets the least recently active instance, releasing what it held.
+fn forget_least_active<E>(instances: &mut Map<String, Instance<E>>, out: &mut Out<'_, E>) {
+    let oldest = instances
+        .iter()
+        .min_by(|a, b| (a.1.last_active, a.0).cmp(&(b.1.last_active, b.0)))
+        .map(|(k, _)| k.clone());
+    if let Some(mut instance) = oldest.and_then(|k| instances.remove(&k)) {
+        while let Some(first) = instance.held.keys().next().copied() {
+            skip_to(&mut instance, first, out);
         }
     }
 }
@@ -541,6 +591,69 @@ mod tests {
             proptest::prop_assert_eq!(whole.stats(), single.stats());
             proptest::prop_assert_eq!(whole.held(), single.held());
         }
+
+        /// A gapless batch taken whole when it runs on from what was
+        /// released (`take_run`, its events then handed over after the
+        /// released ones) gives what pushing it gives: the same releases, in
+        /// the same order, the same counts and the same lsn; a batch it does
+        /// not take changes nothing that the push then does differently.
+        #[test]
+        fn a_run_taken_whole_is_its_batch_pushed(
+            batches in proptest::collection::vec((0u64..12, 1u64..16, 0u64..6, 1u64..9), 1..12),
+            max_held in 1usize..6,
+        ) {
+            let config = SequencerConfig { max_held, ..Default::default() };
+            let (mut pushed, mut runs) = (Sequencer::new(config.clone()), Sequencer::new(config));
+            let (mut pushed_out, mut runs_out) = (Released::default(), Released::default());
+            let (mut pushed_seqs, mut runs_seqs) = (Vec::new(), Vec::new());
+            for (floor, first, len, lsn) in batches {
+                let batch = first..first + len;
+                pushed.push_batch(&shim("a"), floor, batch.clone().map(ev), lsn, 0, &mut pushed_out);
+                pushed_seqs.extend(seqs(&pushed_out));
+                pushed_out = Released::default();
+                let whole = !batch.is_empty()
+                    && runs.take_run(&shim("a"), floor, first..=first + len - 1, lsn, 0, &mut runs_out);
+                runs_seqs.extend(seqs(&runs_out));
+                runs_out = Released::default();
+                if whole {
+                    runs_seqs.extend(batch);
+                } else {
+                    runs.push_batch(&shim("a"), floor, batch.map(ev), lsn, 0, &mut runs_out);
+                    runs_seqs.extend(seqs(&runs_out));
+                    runs_out = Released::default();
+                }
+                proptest::prop_assert_eq!(pushed.take_released_lsn(), runs.take_released_lsn());
+            }
+            proptest::prop_assert_eq!(&pushed_seqs, &runs_seqs);
+            proptest::prop_assert_eq!(pushed.stats(), runs.stats());
+            proptest::prop_assert_eq!(pushed.held(), runs.held());
+        }
+    }
+
+    /// `take_run` takes only the run that comes next, with nothing held.
+    #[test]
+    fn only_the_next_run_is_taken_whole() {
+        let mut f = Fixture::new(|_| {});
+        assert!(f.s.take_run(&shim("a"), 0, 1..=3, 5, 0, &mut f.out));
+        assert!(
+            !f.s.take_run(&shim("a"), 0, 5..=6, 6, 0, &mut f.out),
+            "a gap"
+        );
+        assert!(
+            !f.s.take_run(&shim("a"), 0, 2..=4, 7, 0, &mut f.out),
+            "seen"
+        );
+        f.s.push(&shim("a"), 0, ev(6), 0, &mut f.out);
+        assert!(
+            !f.s.take_run(&shim("a"), 0, 4..=5, 8, 0, &mut f.out),
+            "one is held"
+        );
+        assert!(f.out.is_empty());
+        assert_eq!(f.s.stats().released, 3);
+        assert_eq!(f.s.take_released_lsn(), Some(5));
+        // A floor past the next seq gives the hole up, then takes the run.
+        assert!(f.s.take_run(&shim("b"), 4, 4..=4, 9, 0, &mut f.out));
+        assert_eq!(f.s.stats().skipped, 3);
     }
 
     #[test]

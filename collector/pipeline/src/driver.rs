@@ -217,16 +217,13 @@ impl<C: Clock> Driver<C> {
                     continue;
                 }
                 received = ingest.recv() => {
-                    let Some(Ingested { batch, lsn, fleet, fresh, stream, .. }) = received else { break };
+                    let Some(Ingested { mut batch, lsn, fleet, fresh, stream, .. }) = received else { break };
                     let lsn = match settlement.as_mut() {
                         Some(settlement) if lsn == 0 => settlement.number(),
                         _ => lsn,
                     };
-                    // Each event stays the bytes it came in until it is
-                    // correlated, read in place on this thread.
-                    let events = batch.wire_events();
                     let (handoff, last_seq) = (batch.handoff, batch.last_seq);
-                    let shim = batch.shim.unwrap_or_default();
+                    let shim = batch.shim.take().unwrap_or_default();
                     if fleet {
                         tracing::debug!(
                             instance = %shim.instance_id,
@@ -278,7 +275,9 @@ impl<C: Clock> Driver<C> {
                         correlation.catch_up(now, &mut out);
                         timer.reset();
                     }
-                    correlation.push_batch(&shim, floor, events, lsn, now, &mut out);
+                    // Each event stays the bytes it came in until it is
+                    // correlated, read in place on this thread.
+                    correlation.push_wire_batch(&shim, floor, &batch, lsn, now, &mut out);
                     if let (Some(settlement), Some(last_seq), true) = (settlement.as_mut(), last_seq, fleet) {
                         settlement.ingested(&shim.instance_id, lsn, last_seq);
                     }
