@@ -285,6 +285,7 @@ impl<'a> Event<'a> {
                 match &mut self.body {
                     Some(Body::$case(body)) => body.merge(bytes),
                     body => {
+                        // Always the case just inserted.
                         let Body::$case(new) = body.insert(Body::$case($new)) else {
                             return Ok(());
                         };

@@ -260,7 +260,7 @@ impl WireBatch {
 
     /// The events, each its view and a reference to the batch that holds
     /// it: what the stage sequences and correlates ([`WireEvent`]) when it
-    /// holds some of them.
+    /// does not take the batch whole ([`WireBatch::run`]).
     pub fn wire_events(&self) -> Vec<WireEvent> {
         self.views
             .events()
