@@ -96,11 +96,7 @@ impl<E> Released<E> {
         self.events.push((self.shims.len() - 1, event));
     }
 
-    /// Number of events held.
-    pub fn len(&self) -> usize {
-        self.events.len()
-    }
-
+    /// Whether no event is ready.
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
     }
