@@ -12,8 +12,7 @@
 //! platform and a subagent's role go through it too.
 
 use std::collections::HashSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use hermes_span::Str;
 use hermes_span::common::v1::{AnyValue, ArrayValue, KeyValue, any_value::Value};
@@ -145,25 +144,36 @@ impl Attrs {
     }
 }
 
-/// Bytes of text the interners of the process have kept for good (see
-/// [`Interner`]).
-static KEPT_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// The texts the interners of the process have kept for good (see
+/// [`Interner`]), shared by all of them and reachable from here for the
+/// life of the process.
+static KEPT: LazyLock<Mutex<Kept>> = LazyLock::new(Mutex::default);
+
+/// Texts kept for good, and what they cost of the budget.
+#[derive(Debug, Default)]
+pub(crate) struct Kept {
+    texts: HashSet<&'static str, foldhash::quality::RandomState>,
+    bytes: usize,
+}
 
 /// Shared copies of short texts, each at most [`Interner::MAX_LEN`] bytes
 /// (longer ones are copied per span): bounded whatever the agents send.
 ///
-/// The first texts are kept for the life of the process, as static strings,
-/// up to [`Interner::MAX_KEPT_BYTES`] over all interners (each text counted
-/// with [`Interner::KEPT_OVERHEAD`]): a span's clone and
-/// drop of one is then a copy of a pointer. A reference count would be an
+/// The first texts are kept for the life of the process, as static strings
+/// in a pool all interners share ([`KEPT`]), up to
+/// [`Interner::MAX_KEPT_BYTES`] (each text counted with
+/// [`Interner::KEPT_OVERHEAD`]); each interner remembers the ones it
+/// handed out, so that only a text it has not seen takes the pool's lock.
+/// A span's clone and drop of one is then a copy of a pointer. A reference count would be an
 /// atomic read-modify-write per span and value, which stalls the thread
 /// (several of them per span). Past that budget (an agent sending ever new
 /// texts), texts are shared by a reference count, at most
 /// [`Interner::MAX_ENTRIES`] of them (emptied when full).
 #[derive(Debug)]
 pub(crate) struct Interner {
-    /// The bytes kept so far, over all interners ([`KEPT_BYTES`]).
-    budget: &'static AtomicUsize,
+    /// The texts kept for good, over all interners ([`KEPT`]).
+    pool: &'static Mutex<Kept>,
+    /// The ones of them this interner handed out.
     kept: HashSet<&'static str, foldhash::quality::RandomState>,
     texts: HashSet<Arc<str>, foldhash::quality::RandomState>,
     /// Where [`Interner::joined`] puts its two parts together.
@@ -173,7 +183,7 @@ pub(crate) struct Interner {
 impl Default for Interner {
     fn default() -> Self {
         Self {
-            budget: &KEPT_BYTES,
+            pool: &KEPT,
             kept: HashSet::default(),
             texts: HashSet::default(),
             scratch: String::new(),
@@ -201,7 +211,7 @@ impl Interner {
         if let Some(shared) = self.texts.get(text) {
             return Str::Shared(Arc::clone(shared));
         }
-        if let Some(kept) = keep(text, self.budget) {
+        if let Some(kept) = keep(text, self.pool) {
             self.kept.insert(kept);
             return Str::Static(kept);
         }
@@ -227,16 +237,22 @@ impl Interner {
     }
 }
 
-/// A copy of `text` that lives as long as the process, when the budget of
+/// `text` as kept in `pool` for the life of the process: the copy another
+/// interner kept, or a new one when the budget of
 /// [`Interner::MAX_KEPT_BYTES`] allows it.
-fn keep(text: &str, budget: &AtomicUsize) -> Option<&'static str> {
-    budget
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |kept| {
-            kept.checked_add(text.len() + Interner::KEPT_OVERHEAD)
-                .filter(|&total| total <= Interner::MAX_KEPT_BYTES)
-        })
-        .ok()?;
-    Some(Box::leak(Box::from(text)))
+fn keep(text: &str, pool: &Mutex<Kept>) -> Option<&'static str> {
+    let mut pool = pool.lock().ok()?;
+    if let Some(&kept) = pool.texts.get(text) {
+        return Some(kept);
+    }
+    let bytes = pool.bytes + text.len() + Interner::KEPT_OVERHEAD;
+    if bytes > Interner::MAX_KEPT_BYTES {
+        return None;
+    }
+    let kept: &'static str = Box::leak(Box::from(text));
+    pool.texts.insert(kept);
+    pool.bytes = bytes;
+    Some(kept)
 }
 
 #[cfg(test)]
@@ -248,11 +264,18 @@ mod tests {
         std::ptr::eq(a.as_str(), b.as_str())
     }
 
-    /// An interner whose budget has `left` bytes left (the process's own
-    /// is shared by the tests that run in parallel).
+    /// A pool whose budget has `left` bytes left (the process's own is
+    /// shared by the tests that run in parallel).
+    fn pool_with_budget_left(left: usize) -> &'static Mutex<Kept> {
+        Box::leak(Box::new(Mutex::new(Kept {
+            bytes: Interner::MAX_KEPT_BYTES - left,
+            ..Kept::default()
+        })))
+    }
+
     fn with_budget_left(left: usize) -> Interner {
         Interner {
-            budget: Box::leak(Box::new(AtomicUsize::new(Interner::MAX_KEPT_BYTES - left))),
+            pool: pool_with_budget_left(left),
             ..Interner::default()
         }
     }
@@ -272,7 +295,17 @@ mod tests {
         assert!(same(&c, &d));
         assert!(same(&values.get("openai"), &a), "kept texts stay");
         assert_eq!(
-            values.budget.load(Ordering::Relaxed),
+            values.pool.lock().unwrap().bytes,
+            Interner::MAX_KEPT_BYTES - 2
+        );
+        // Another interner of the process takes the same copy, at no cost.
+        let mut other = Interner {
+            pool: values.pool,
+            ..Interner::default()
+        };
+        assert!(same(&other.get("openai"), &a));
+        assert_eq!(
+            values.pool.lock().unwrap().bytes,
             Interner::MAX_KEPT_BYTES - 2
         );
     }
