@@ -34,7 +34,7 @@ use tonic::transport::Endpoint;
 
 use crate::error::{ExportError, error_chain, truncate};
 use crate::framed::{FramedRequests, Message};
-use crate::gzip::gzip_parts;
+use crate::gzip::Gzip;
 use crate::sink::{ExportBatch, ExportFuture, ExportOutcome, SpanExporter, shown_endpoint};
 use crate::tls::{ClientTls, TlsSettings};
 
@@ -112,6 +112,8 @@ pub struct GrpcExporter {
     metadata: MetadataMap,
     compression: Compression,
     gzip_level: u32,
+    /// The compressor, made on the first request when compressing.
+    gzip: Option<Gzip>,
     timeout: Duration,
     client: Option<Grpc<FramedRequests>>,
     /// The `Export` method called: the trace service's, or another
@@ -159,6 +161,7 @@ impl GrpcExporter {
             metadata,
             compression: config.compression,
             gzip_level: config.gzip_level.min(9),
+            gzip: None,
             timeout: config.timeout,
             client: None,
             path: EXPORT_PATH,
@@ -256,11 +259,23 @@ impl GrpcExporter {
     /// trace response reads every signal's.
     pub(crate) async fn send(&mut self, body: Vec<Bytes>) -> Result<ExportOutcome, ExportError> {
         let mut client = self.client();
-        let compressed = self.compression == Compression::Gzip;
-        let parts = if compressed {
-            vec![gzip_parts(&body, self.gzip_level)]
+        let gzipped = if self.compression == Compression::Gzip {
+            let level = self.gzip_level;
+            let gzipped = self
+                .gzip
+                .get_or_insert_with(|| Gzip::new(level))
+                .compress(&body);
+            if gzipped.is_none() {
+                tracing::warn!("gzip failed; the request is sent uncompressed");
+            }
+            gzipped
         } else {
-            body
+            None
+        };
+        let compressed = gzipped.is_some();
+        let parts = match gzipped {
+            Some(gzipped) => vec![gzipped],
+            None => body,
         };
         let mut grpc_request = tonic::Request::new(());
         grpc_request
