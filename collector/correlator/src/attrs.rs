@@ -164,10 +164,10 @@ pub(crate) struct Kept {
 /// [`Interner::MAX_KEPT_BYTES`] (each text counted with
 /// [`Interner::KEPT_OVERHEAD`]); each interner remembers the ones it
 /// handed out, so that only a text it has not seen takes the pool's lock.
-/// A span's clone and drop of one is then a copy of a pointer. A reference count would be an
-/// atomic read-modify-write per span and value, which stalls the thread
-/// (several of them per span). Past that budget (an agent sending ever new
-/// texts), texts are shared by a reference count, at most
+/// A span's clone and drop of one is then a copy of a pointer. A reference
+/// count would be an atomic read-modify-write per span and value, which
+/// stalls the thread (several of them per span). Past that budget (an agent
+/// sending ever new texts), texts are shared by a reference count, at most
 /// [`Interner::MAX_ENTRIES`] of them (emptied when full).
 #[derive(Debug)]
 pub(crate) struct Interner {
@@ -264,18 +264,15 @@ mod tests {
         std::ptr::eq(a.as_str(), b.as_str())
     }
 
-    /// A pool whose budget has `left` bytes left (the process's own is
-    /// shared by the tests that run in parallel).
-    fn pool_with_budget_left(left: usize) -> &'static Mutex<Kept> {
-        Box::leak(Box::new(Mutex::new(Kept {
+    /// An interner whose pool has `left` bytes of its budget left (the
+    /// process's own pool is shared by the tests that run in parallel).
+    fn with_budget_left(left: usize) -> Interner {
+        let pool = Box::leak(Box::new(Mutex::new(Kept {
             bytes: Interner::MAX_KEPT_BYTES - left,
             ..Kept::default()
-        })))
-    }
-
-    fn with_budget_left(left: usize) -> Interner {
+        })));
         Interner {
-            pool: pool_with_budget_left(left),
+            pool,
             ..Interner::default()
         }
     }
