@@ -105,6 +105,7 @@ impl Correlator {
                 attributes: a.0,
                 events: turn.events,
                 status,
+                shared: turn.shared,
                 ..Default::default()
             },
         });
@@ -116,8 +117,11 @@ const COMMON_ATTRIBUTES: usize = 7;
 
 impl Turn {
     /// Attributes every span of this turn carries, with room for `extra`
-    /// more (the most the span adds: its list is never regrown).
-    pub(crate) fn common(&self, extra: usize) -> Attrs {
+    /// more (the most the span adds: its list is never regrown). They are
+    /// also the turn's shared block, which its spans point at: made again
+    /// when they are no longer the block's (a field changed), and counted
+    /// in what the turn holds.
+    pub(crate) fn common(&mut self, extra: usize) -> Attrs {
         let mut a = Attrs::with_capacity(COMMON_ATTRIBUTES + extra);
         a.shared("session.id", &self.root_session_id)
             .shared("gen_ai.conversation.id", &self.root_session_id)
@@ -127,6 +131,10 @@ impl Turn {
             .shared("gen_ai.agent.name", &self.agent_name);
         if self.session_id != self.root_session_id {
             a.shared("hermes.session_id", &self.session_id);
+        }
+        if self.shared.len() != a.0.len() || !self.shared.leads(&a.0) {
+            let old = std::mem::replace(&mut self.shared, SharedAttributes::new(&a.0));
+            self.held = self.held.saturating_sub(old.approx_bytes()) + self.shared.approx_bytes();
         }
         a
     }
@@ -149,6 +157,7 @@ pub(crate) fn child_span(turn: &mut Turn, mut span: Span) -> FinishedSpan {
     }
     turn.max_child_end = turn.max_child_end.max(span.end_time_unix_nano);
     span.trace_id = turn.trace_id.into();
+    span.shared = turn.shared.clone();
     span.parent_span_id = if span.parent_span_id.is_empty() {
         turn.span_id.into()
     } else {

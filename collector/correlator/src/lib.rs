@@ -69,7 +69,7 @@ use hermes_proto::view::{self, Body, Source};
 use hermes_span::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use hermes_span::resource::v1::Resource;
 use hermes_span::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span, status};
-use hermes_span::{Id, Str};
+use hermes_span::{Id, SharedAttributes, Str};
 
 pub use attrs::Attrs;
 use attrs::Interner;
@@ -294,6 +294,9 @@ struct Turn {
     root_session_id: Str,
     platform: Str,
     agent_name: Str,
+    /// The attributes above as its spans' leading block, made by
+    /// [`Turn::common`] and made again if one of them changes.
+    shared: SharedAttributes,
     model: Str,
     start: u64,
     /// `pre_llm_call` seen (else the turn was synthesized from a later event).

@@ -275,6 +275,7 @@ impl Correlator {
             output_tokens: 0,
             events: Vec::new(),
             last_attempt_error: None,
+            shared: SharedAttributes::default(),
             user_message: None,
             final_answer: None,
             requests: Map::default(),

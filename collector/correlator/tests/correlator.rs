@@ -127,6 +127,13 @@ fn basic_turn_is_a_nested_trace() {
             assert!(s.end_time_unix_nano <= root.end_time_unix_nano);
         }
     }
+    // The attributes every span of the turn carries lead each span's, as
+    // one shared block for all of them.
+    assert!(root.shared.len() >= 5, "{:?}", root.shared);
+    for s in f.out.iter().map(|s| &s.span) {
+        assert!(s.shared.leads(&s.attributes), "{}", s.name);
+        assert_eq!(s.shared.address(), root.shared.address(), "{}", s.name);
+    }
     let tool = f.one("execute_tool terminal");
     assert_eq!(string(tool, "gen_ai.tool.call.id"), Some("call_1"));
     assert_eq!(string(tool, "hermes.tool.status"), Some("ok"));

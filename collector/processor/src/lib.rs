@@ -26,7 +26,11 @@
 //! `Send + Sync` and counts its work in [`ProcessorStats`] (atomics). It
 //! remembers, between batches, the redaction verdicts on static strings
 //! (the correlator's attribute keys and fixed values), which depend only on
-//! its rules; processing takes `&mut self` for that. It is
+//! its rules; processing takes `&mut self` for that. Within a pass it
+//! remembers the shared values it found clean, and the turns' shared
+//! blocks of leading attributes ([`hermes_span::SharedAttributes`]) that
+//! came out of it unchanged: the later spans of such a turn skip those
+//! attributes. It is
 //! built from a [`ProcessorConfig`] that is validated (regexes compiled)
 //! once, at construction.
 //!
@@ -261,7 +265,21 @@ impl SpanProcessor {
             self.status_message(&mut status.message, scratch);
         }
         let mut cut = Vec::new();
-        self.attributes(&mut span.attributes, None, &mut cut, scratch);
+        // The turn's leading attributes are processed with the first of its
+        // spans in the pass; when that changed none of them, the rest skip
+        // them.
+        let block = &span.shared;
+        let (skip, first) = if !block.leads(&span.attributes) {
+            (0, false)
+        } else if scratch.known_clean_block(block) {
+            (block.len(), false)
+        } else {
+            (0, true)
+        };
+        self.attributes(&mut span.attributes[skip..], None, &mut cut, scratch);
+        if first && block.leads(&span.attributes) {
+            scratch.remember_clean_block(block);
+        }
         for event in &mut span.events {
             self.name(&mut event.name, scratch);
             self.attributes(&mut event.attributes, Some(&event.name), &mut cut, scratch);

@@ -28,8 +28,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use hermes_span::Str;
 use hermes_span::common::v1::{AnyValue, KeyValue, any_value::Value};
+use hermes_span::{SharedAttributes, Str};
 use regex::{NoExpand, Regex};
 
 use crate::MAX_NAME_BYTES;
@@ -169,6 +169,10 @@ pub(crate) struct Scratch {
     /// kept alive until the pass ends.
     clean_shared: AddressMemo<()>,
     kept_shared: Vec<Arc<str>>,
+    /// The turns' shared blocks of leading attributes that came out of
+    /// this pass unchanged, and the blocks, kept alive until it ends.
+    clean_blocks: AddressMemo<()>,
+    kept_blocks: Vec<SharedAttributes>,
 }
 
 impl Scratch {
@@ -185,6 +189,24 @@ impl Scratch {
         self.verdicts.clear();
         self.clean_shared.clear();
         self.kept_shared.clear();
+        self.clean_blocks.clear();
+        self.kept_blocks.clear();
+    }
+
+    /// Whether `block` came out of this pass unchanged before: then its
+    /// attributes, wherever they lead a span's, need nothing.
+    pub(crate) fn known_clean_block(&mut self, block: &SharedAttributes) -> bool {
+        self.clean_blocks
+            .get((block.address(), block.len()))
+            .is_some()
+    }
+
+    /// Remembers `block` as unchanged by this pass.
+    pub(crate) fn remember_clean_block(&mut self, block: &SharedAttributes) {
+        if self.clean_blocks.len() < Self::MAX_VERDICTS {
+            self.clean_blocks.insert((block.address(), block.len()), ());
+            self.kept_blocks.push(block.clone());
+        }
     }
 
     fn known_clean(&mut self, s: &Str) -> bool {

@@ -14,6 +14,7 @@ use hermes_span::trace::v1::{
     span::{Event, Link},
     status::StatusCode,
 };
+use hermes_span::{SharedAttributes, Str};
 use proptest::prelude::*;
 
 /// One planted secret: the text as it appears (`planted`), and the part that
@@ -286,6 +287,7 @@ enum Place {
     SpanName,
     EventName,
     SpanAttribute,
+    SharedAttribute,
     EventAttribute,
     LinkAttribute,
     ResourceAttribute,
@@ -297,11 +299,12 @@ enum Place {
     AttributeKey,
 }
 
-const PLACES: [Place; 13] = [
+const PLACES: [Place; 14] = [
     Place::StatusMessage,
     Place::SpanName,
     Place::EventName,
     Place::SpanAttribute,
+    Place::SharedAttribute,
     Place::EventAttribute,
     Place::LinkAttribute,
     Place::ResourceAttribute,
@@ -314,7 +317,9 @@ const PLACES: [Place; 13] = [
 ];
 
 /// A batch with one span that holds `text` at `place`, everything else
-/// ordinary.
+/// ordinary; three copies of it for [`Place::SharedAttribute`], a turn's
+/// leading attribute that its spans share (the processor works on such a
+/// block once per pass when it finds it clean).
 fn batch_with(place: Place, text: &str) -> Vec<ResourceSpans> {
     let mut span = Span {
         trace_id: [1; 16].into(),
@@ -348,6 +353,16 @@ fn batch_with(place: Place, text: &str) -> Vec<ResourceSpans> {
         Place::SpanName => span.name = text.into(),
         Place::EventName => span.events[0].name = text.into(),
         Place::SpanAttribute => span.attributes.push(s("hermes.note", text)),
+        Place::SharedAttribute => {
+            let lead = [KeyValue {
+                key: Str::from_static("hermes.task_id"),
+                value: Some(AnyValue {
+                    value: Some(Value::StringValue(Str::from(text))),
+                }),
+            }];
+            span.attributes.splice(0..0, lead.iter().cloned());
+            span.shared = SharedAttributes::new(&lead);
+        }
         Place::EventAttribute => span.events[0].attributes.push(s("exception.message", text)),
         Place::LinkAttribute => span.links[0].attributes.push(s("hermes.link.note", text)),
         Place::ResourceAttribute => resource.push(s("host.name", text)),
@@ -381,7 +396,11 @@ fn batch_with(place: Place, text: &str) -> Vec<ResourceSpans> {
         }),
         scope_spans: vec![ScopeSpans {
             scope: Some(scope),
-            spans: vec![span],
+            spans: if matches!(place, Place::SharedAttribute) {
+                vec![span.clone(), span.clone(), span]
+            } else {
+                vec![span]
+            },
             ..Default::default()
         }],
         ..Default::default()

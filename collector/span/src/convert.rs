@@ -2,7 +2,8 @@
 //! ways: `From<&ours> for theirs` (the JSON file exporter, which serializes
 //! prost's messages as OTLP JSON, and tests that compare against them) and
 //! `From<theirs> for ours` (tests and benches that build prost's messages).
-//! A round trip from ours is the identity; one from theirs drops
+//! A round trip from ours is the identity (but for `Span::shared`, a cache
+//! that compares equal whatever it holds, dropped); one from theirs drops
 //! `KeyValue::key_strindex`, `Resource::entity_refs` and the
 //! `string_value_strindex` value (all three for OTLP's profiles and entities),
 //! which the model leaves out.
@@ -221,6 +222,7 @@ impl From<otlp::trace::v1::Span> for Span {
             links: owned(s.links),
             dropped_links_count: s.dropped_links_count,
             status: s.status,
+            shared: Default::default(),
         }
     }
 }
@@ -294,8 +296,8 @@ pub fn from_otlp(batch: Vec<otlp::trace::v1::ResourceSpans>) -> Vec<ResourceSpan
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Str;
     use crate::trace::v1::Status;
+    use crate::{SharedAttributes, Str};
 
     fn kv(key: &'static str, value: Value) -> KeyValue {
         KeyValue {
@@ -361,6 +363,7 @@ mod tests {
                 message: "m".into(),
                 code: 2,
             }),
+            shared: SharedAttributes::new(&attributes[..1]),
         };
         let batch = vec![ResourceSpans {
             resource: Some(Resource {

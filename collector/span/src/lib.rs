@@ -22,11 +22,20 @@
 //! `Resource::entity_refs` and the `string_value_strindex` value (OTLP
 //! additions for profiles and entities; converted from prost's messages they
 //! are dropped).
+//!
+//! One field is added: `Span::shared`, the turn's leading attributes held
+//! once for all its spans ([`SharedAttributes`]), which the processor and
+//! the OTLP encoder use to do their per-attribute work once per turn. It
+//! is a cache: the span's `attributes` hold those attributes too, spans
+//! compare equal whatever it holds, and converting to prost's messages
+//! drops it.
 
+mod block;
 pub mod convert;
 mod id;
 mod str;
 
+pub use crate::block::SharedAttributes;
 pub use crate::id::Id;
 pub use crate::str::Str;
 
@@ -104,7 +113,7 @@ pub mod trace {
     pub mod v1 {
         use crate::common::v1::{InstrumentationScope, KeyValue};
         use crate::resource::v1::Resource;
-        use crate::{Id, Str};
+        use crate::{Id, SharedAttributes, Str};
 
         pub use opentelemetry_proto::tonic::trace::v1::{Status, status};
 
@@ -143,6 +152,10 @@ pub mod trace {
             pub links: Vec<span::Link>,
             pub dropped_links_count: u32,
             pub status: Option<Status>,
+            /// The turn's attributes that lead `attributes`, held once for
+            /// all its spans (not an OTLP field: a cache that never changes
+            /// what the span holds).
+            pub shared: SharedAttributes,
         }
 
         pub mod span {

@@ -475,7 +475,7 @@ fn measure_span(span: &Span, lens: &mut Vec<usize>) -> usize {
             + int32_len(6, span.kind)
             + fixed64_len(7, span.start_time_unix_nano)
             + fixed64_len(8, span.end_time_unix_nano)
-            + measure_attributes(9, &span.attributes, lens)
+            + measure_span_attributes(span, lens)
             + uint_len(10, u64::from(span.dropped_attributes_count))
             + span
                 .events
@@ -494,6 +494,46 @@ fn measure_span(span: &Span, lens: &mut Vec<usize>) -> usize {
     })
 }
 
+/// A span's attributes, measured: the turn's shared block, while it leads
+/// them, as its bytes encoded once for all the turn's spans, then the
+/// span's own; all of them as its own when the block no longer leads them
+/// (a stage rewrote one). How many attributes the block stands for is
+/// recorded, for [`write_span_attributes`].
+fn measure_span_attributes(span: &Span, lens: &mut Vec<usize>) -> usize {
+    let lead = if span.shared.leads(&span.attributes) {
+        span.shared.len()
+    } else {
+        0
+    };
+    lens.push(lead);
+    shared_bytes(span, lead).len()
+        + measure_attributes(9, span.attributes.get(lead..).unwrap_or_default(), lens)
+}
+
+fn write_span_attributes(span: &Span, next: &mut Next<'_>, buf: &mut impl BufMut) {
+    let lead = next.next().unwrap_or(0);
+    buf.put_slice(shared_bytes(span, lead));
+    write_attributes(
+        9,
+        span.attributes.get(lead..).unwrap_or_default(),
+        next,
+        buf,
+    );
+}
+
+/// The bytes of the span's shared block when it stands for `lead` > 0
+/// attributes.
+fn shared_bytes(span: &Span, lead: usize) -> &[u8] {
+    if lead == 0 {
+        return &[];
+    }
+    span.shared.encoded(&span.attributes, |attributes| {
+        let mut out = Vec::with_capacity(attributes_len(9, attributes));
+        put_attributes(9, attributes, &mut out);
+        out
+    })
+}
+
 /// Written in tag order, as prost does (`flags`, tag 16, comes last).
 fn write_span(span: &Span, next: &mut Next<'_>, buf: &mut impl BufMut) {
     put_len(2, next.next().unwrap_or(0), buf);
@@ -505,7 +545,7 @@ fn write_span(span: &Span, next: &mut Next<'_>, buf: &mut impl BufMut) {
     put_int32(6, span.kind, buf);
     put_fixed64(7, span.start_time_unix_nano, buf);
     put_fixed64(8, span.end_time_unix_nano, buf);
-    write_attributes(9, &span.attributes, next, buf);
+    write_span_attributes(span, next, buf);
     put_uint(10, u64::from(span.dropped_attributes_count), buf);
     for event in &span.events {
         write_event(event, next, buf);

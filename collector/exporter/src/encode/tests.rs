@@ -187,3 +187,68 @@ fn messages_longer_than_a_one_byte_length_match_prost() {
         });
     }
 }
+
+/// Spans whose leading attributes are their turn's shared block encode as
+/// if they were their own: the block's bytes are made once and copied, and
+/// a span whose leading attribute a stage rewrote is encoded attribute by
+/// attribute.
+#[test]
+fn a_turns_shared_attributes_encode_as_each_spans_own() {
+    use hermes_span::common::v1 as ours;
+    use hermes_span::{SharedAttributes, Str};
+
+    let shared = |key: &'static str, value: &str| ours::KeyValue {
+        key: Str::from_static(key),
+        value: Some(ours::AnyValue {
+            value: Some(ours::any_value::Value::StringValue(Str::from(value))),
+        }),
+    };
+    let lead = [
+        shared("session.id", "sess-1"),
+        shared("hermes.turn_id", "turn-1"),
+    ];
+    let block = SharedAttributes::new(&lead);
+    let theirs_lead = || {
+        vec![
+            kv("session.id", s("sess-1")),
+            kv("hermes.turn_id", s("turn-1")),
+        ]
+    };
+    let mut theirs = ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            scope_spans: vec![ScopeSpans {
+                spans: (0..3u8)
+                    .map(|n| Span {
+                        span_id: vec![n + 1; 8],
+                        attributes: [theirs_lead(), vec![kv("n", Value::IntValue(n.into()))]]
+                            .concat(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    let mut model =
+        hermes_span::collector::trace::v1::ExportTraceServiceRequest::from(theirs.clone());
+    let spans = &mut model.resource_spans[0].scope_spans[0].spans;
+    for span in spans.iter_mut() {
+        span.attributes.splice(..2, lead.iter().cloned());
+        span.shared = block.clone();
+    }
+    // A stage rewrote the second attribute of the last span: a new string.
+    spans[2].attributes[1] = shared("hermes.turn_id", "<redacted>");
+    theirs.resource_spans[0].scope_spans[0].spans[2].attributes[1] =
+        kv("hermes.turn_id", s("<redacted>"));
+    assert!(block.leads(&spans[0].attributes) && !block.leads(&spans[2].attributes));
+    for _ in 0..2 {
+        let ours = encode_request(&model);
+        assert_eq!(ours, theirs.encode_to_vec());
+        assert_eq!(ours.len(), Lengths::of(&model).total);
+    }
+}
+
+fn s(text: &str) -> Value {
+    Value::StringValue(text.to_owned())
+}
