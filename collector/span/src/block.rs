@@ -6,10 +6,10 @@
 //! name). Each span still carries them in its own `attributes`, so that
 //! every reader sees a plain attribute list; the span also points at the
 //! turn's block, which holds those attributes' strings and where they
-//! are, in one allocation per turn. The block lets the
-//! stages that cost per attribute do that work once per turn: the span
-//! processor finds them clean once per pass, the OTLP encoder encodes them
-//! once and copies the bytes.
+//! are, in one allocation per turn. The block lets the stages that cost
+//! per attribute do that work once per turn: the span processor finds
+//! them clean once per pass, the OTLP encoder encodes them once and copies
+//! the bytes.
 //!
 //! The block is a cache, never the truth: a stage uses it only for a span
 //! whose leading attributes are still *the same* as the block's, keys and
